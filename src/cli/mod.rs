@@ -1,0 +1,2 @@
+//! TODO
+pub fn main() -> i32 { 0 }

@@ -1,0 +1,161 @@
+//! The codes the worker puts on the wire. The string form of each variant is
+//! part of the public contract.
+
+use std::fmt;
+
+/// Codes of error responses sent to the request's reply subject.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ErrorCode {
+    Malformed,
+    NoOutput,
+    PrefillFailed,
+    NoDisaggregatedParams,
+    MissingCtxRequestId,
+    InvalidCtxRequestId,
+    InvalidRequestType,
+    InvalidDisaggRequestId,
+    IdentityUnavailable,
+    InvalidBootstrap,
+    InvalidKvTransferParams,
+}
+
+impl ErrorCode {
+    pub const ALL: [ErrorCode; 11] = [
+        ErrorCode::Malformed,
+        ErrorCode::NoOutput,
+        ErrorCode::PrefillFailed,
+        ErrorCode::NoDisaggregatedParams,
+        ErrorCode::MissingCtxRequestId,
+        ErrorCode::InvalidCtxRequestId,
+        ErrorCode::InvalidRequestType,
+        ErrorCode::InvalidDisaggRequestId,
+        ErrorCode::IdentityUnavailable,
+        ErrorCode::InvalidBootstrap,
+        ErrorCode::InvalidKvTransferParams,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::Malformed => "malformed",
+            ErrorCode::NoOutput => "no_output",
+            ErrorCode::PrefillFailed => "prefill_failed",
+            ErrorCode::NoDisaggregatedParams => "no_disaggregated_params",
+            ErrorCode::MissingCtxRequestId => "missing_ctx_request_id",
+            ErrorCode::InvalidCtxRequestId => "invalid_ctx_request_id",
+            ErrorCode::InvalidRequestType => "invalid_request_type",
+            ErrorCode::InvalidDisaggRequestId => "invalid_disagg_request_id",
+            ErrorCode::IdentityUnavailable => "identity_unavailable",
+            ErrorCode::InvalidBootstrap => "invalid_bootstrap",
+            ErrorCode::InvalidKvTransferParams => "invalid_kv_transfer_params",
+        }
+    }
+}
+
+/// Codes of dead letters: input with no usable, allowed reply subject.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DeadLetterCode {
+    Malformed,
+    TooLarge,
+    MissingReplyTo,
+    ReplyToNotAllowed,
+}
+
+impl DeadLetterCode {
+    pub const ALL: [DeadLetterCode; 4] = [
+        DeadLetterCode::Malformed,
+        DeadLetterCode::TooLarge,
+        DeadLetterCode::MissingReplyTo,
+        DeadLetterCode::ReplyToNotAllowed,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeadLetterCode::Malformed => "malformed",
+            DeadLetterCode::TooLarge => "too_large",
+            DeadLetterCode::MissingReplyTo => "missing_reply_to",
+            DeadLetterCode::ReplyToNotAllowed => "reply_to_not_allowed",
+        }
+    }
+}
+
+/// The finish reason of a terminal first frame, with a bounded set of labels
+/// for metrics. Unknown strings are terminal too; they share the `other` label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum FinishReason {
+    Eos,
+    Stop,
+    Cancelled,
+    Abort,
+    ContentFilter,
+    Error,
+    Other,
+}
+
+impl FinishReason {
+    pub const ALL: [FinishReason; 7] = [
+        FinishReason::Eos,
+        FinishReason::Stop,
+        FinishReason::Cancelled,
+        FinishReason::Abort,
+        FinishReason::ContentFilter,
+        FinishReason::Error,
+        FinishReason::Other,
+    ];
+
+    pub fn from_label(s: &str) -> FinishReason {
+        match s {
+            "eos" => FinishReason::Eos,
+            "stop" => FinishReason::Stop,
+            "cancelled" => FinishReason::Cancelled,
+            "abort" => FinishReason::Abort,
+            "content_filter" => FinishReason::ContentFilter,
+            "error" => FinishReason::Error,
+            _ => FinishReason::Other,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Eos => "eos",
+            FinishReason::Stop => "stop",
+            FinishReason::Cancelled => "cancelled",
+            FinishReason::Abort => "abort",
+            FinishReason::ContentFilter => "content_filter",
+            FinishReason::Error => "error",
+            FinishReason::Other => "other",
+        }
+    }
+}
+
+/// Which engine's handoff shape a decode job carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Backend {
+    Trtllm,
+    Sglang,
+    Vllm,
+    Opaque,
+}
+
+impl Backend {
+    pub const ALL: [Backend; 4] = [Backend::Trtllm, Backend::Sglang, Backend::Vllm, Backend::Opaque];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Backend::Trtllm => "trtllm",
+            Backend::Sglang => "sglang",
+            Backend::Vllm => "vllm",
+            Backend::Opaque => "opaque",
+        }
+    }
+}
+
+macro_rules! display_as_str {
+    ($($t:ty),*) => {$(
+        impl fmt::Display for $t {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    )*};
+}
+display_as_str!(ErrorCode, DeadLetterCode, FinishReason, Backend);

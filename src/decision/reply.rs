@@ -1,0 +1,188 @@
+//! Which reply subjects the worker will publish to.
+//!
+//! A prefill result names its own reply subject, so a crafted one could make
+//! the worker publish into the JetStream API, the system account, a KV bucket
+//! or its own pipeline. A reply subject is accepted only when it is a literal
+//! subject (no wildcards, no empty tokens, no whitespace), does not start with
+//! `$`, does not match any of the worker's own subjects, and matches one of
+//! the allowed patterns.
+
+use thiserror::Error;
+
+/// Longest reply subject accepted, in bytes. Real inboxes are under 64.
+pub const MAX_REPLY_SUBJECT_BYTES: usize = 512;
+
+#[derive(Debug, Clone)]
+pub struct ReplyPolicy {
+    allowed: Vec<String>,
+    own: Vec<String>,
+}
+
+/// Why a reply subject was refused. The text is a sentence for the
+/// dead letter's `Handoff-Error` header.
+#[derive(Debug, Clone, Error, PartialEq, Eq)]
+pub enum Refusal {
+    #[error("the reply subject is empty")]
+    Empty,
+    #[error("the reply subject is {0} bytes long; at most 512 are accepted")]
+    TooLong(usize),
+    #[error("the reply subject {0:?} is not a valid NATS subject (empty token, whitespace or control character)")]
+    Invalid(String),
+    #[error("the reply subject {0:?} contains a wildcard; a reply subject must be a literal subject")]
+    Wildcard(String),
+    #[error("the reply subject {0:?} is a system subject ($...); the worker never publishes there")]
+    System(String),
+    #[error("the reply subject {0:?} is one of the worker's own subjects")]
+    OwnSubject(String),
+    #[error("the reply subject {0:?} matches none of the allowed reply patterns")]
+    NotAllowed(String),
+}
+
+#[derive(Debug, Clone, Error, PartialEq, Eq)]
+#[error("allowed reply pattern {0:?} is not a valid NATS subject pattern")]
+pub struct BadPattern(pub String);
+
+impl ReplyPolicy {
+    /// `allowed`: the patterns replies may match (e.g. `_INBOX.>`);
+    /// `own`: the worker's own subjects (prefill, GEN, dead letter, ids),
+    /// wildcards allowed.
+    pub fn new(allowed: &[String], own: &[String]) -> Result<ReplyPolicy, BadPattern> {
+        for p in allowed.iter().chain(own) {
+            if !is_valid_pattern(p) {
+                return Err(BadPattern(p.clone()));
+            }
+        }
+        Ok(ReplyPolicy {
+            allowed: allowed.to_vec(),
+            own: own.to_vec(),
+        })
+    }
+
+    pub fn check(&self, subject: &str) -> Result<(), Refusal> {
+        if subject.is_empty() {
+            return Err(Refusal::Empty);
+        }
+        if subject.len() > MAX_REPLY_SUBJECT_BYTES {
+            return Err(Refusal::TooLong(subject.len()));
+        }
+        let shown = || subject.to_string();
+        if !subject
+            .split('.')
+            .all(|t| !t.is_empty() && t.bytes().all(|b| b > b' ' && b != 0x7f))
+        {
+            return Err(Refusal::Invalid(shown()));
+        }
+        if subject.split('.').any(|t| t == "*" || t == ">") {
+            return Err(Refusal::Wildcard(shown()));
+        }
+        if subject.starts_with('$') {
+            return Err(Refusal::System(shown()));
+        }
+        if self.own.iter().any(|p| matches(p, subject)) {
+            return Err(Refusal::OwnSubject(shown()));
+        }
+        if self.allowed.iter().any(|p| matches(p, subject)) {
+            Ok(())
+        } else {
+            Err(Refusal::NotAllowed(shown()))
+        }
+    }
+}
+
+fn is_valid_pattern(p: &str) -> bool {
+    let tokens: Vec<&str> = p.split('.').collect();
+    !p.is_empty()
+        && tokens.iter().enumerate().all(|(i, t)| {
+            !t.is_empty()
+                && t.bytes().all(|b| b > b' ' && b != 0x7f)
+                && (*t != ">" || i == tokens.len() - 1)
+        })
+}
+
+/// NATS subject matching: `*` matches one token, a final `>` one or more.
+pub fn matches(pattern: &str, subject: &str) -> bool {
+    let mut subject_tokens = subject.split('.');
+    for p in pattern.split('.') {
+        match (p, subject_tokens.next()) {
+            (">", Some(_)) => return true,
+            ("*", Some(_)) => {}
+            (p, Some(s)) if p == s => {}
+            _ => return false,
+        }
+    }
+    subject_tokens.next().is_none()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy() -> ReplyPolicy {
+        let allowed = ["_INBOX.>".to_string(), "llm.replies.>".to_string()];
+        let own = [
+            "llm.prefill.results".to_string(),
+            "llm.gen.jobs".to_string(),
+            "llm.handoff.dead".to_string(),
+            "llm.handoff.ids".to_string(),
+        ];
+        ReplyPolicy::new(&allowed, &own).unwrap()
+    }
+
+    #[test]
+    fn table() {
+        let p = policy();
+        let cases: &[(&str, bool)] = &[
+            ("_INBOX.abc", true),
+            ("_INBOX.abc.def", true),
+            ("llm.replies.client-7", true),
+            ("_INBOX", false),
+            ("llm.replies", false),
+            ("$JS.API.STREAM.DELETE.X", false),
+            ("$SYS.REQ.SERVER.PING", false),
+            ("$KV.bucket.key", false),
+            ("_INBOX.*", false),
+            ("_INBOX.>", false),
+            (">", false),
+            ("*", false),
+            ("llm.gen.jobs", false),
+            ("llm.prefill.results", false),
+            ("_INBOX..x", false),
+            ("_INBOX.a b", false),
+            ("_INBOX.a\r\nPUB x", false),
+            ("", false),
+            ("other.subject", false),
+        ];
+        for (subject, ok) in cases {
+            assert_eq!(p.check(subject).is_ok(), *ok, "{subject:?}");
+        }
+        assert!(p.check(&format!("_INBOX.{}", "a".repeat(600))).is_err());
+    }
+
+    #[test]
+    fn own_subjects_win_over_broad_allow_patterns() {
+        let p = ReplyPolicy::new(&[">".to_string()], &["llm.gen.jobs".to_string()]).unwrap();
+        assert_eq!(
+            p.check("llm.gen.jobs"),
+            Err(Refusal::OwnSubject("llm.gen.jobs".into()))
+        );
+        assert!(p.check("$JS.API.INFO").is_err());
+        assert!(p.check("anything.else").is_ok());
+    }
+
+    #[test]
+    fn matching() {
+        assert!(matches("a.*.c", "a.b.c"));
+        assert!(!matches("a.*.c", "a.b.d"));
+        assert!(matches("a.>", "a.b.c"));
+        assert!(!matches("a.>", "a"));
+        assert!(!matches("a.b", "a.b.c"));
+        assert!(matches("a.b", "a.b"));
+    }
+
+    #[test]
+    fn bad_patterns_are_refused() {
+        assert!(ReplyPolicy::new(&["a..b".to_string()], &[]).is_err());
+        assert!(ReplyPolicy::new(&["a.>.b".to_string()], &[]).is_err());
+        assert!(ReplyPolicy::new(&[String::new()], &[]).is_err());
+    }
+}

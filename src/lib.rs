@@ -1,0 +1,34 @@
+//! # prefill-handoff
+//!
+//! A NATS worker between the prefill and decode fleets of a disaggregated LLM
+//! serving platform. For every prefill result it publishes exactly one
+//! message: a decode job, a terminal response, an error response, or a dead
+//! letter. The contract is `docs/protocol.md`.
+//!
+//! # Layout
+//!
+//! The data's path is subscribe → decode → decide → publish → ack:
+//!
+//! - [`wire`]: MessagePack and JSON codecs over value trees that keep unknown
+//!   fields, and the output messages.
+//! - [`decision`]: the pure core: one prefill result in, one outcome out;
+//!   error and dead-letter codes; the reply-subject allowlist.
+//! - [`ids`]: the rc21/rc22 request-ID layouts and the never-repeating generator.
+//! - [`identity`]: the etcd lease, the exclusive machine-ID slot, fencing and
+//!   recovery.
+//! - [`transport`]: core NATS (queue group) and JetStream (durable pull consumer).
+//! - [`worker`]: the loop that ties a transport, the decision and the identity.
+//! - [`config`]: TOML file, `HANDOFF_*` environment and flags.
+//! - [`metrics`]: Prometheus metrics, `/healthz` and `/readyz`.
+//! - [`cli`]: the `prefill-handoff` subcommands.
+
+pub mod clock;
+pub mod cli;
+pub mod config;
+pub mod decision;
+pub mod identity;
+pub mod ids;
+pub mod metrics;
+pub mod transport;
+pub mod wire;
+pub mod worker;

@@ -1,0 +1,3 @@
+fn main() {
+    std::process::exit(prefill_handoff::cli::main());
+}

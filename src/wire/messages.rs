@@ -1,0 +1,89 @@
+//! The messages the worker publishes (contract 4.3), built as value trees so
+//! that passed-on parts keep every field they came with.
+
+use super::map::from_pairs;
+use crate::decision::Backend;
+use crate::ids::{IdLayout, MachineId};
+use rmpv::Value;
+
+/// `{"request_id", "kind": "error", "error": {"code", "message"}}`.
+pub fn error_response(request_id: Option<&str>, code: &str, message: &str) -> Value {
+    from_pairs([
+        ("request_id", request_id.map_or(Value::Nil, Value::from)),
+        ("kind", Value::from("error")),
+        (
+            "error",
+            from_pairs([("code", Value::from(code)), ("message", Value::from(message))]),
+        ),
+    ])
+}
+
+/// `{"request_id", "kind": "terminal", "output": <first frame>}`.
+pub fn terminal_response(request_id: &str, output: Value) -> Value {
+    from_pairs([
+        ("request_id", Value::from(request_id)),
+        ("kind", Value::from("terminal")),
+        ("output", output),
+    ])
+}
+
+/// A decode job for the GEN subject.
+#[derive(Debug)]
+pub struct DecodeJob<'a> {
+    pub request_id: &'a str,
+    pub reply_to: &'a str,
+    pub backend: Backend,
+    pub disagg_request_id: Option<u64>,
+    pub handoff: Vec<(Value, Value)>,
+    /// The first frame without `disaggregated_params`.
+    pub prefill_output: Vec<(Value, Value)>,
+    pub request: Option<Value>,
+    pub instance_id: String,
+    pub machine_id: Option<MachineId>,
+}
+
+impl DecodeJob<'_> {
+    pub fn into_value(self) -> Value {
+        let mut job = Vec::with_capacity(8);
+        let mut put = |k: &str, v: Value| job.push((Value::from(k), v));
+        put("request_id", Value::from(self.request_id));
+        put("reply_to", Value::from(self.reply_to));
+        put("backend", Value::from(self.backend.as_str()));
+        if let Some(id) = self.disagg_request_id {
+            put("disagg_request_id", Value::from(id));
+        }
+        put("handoff", Value::Map(self.handoff));
+        put("prefill_output", Value::Map(self.prefill_output));
+        if let Some(request) = self.request {
+            put("request", request);
+        }
+        put(
+            "worker",
+            from_pairs([
+                ("instance_id", Value::from(self.instance_id)),
+                (
+                    "machine_id",
+                    self.machine_id.map_or(Value::Nil, |m| Value::from(m.get())),
+                ),
+            ]),
+        );
+        Value::Map(job)
+    }
+}
+
+/// The ID mint service's answer: `{"ids": [..], "machine_id": N, "layout": "rc22"}`.
+pub fn mint_response(ids: &[u64], machine_id: MachineId, layout: IdLayout) -> Value {
+    from_pairs([
+        (
+            "ids",
+            Value::Array(ids.iter().map(|id| Value::from(*id)).collect()),
+        ),
+        ("machine_id", Value::from(machine_id.get())),
+        ("layout", Value::from(layout.as_str())),
+    ])
+}
+
+/// Formats a lease ID as the contract's instance ID: 16 lower-case hex digits.
+pub fn instance_id(lease_id: i64) -> String {
+    format!("{:016x}", lease_id as u64)
+}
