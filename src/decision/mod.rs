@@ -1,7 +1,7 @@
 //! The decision: one prefill result in, exactly one outcome out.
 //!
 //! [`decide`] is pure. It reads nothing but its arguments; the only effect it
-//! may cause is asking the [`Identity`] for a fresh request ID. `explain` is
+//! may cause is asking the [`IdSource`] for a fresh request ID. `explain` is
 //! this function plus printing; `run` is this function plus transports.
 
 pub mod codes;
@@ -10,7 +10,7 @@ pub mod reply;
 
 pub use codes::{Backend, DeadLetterCode, ErrorCode, FinishReason};
 pub use handoff::{backend_of, describe};
-pub use reply::{ReplyPolicy, Refusal};
+pub use reply::{Refusal, ReplyPolicy};
 
 use crate::ids::MachineId;
 use crate::wire::{self, Encoding, map, messages};
@@ -42,7 +42,8 @@ pub struct Rules {
 }
 
 /// Who is deciding: the worker's instance, and its ability to mint IDs.
-pub trait Identity {
+/// Implemented by [`crate::identity::Identity`].
+pub trait IdSource {
     /// The lease, as 16 hex digits.
     fn instance_id(&self) -> String;
     /// The slot held right now, if any.
@@ -96,7 +97,7 @@ pub struct Decision {
 pub const MAX_REQUEST_ID_BYTES: usize = 256;
 
 /// Decides what to publish for one prefill result (contract 4.2 and 4.3).
-pub fn decide(input: Input<'_>, rules: &Rules, identity: &mut dyn Identity) -> Decision {
+pub fn decide(input: Input<'_>, rules: &Rules, ids: &mut dyn IdSource) -> Decision {
     if input.payload.len() > rules.max_payload_bytes {
         return dead_letter(
             input,
@@ -127,14 +128,14 @@ pub fn decide(input: Input<'_>, rules: &Rules, identity: &mut dyn Identity) -> D
         Ok(subject) => subject,
         Err((code, why)) => return dead_letter(input, rules, code, why),
     };
-    let mut reply = Reply {
+    let reply = Reply {
         encoding: input.encoding,
         subject: reply_to,
         request_id: None,
     };
     match check_request(top) {
         Err(why) => reply.error(ErrorCode::Malformed, why, 0),
-        Ok(request) => decide_request(request, reply, rules, identity),
+        Ok(request) => decide_request(request, reply, rules, ids),
     }
 }
 
@@ -203,7 +204,10 @@ fn reply_subject(
         Some(other) => {
             return Err((
                 DeadLetterCode::Malformed,
-                format!("reply_to is {}; expected a NATS subject string", describe(other)),
+                format!(
+                    "reply_to is {}; expected a NATS subject string",
+                    describe(other)
+                ),
             ));
         }
         None => match input.nats_reply.filter(|_| rules.use_nats_reply) {
@@ -287,7 +291,7 @@ fn decide_request(
     mut request: Request,
     mut reply: Reply,
     rules: &Rules,
-    identity: &mut dyn Identity,
+    ids: &mut dyn IdSource,
 ) -> Decision {
     reply.request_id = Some(request.request_id.clone());
     let trailing = request.frames.len().saturating_sub(1);
@@ -299,7 +303,9 @@ fn decide_request(
         );
     };
     if let Some(key) = map::duplicate_key(&first) {
-        let why = format!("the first frame holds the key {key:?} more than once; each key must appear once");
+        let why = format!(
+            "the first frame holds the key {key:?} more than once; each key must appear once"
+        );
         return reply.error(ErrorCode::Malformed, why, trailing);
     }
     if let Some(err) = map::get_non_nil(&first, "error") {
@@ -337,7 +343,7 @@ fn decide_request(
             return reply.error(ErrorCode::NoDisaggregatedParams, why, trailing);
         }
     };
-    let handoff = match handoff::validate(params, identity) {
+    let handoff = match handoff::validate(params, ids) {
         Ok(h) => h,
         Err((code, why)) => return reply.error(code, why, trailing),
     };
@@ -353,8 +359,8 @@ fn decide_request(
         handoff: handoff.params,
         prefill_output: first,
         request: take(&mut request.rest, "request").filter(|v| !v.is_nil()),
-        instance_id: identity.instance_id(),
-        machine_id: identity.machine_id(),
+        instance_id: ids.instance_id(),
+        machine_id: ids.machine_id(),
     };
     let mut headers = content_type(reply.encoding);
     headers.push(("Nats-Msg-Id", msg_id(&request.request_id)));

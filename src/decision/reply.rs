@@ -26,9 +26,13 @@ pub enum Refusal {
     Empty,
     #[error("the reply subject is {0} bytes long; at most 512 are accepted")]
     TooLong(usize),
-    #[error("the reply subject {0:?} is not a valid NATS subject (empty token, whitespace or control character)")]
+    #[error(
+        "the reply subject {0:?} is not a valid NATS subject (empty token, whitespace or control character)"
+    )]
     Invalid(String),
-    #[error("the reply subject {0:?} contains a wildcard; a reply subject must be a literal subject")]
+    #[error(
+        "the reply subject {0:?} contains a wildcard; a reply subject must be a literal subject"
+    )]
     Wildcard(String),
     #[error("the reply subject {0:?} is a system subject ($...); the worker never publishes there")]
     System(String),

@@ -14,7 +14,10 @@ use thiserror::Error;
 
 const MAX: u64 = (1 << 63) - 1;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Deserialize, serde::Serialize,
+)]
+#[serde(rename_all = "lowercase")]
 pub enum IdLayout {
     Rc21,
     #[default]
@@ -43,7 +46,9 @@ pub enum LayoutError {
         layout: IdLayout,
         offset: u64,
     },
-    #[error("ID {id} decodes to machine ID {machine_id}, outside [0, 1021); it was not minted with the {layout} layout")]
+    #[error(
+        "ID {id} decodes to machine ID {machine_id}, outside [0, 1021); it was not minted with the {layout} layout"
+    )]
     NotAMachineId {
         id: u64,
         layout: IdLayout,

@@ -28,7 +28,9 @@ fn to_json(value: &Value) -> Json {
                 Json::Null
             }
         }
-        Value::F32(f) => serde_json::Number::from_f64(f64::from(*f)).map_or(Json::Null, Json::Number),
+        Value::F32(f) => {
+            serde_json::Number::from_f64(f64::from(*f)).map_or(Json::Null, Json::Number)
+        }
         Value::F64(f) => serde_json::Number::from_f64(*f).map_or(Json::Null, Json::Number),
         Value::String(s) => Json::String(String::from_utf8_lossy(s.as_bytes()).into_owned()),
         Value::Binary(b) => Json::Array(b.iter().map(|x| Json::from(*x)).collect()),

@@ -56,7 +56,9 @@ pub fn duplicate_key(map: &[(Value, Value)]) -> Option<&str> {
     if map.len() <= 16 {
         for (i, (k, _)) in map.iter().enumerate() {
             if let Some(name) = k.as_str()
-                && map[..i].iter().any(|(other, _)| other.as_str() == Some(name))
+                && map[..i]
+                    .iter()
+                    .any(|(other, _)| other.as_str() == Some(name))
             {
                 return Some(name);
             }

@@ -13,7 +13,10 @@ pub fn error_response(request_id: Option<&str>, code: &str, message: &str) -> Va
         ("kind", Value::from("error")),
         (
             "error",
-            from_pairs([("code", Value::from(code)), ("message", Value::from(message))]),
+            from_pairs([
+                ("code", Value::from(code)),
+                ("message", Value::from(message)),
+            ]),
         ),
     ])
 }

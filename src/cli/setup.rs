@@ -1,0 +1,8 @@
+//! `prefill-handoff setup`.
+
+use super::ConfigArgs;
+
+pub fn run(args: ConfigArgs) -> anyhow::Result<()> {
+    let _ = args;
+    anyhow::bail!("`setup` is not built yet")
+}

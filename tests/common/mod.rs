@@ -1,0 +1,338 @@
+//! The shared integration-test harness: real `nats-server` and `etcd`
+//! processes on free loopback ports, in temporary directories, that a test can
+//! kill and restart; and the worker binary as a child process.
+//!
+//! Every process is killed when its handle drops, so a failing test leaves
+//! nothing running. Binaries: `HANDOFF_TEST_NATS_SERVER` (default: Debian's
+//! `/usr/sbin/nats-server` when present, else `nats-server` on PATH),
+//! `HANDOFF_TEST_ETCD` (default `etcd`).
+
+#![allow(dead_code)]
+
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A port that was free a moment ago on 127.0.0.1.
+pub fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral loopback port");
+    listener.local_addr().expect("local addr").port()
+}
+
+/// Waits until something accepts TCP connections on the port.
+pub fn wait_for_port(port: u16, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+/// Polls `check` every 20 ms until it is true or `timeout` passes.
+pub fn eventually(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if check() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn signal(child: &Child, sig: &str) {
+    let _ = Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(child.id().to_string())
+        .status();
+}
+
+pub fn nats_server_binary() -> PathBuf {
+    if let Ok(p) = std::env::var("HANDOFF_TEST_NATS_SERVER") {
+        return PathBuf::from(p);
+    }
+    let debian = Path::new("/usr/sbin/nats-server");
+    if debian.exists() {
+        return debian.to_path_buf();
+    }
+    PathBuf::from("nats-server")
+}
+
+/// A real nats-server with JetStream, storing in its own temporary directory.
+pub struct Nats {
+    pub port: u16,
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+    max_payload: Option<usize>,
+}
+
+impl Nats {
+    pub fn start() -> Nats {
+        Nats::start_with_max_payload(None)
+    }
+
+    /// Starts a server whose `max_payload` is raised (e.g. to test the
+    /// worker's own `max_payload_bytes` limit with messages the server accepts).
+    pub fn start_with_max_payload(max_payload: Option<usize>) -> Nats {
+        let mut nats = Nats {
+            port: free_port(),
+            dir: tempfile::tempdir().expect("tempdir"),
+            child: None,
+            max_payload,
+        };
+        nats.spawn();
+        nats
+    }
+
+    fn spawn(&mut self) {
+        let conf = self.dir.path().join("nats.conf");
+        let store = self.dir.path().join("store");
+        let mut text = format!(
+            "listen: 127.0.0.1:{}\njetstream {{ store_dir: {:?} }}\n",
+            self.port,
+            store.display().to_string()
+        );
+        if let Some(max) = self.max_payload {
+            text.push_str(&format!("max_payload: {max}\n"));
+        }
+        std::fs::write(&conf, text).expect("write nats.conf");
+        let log = std::fs::File::create(self.dir.path().join("nats.log")).expect("log file");
+        let child = Command::new(nats_server_binary())
+            .arg("-c")
+            .arg(&conf)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start nats-server (is it installed? scripts/install-deps.sh)");
+        self.child = Some(child);
+        assert!(
+            wait_for_port(self.port, Duration::from_secs(15)),
+            "nats-server did not listen on {}",
+            self.port
+        );
+    }
+
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// SIGKILL: the server dies at once; its store directory is kept.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same port with the same store.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("nats.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Nats {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A real single-member etcd in its own temporary directory.
+pub struct Etcd {
+    pub port: u16,
+    peer_port: u16,
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+}
+
+impl Etcd {
+    pub fn start() -> Etcd {
+        let mut etcd = Etcd {
+            port: free_port(),
+            peer_port: free_port(),
+            dir: tempfile::tempdir().expect("tempdir"),
+            child: None,
+        };
+        etcd.spawn();
+        etcd
+    }
+
+    fn spawn(&mut self) {
+        let client = format!("http://127.0.0.1:{}", self.port);
+        let peer = format!("http://127.0.0.1:{}", self.peer_port);
+        let bin = std::env::var("HANDOFF_TEST_ETCD").unwrap_or_else(|_| "etcd".into());
+        let log = std::fs::File::create(self.dir.path().join("etcd.log")).expect("log file");
+        let child = Command::new(bin)
+            .args(["--name", "test", "--data-dir"])
+            .arg(self.dir.path().join("data"))
+            .args([
+                "--listen-client-urls",
+                &client,
+                "--advertise-client-urls",
+                &client,
+            ])
+            .args([
+                "--listen-peer-urls",
+                &peer,
+                "--initial-advertise-peer-urls",
+                &peer,
+            ])
+            .args(["--initial-cluster", &format!("test={peer}")])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start etcd (is it installed? scripts/install-deps.sh)");
+        self.child = Some(child);
+        assert!(
+            wait_for_port(self.port, Duration::from_secs(15)),
+            "etcd did not listen on {}",
+            self.port
+        );
+        // Listening is not serving: wait until a read succeeds.
+        let ok = eventually(Duration::from_secs(15), || {
+            self.etcdctl(&["get", "/probe"]).is_some()
+        });
+        assert!(ok, "etcd on {} did not answer", self.port);
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Runs `etcdctl` (API v3) against this server; `None` when it fails.
+    pub fn etcdctl(&self, args: &[&str]) -> Option<String> {
+        let out = Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .arg("--endpoints")
+            .arg(self.endpoint())
+            .arg("--command-timeout=3s")
+            .args(args)
+            .output()
+            .ok()?;
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Keys (with values) under a prefix, as `(key, value)` pairs.
+    pub fn get_prefix(&self, prefix: &str) -> Vec<(String, String)> {
+        let out = self
+            .etcdctl(&["get", "--prefix", prefix])
+            .unwrap_or_default();
+        let lines: Vec<&str> = out.lines().collect();
+        lines
+            .chunks(2)
+            .filter(|c| c.len() == 2)
+            .map(|c| (c[0].to_string(), c[1].to_string()))
+            .collect()
+    }
+
+    /// SIGKILL; the data directory is kept.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// The worker binary (or any other subcommand) as a child process, with its
+/// stderr captured to a file the test can read.
+pub struct Worker {
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+}
+
+impl Worker {
+    /// Starts `prefill-handoff` with the given arguments and environment.
+    pub fn spawn(args: &[&str], env: &[(&str, &str)]) -> Worker {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = std::fs::File::create(dir.path().join("worker.log")).expect("log file");
+        let child = Command::new(env!("CARGO_BIN_EXE_prefill-handoff"))
+            .args(args)
+            .envs(env.iter().copied())
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start prefill-handoff");
+        Worker {
+            child: Some(child),
+            dir,
+        }
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("worker.log")).unwrap_or_default()
+    }
+
+    /// Waits until the log contains `needle`.
+    pub fn wait_for_log(&self, needle: &str, timeout: Duration) -> bool {
+        eventually(timeout, || self.log().contains(needle))
+    }
+
+    pub fn sigterm(&self) {
+        if let Some(child) = &self.child {
+            signal(child, "TERM");
+        }
+    }
+
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Waits for the process to exit; its exit code, or `None` on timeout or
+    /// death by signal.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
+        let deadline = Instant::now() + timeout;
+        let child = self.child.as_mut()?;
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                self.child = None;
+                return status.code();
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
