@@ -21,6 +21,7 @@
 //! - [`config`]: TOML file, `HANDOFF_*` environment and flags.
 //! - [`metrics`]: Prometheus metrics, `/healthz` and `/readyz`.
 //! - [`cli`]: the `prefill-handoff` subcommands.
+//! - [`loadgen`]: the load generator and the raw relays it is compared with.
 
 pub mod cli;
 pub mod clock;
@@ -28,6 +29,7 @@ pub mod config;
 pub mod decision;
 pub mod identity;
 pub mod ids;
+pub mod loadgen;
 pub mod metrics;
 pub mod transport;
 pub mod wire;
