@@ -105,7 +105,9 @@ fn build(template: &Template, kind: Kind, request_id: &str, seq: u64, nth: u64) 
                 trtllm_params(template, seq, true),
             )
         }
-        Kind::Error if nth % 2 == 0 => (Value::Nil, None, trtllm_params(template, seq, false)),
+        Kind::Error if nth.is_multiple_of(2) => {
+            (Value::Nil, None, trtllm_params(template, seq, false))
+        }
         Kind::Error => (
             Value::from("error"),
             Some(Value::from(
@@ -283,12 +285,12 @@ mod tests {
         let Some(Value::Map(params)) = map::get(&frame, "disaggregated_params") else {
             panic!("no params")
         };
-        match map::get(&params, "opaque_state") {
+        match map::get(params, "opaque_state") {
             Some(Value::Binary(b)) => assert_eq!(b.len(), 256),
             other => panic!("{other:?}"),
         }
         assert_eq!(
-            map::get(&params, "ctx_request_id"),
+            map::get(params, "ctx_request_id"),
             Some(&Value::from(1_000_003u64))
         );
     }
@@ -296,8 +298,9 @@ mod tests {
     #[test]
     fn each_kind_carries_what_the_decision_reads() {
         // (kind, nth, finish_reason, has error, ctx_request_id present, reply_to)
+        type Row = (Kind, u64, Value, bool, Option<bool>, &'static str);
         let reply = "llm.replies.loadgen.r";
-        let rows: [(Kind, u64, Value, bool, Option<bool>, &str); 6] = [
+        let rows: [Row; 6] = [
             (
                 Kind::Terminal,
                 0,
@@ -331,8 +334,8 @@ mod tests {
             assert_eq!(map::get(&frame, "finish_reason"), Some(&reason), "{label}");
             assert_eq!(map::has(&frame, "error"), has_error, "{label}");
             let ctx_present = match map::get(&frame, "disaggregated_params") {
-                Some(Value::Map(p)) if map::has(&p, "ctx_request_id") => {
-                    Some(map::get_non_nil(&p, "ctx_request_id").is_some())
+                Some(Value::Map(p)) if map::has(p, "ctx_request_id") => {
+                    Some(map::get_non_nil(p, "ctx_request_id").is_some())
                 }
                 _ => None,
             };

@@ -85,7 +85,7 @@ impl<'a> Reader<'a> {
                 self.pos += 1;
                 usize::from(b & 0x1f)
             }
-            0xd9 | 0xda | 0xdb => {
+            0xd9..=0xdb => {
                 let width = match self.u8()? {
                     0xd9 => 1,
                     0xda => 2,
