@@ -42,6 +42,12 @@ pub enum IdServiceError {
         #[source]
         source: async_nats::SubscribeError,
     },
+    #[error("cannot confirm the ID mint service subscription on {subject:?} with the NATS server: {source}")]
+    Flush {
+        subject: String,
+        #[source]
+        source: async_nats::client::FlushError,
+    },
 }
 
 /// Subscribes (in the queue group) and answers requests on a spawned task
@@ -56,6 +62,15 @@ pub async fn serve(
         .queue_subscribe(service.subject.clone(), service.queue_group.clone())
         .await
         .map_err(|source| IdServiceError::Subscribe {
+            subject: service.subject.clone(),
+            source,
+        })?;
+    // Once `serve` returns, the server knows the subscription: a request sent
+    // from any connection after this reaches the service.
+    client
+        .flush()
+        .await
+        .map_err(|source| IdServiceError::Flush {
             subject: service.subject.clone(),
             source,
         })?;
@@ -107,12 +122,17 @@ async fn handle(
             headers.insert(name, value);
         }
     }
-    let published = client
-        .publish_with_headers(reply.clone(), headers, answer.payload.into())
-        .await;
-    // Minted IDs count even when the answer is lost: they are burnt, never
-    // handed out again.
+    // Counted before publishing, so a requester that sees the answer sees the
+    // count. Minted IDs count even when the answer is lost: they are burnt,
+    // never handed out again.
     metrics.id_request(answer.result, answer.minted);
+    let published = if headers.is_empty() {
+        client.publish(reply.clone(), answer.payload.into()).await
+    } else {
+        client
+            .publish_with_headers(reply.clone(), headers, answer.payload.into())
+            .await
+    };
     match published {
         Ok(()) => {
             if let Some(detail) = &answer.detail {
