@@ -56,7 +56,10 @@ async fn request(
     if json {
         headers.insert("Content-Type", "application/json");
     }
-    headers.insert("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01");
+    headers.insert(
+        "traceparent",
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+    );
     let answer = client
         .request_with_headers(IDS, headers, body.into())
         .await
@@ -106,7 +109,11 @@ async fn two_workers_in_one_queue_group_never_hand_out_the_same_id() {
     let answers: Vec<Value> = futures::stream::iter(0..400u64)
         .map(|i| {
             let client = client.clone();
-            async move { request(&client, msgpack(json!({"count": i % 64 + 1})), false).await.0 }
+            async move {
+                request(&client, msgpack(json!({"count": i % 64 + 1})), false)
+                    .await
+                    .0
+            }
         })
         .buffer_unordered(32)
         .collect()
@@ -132,7 +139,11 @@ async fn two_workers_in_one_queue_group_never_hand_out_the_same_id() {
     assert_eq!(ids.len(), total, "every ID is distinct");
     assert!(by_machine.get(&1).is_some_and(|n| *n > 0), "{by_machine:?}");
     assert!(by_machine.get(&2).is_some_and(|n| *n > 0), "{by_machine:?}");
-    assert_eq!(by_machine.values().sum::<usize>(), 400, "each request answered once");
+    assert_eq!(
+        by_machine.values().sum::<usize>(),
+        400,
+        "each request answered once"
+    );
 
     // Each worker's metrics count what it answered.
     for (metrics, machine) in [(&a, 1), (&b, 2)] {
@@ -159,7 +170,10 @@ async fn a_fenced_worker_answers_identity_unavailable_until_it_holds_a_slot() {
     assert_eq!(answer["error"]["code"], "identity_unavailable");
     assert!(answer.get("ids").is_none());
     assert_eq!(
-        sample(&metrics, "handoff_id_requests_total{result=\"identity_unavailable\"}"),
+        sample(
+            &metrics,
+            "handoff_id_requests_total{result=\"identity_unavailable\"}"
+        ),
         1.0
     );
 
@@ -201,7 +215,10 @@ async fn bad_bodies_and_counts_are_malformed() {
         sample(&metrics, "handoff_id_requests_total{result=\"malformed\"}"),
         cases.len() as f64
     );
-    assert_eq!(sample(&metrics, "handoff_ids_minted_total{source=\"id_service\"}"), 0.0);
+    assert_eq!(
+        sample(&metrics, "handoff_ids_minted_total{source=\"id_service\"}"),
+        0.0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -216,7 +233,10 @@ async fn a_json_request_gets_a_json_answer() {
     assert_eq!(answer["ids"].as_array().map(Vec::len), Some(5));
 
     let (answer, content_type) = request(&client, msgpack(json!({"count": 2})), false).await;
-    assert_eq!(content_type, None, "MessagePack answers carry no Content-Type");
+    assert_eq!(
+        content_type, None,
+        "MessagePack answers carry no Content-Type"
+    );
     assert_eq!(answer["ids"].as_array().map(Vec::len), Some(2));
 }
 
@@ -229,8 +249,15 @@ async fn requests_that_cannot_be_answered_are_counted_and_never_published() {
     let mut system = client.subscribe("$JS.API.>").await.unwrap();
     client.flush().await.unwrap();
 
-    client.publish(IDS, msgpack(json!({"count": 1})).into()).await.unwrap();
-    for reply in ["llm.gen.jobs", "$JS.API.STREAM.DELETE.X", "not.allowed.here"] {
+    client
+        .publish(IDS, msgpack(json!({"count": 1})).into())
+        .await
+        .unwrap();
+    for reply in [
+        "llm.gen.jobs",
+        "$JS.API.STREAM.DELETE.X",
+        "not.allowed.here",
+    ] {
         client
             .publish_with_reply(IDS, reply, vec![].into())
             .await
@@ -240,13 +267,31 @@ async fn requests_that_cannot_be_answered_are_counted_and_never_published() {
     let (answer, _) = request(&client, vec![], false).await;
     assert_eq!(answer["machine_id"], 4);
 
-    assert_eq!(sample(&metrics, "handoff_id_requests_total{result=\"no_reply\"}"), 1.0);
-    assert_eq!(sample(&metrics, "handoff_id_requests_total{result=\"reply_refused\"}"), 3.0);
-    assert_eq!(sample(&metrics, "handoff_id_requests_total{result=\"ok\"}"), 1.0);
-    assert_eq!(sample(&metrics, "handoff_ids_minted_total{source=\"id_service\"}"), 1.0);
+    assert_eq!(
+        sample(&metrics, "handoff_id_requests_total{result=\"no_reply\"}"),
+        1.0
+    );
+    assert_eq!(
+        sample(
+            &metrics,
+            "handoff_id_requests_total{result=\"reply_refused\"}"
+        ),
+        3.0
+    );
+    assert_eq!(
+        sample(&metrics, "handoff_id_requests_total{result=\"ok\"}"),
+        1.0
+    );
+    assert_eq!(
+        sample(&metrics, "handoff_ids_minted_total{source=\"id_service\"}"),
+        1.0
+    );
     for sub in [&mut gen_jobs, &mut system] {
         let got = tokio::time::timeout(Duration::from_millis(300), sub.next()).await;
-        assert!(got.is_err(), "nothing may be published to a refused reply subject");
+        assert!(
+            got.is_err(),
+            "nothing may be published to a refused reply subject"
+        );
     }
 }
 

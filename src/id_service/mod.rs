@@ -68,7 +68,8 @@ pub struct Answer {
     pub detail: Option<String>,
 }
 
-const EXPECTED: &str = "an ID request is an empty body or a map {\"count\": N} with N an integer in 1..=1024";
+const EXPECTED: &str =
+    "an ID request is an empty body or a map {\"count\": N} with N an integer in 1..=1024";
 
 /// How many IDs a request body asks for: 1 for an empty body, a map without
 /// `count`, or `count: null`. Other keys are ignored, so requests can grow.
@@ -88,7 +89,9 @@ pub fn requested_count(body: &[u8], encoding: Encoding) -> Result<usize, String>
         .filter(|(k, _)| k.as_str() == Some("count"))
         .count();
     if counts > 1 {
-        return Err(format!("the request holds count {counts} times; {EXPECTED}"));
+        return Err(format!(
+            "the request holds count {counts} times; {EXPECTED}"
+        ));
     }
     let Some(count) = map::get_non_nil(&entries, "count") else {
         return Ok(1);

@@ -42,7 +42,9 @@ pub enum IdServiceError {
         #[source]
         source: async_nats::SubscribeError,
     },
-    #[error("cannot confirm the ID mint service subscription on {subject:?} with the NATS server: {source}")]
+    #[error(
+        "cannot confirm the ID mint service subscription on {subject:?} with the NATS server: {source}"
+    )]
     Flush {
         subject: String,
         #[source]

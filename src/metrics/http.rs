@@ -82,8 +82,7 @@ pub(super) fn parse_request_line(head: &[u8]) -> Result<(Method, &str), Response
     let bad = |why: &str| Response::text(400, why);
     let line = head.split(|&b| b == b'\n').next().unwrap_or_default();
     let line = line.strip_suffix(b"\r").unwrap_or(line);
-    let line = std::str::from_utf8(line)
-        .map_err(|_| bad("the request line is not valid UTF-8"))?;
+    let line = std::str::from_utf8(line).map_err(|_| bad("the request line is not valid UTF-8"))?;
     let mut parts = line.split(' ');
     let (Some(method), Some(target), Some(version), None) =
         (parts.next(), parts.next(), parts.next(), parts.next())
@@ -102,10 +101,7 @@ pub(super) fn parse_request_line(head: &[u8]) -> Result<(Method, &str), Response
         "GET" => Method::Get,
         "HEAD" => Method::Head,
         _ => {
-            return Err(Response::text(
-                405,
-                "only GET and HEAD are served",
-            ));
+            return Err(Response::text(405, "only GET and HEAD are served"));
         }
     };
     let path = target.split(['?', '#']).next().unwrap_or(target);
@@ -156,10 +152,14 @@ mod tests {
     fn request_lines() {
         use Method::*;
         // (request head, Ok((method, path)) or Err(status))
-        let cases: [(&[u8], Result<(Method, &str), u16>); 14] = [
+        type Case = (&'static [u8], Result<(Method, &'static str), u16>);
+        let cases: [Case; 14] = [
             (b"GET /metrics HTTP/1.1\r\n\r\n", Ok((Get, "/metrics"))),
             (b"HEAD /readyz HTTP/1.0\r\n\r\n", Ok((Head, "/readyz"))),
-            (b"GET /healthz?verbose=1 HTTP/1.1\n\n", Ok((Get, "/healthz"))),
+            (
+                b"GET /healthz?verbose=1 HTTP/1.1\n\n",
+                Ok((Get, "/healthz")),
+            ),
             (b"GET /metrics#x HTTP/1.1\r\n\r\n", Ok((Get, "/metrics"))),
             (b"POST /metrics HTTP/1.1\r\n\r\n", Err(405)),
             (b"get /metrics HTTP/1.1\r\n\r\n", Err(405)),

@@ -354,9 +354,7 @@ impl Metrics {
 
     pub(crate) fn set_identity(&self, fenced: bool, machine_id: Option<u16>) {
         self.inner.fenced.set(i64::from(fenced));
-        self.inner
-            .machine_id
-            .set(machine_id.map_or(-1, i64::from));
+        self.inner.machine_id.set(machine_id.map_or(-1, i64::from));
     }
 
     /// Every metric in the Prometheus text format (version 0.0.4, see

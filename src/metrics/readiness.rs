@@ -69,7 +69,9 @@ impl Readiness {
     }
 
     pub fn set_nats_connected(&self, connected: bool) {
-        self.inner.nats_connected.store(connected, Ordering::Relaxed);
+        self.inner
+            .nats_connected
+            .store(connected, Ordering::Relaxed);
     }
 
     /// True once the transport takes input; false again when it drains.
@@ -107,7 +109,10 @@ mod tests {
         assert_eq!(missing(&readiness), ["slot_held"]);
         identity.install(5, MachineId::new(5).unwrap(), None);
         assert!(readiness.report().ready());
-        assert_eq!(readiness.report().to_json(), r#"{"missing":[],"ready":true}"#);
+        assert_eq!(
+            readiness.report().to_json(),
+            r#"{"missing":[],"ready":true}"#
+        );
         identity.fence();
         assert_eq!(missing(&readiness), ["slot_held"]);
         identity.install(6, MachineId::new(6).unwrap(), None);

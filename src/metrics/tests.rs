@@ -73,13 +73,22 @@ fn every_series_exists_at_zero_from_the_start() {
         want.push(format!("handoff_decode_jobs_total{{backend=\"{v}\"}}"));
     }
     for v in MintSource::ALL {
-        want.push(format!("handoff_ids_minted_total{{source=\"{}\"}}", v.as_str()));
+        want.push(format!(
+            "handoff_ids_minted_total{{source=\"{}\"}}",
+            v.as_str()
+        ));
     }
     for v in IdRequestResult::ALL {
-        want.push(format!("handoff_id_requests_total{{result=\"{}\"}}", v.as_str()));
+        want.push(format!(
+            "handoff_id_requests_total{{result=\"{}\"}}",
+            v.as_str()
+        ));
     }
     for v in NakReason::ALL {
-        want.push(format!("handoff_jetstream_naks_total{{reason=\"{}\"}}", v.as_str()));
+        want.push(format!(
+            "handoff_jetstream_naks_total{{reason=\"{}\"}}",
+            v.as_str()
+        ));
     }
     for name in [
         "trailing_frames_ignored_total",
@@ -98,10 +107,19 @@ fn every_series_exists_at_zero_from_the_start() {
     }
     assert_eq!(s.get("handoff_fenced"), Some(&1.0));
     assert_eq!(s.get("handoff_machine_id"), Some(&-1.0));
-    assert_eq!(s.get("handoff_latency_seconds_bucket{le=\"+Inf\"}"), Some(&0.0));
-    assert_eq!(s.get("handoff_latency_seconds_bucket{le=\"5e-05\"}"), Some(&0.0));
+    assert_eq!(
+        s.get("handoff_latency_seconds_bucket{le=\"+Inf\"}"),
+        Some(&0.0)
+    );
+    assert_eq!(
+        s.get("handoff_latency_seconds_bucket{le=\"5e-05\"}"),
+        Some(&0.0)
+    );
     assert!(text.contains("# HELP handoff_outputs_total "), "{text}");
-    assert!(text.contains("# TYPE handoff_latency_seconds histogram"), "{text}");
+    assert!(
+        text.contains("# TYPE handoff_latency_seconds histogram"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -109,7 +127,10 @@ fn recording_moves_exactly_the_matching_series() {
     // (outcome, trailing frames, series that must move by one besides outputs)
     let cases = [
         (
-            Outcome::Decode { backend: Backend::Trtllm, minted: true },
+            Outcome::Decode {
+                backend: Backend::Trtllm,
+                minted: true,
+            },
             0,
             vec![
                 "handoff_decode_jobs_total{backend=\"trtllm\"}",
@@ -117,22 +138,31 @@ fn recording_moves_exactly_the_matching_series() {
             ],
         ),
         (
-            Outcome::Decode { backend: Backend::Vllm, minted: false },
+            Outcome::Decode {
+                backend: Backend::Vllm,
+                minted: false,
+            },
             2,
             vec!["handoff_decode_jobs_total{backend=\"vllm\"}"],
         ),
         (
-            Outcome::Terminal { finish_reason: FinishReason::Other },
+            Outcome::Terminal {
+                finish_reason: FinishReason::Other,
+            },
             0,
             vec!["handoff_terminal_total{finish_reason=\"other\"}"],
         ),
         (
-            Outcome::Error { code: ErrorCode::InvalidBootstrap },
+            Outcome::Error {
+                code: ErrorCode::InvalidBootstrap,
+            },
             0,
             vec!["handoff_error_responses_total{code=\"invalid_bootstrap\"}"],
         ),
         (
-            Outcome::DeadLetter { code: DeadLetterCode::ReplyToNotAllowed },
+            Outcome::DeadLetter {
+                code: DeadLetterCode::ReplyToNotAllowed,
+            },
             0,
             vec!["handoff_dead_letters_total{code=\"reply_to_not_allowed\"}"],
         ),
@@ -147,16 +177,26 @@ fn recording_moves_exactly_the_matching_series() {
         for series in moved.iter().map(|s| s.to_string()).chain([output]) {
             *want.get_mut(&series).unwrap_or_else(|| panic!("{series}")) += 1.0;
         }
-        *want.get_mut("handoff_trailing_frames_ignored_total").unwrap() += trailing as f64;
+        *want
+            .get_mut("handoff_trailing_frames_ignored_total")
+            .unwrap() += trailing as f64;
         *want.get_mut("handoff_latency_seconds_count").unwrap() += 1.0;
         *want.get_mut("handoff_latency_seconds_sum").unwrap() += 0.0003;
-        for le in ["0.0005", "0.001", "0.0025", "0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1", "2.5", "5", "+Inf"] {
+        for le in [
+            "0.0005", "0.001", "0.0025", "0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5",
+            "1", "2.5", "5", "+Inf",
+        ] {
             let series = format!("handoff_latency_seconds_bucket{{le=\"{le}\"}}");
-            *want.get_mut(&series).unwrap_or_else(|| panic!("{series} in {after:?}")) += 1.0;
+            *want
+                .get_mut(&series)
+                .unwrap_or_else(|| panic!("{series} in {after:?}")) += 1.0;
         }
         for (series, value) in &want {
             let got = after.get(series).copied().unwrap_or(f64::NAN);
-            assert!((got - value).abs() < 1e-9, "{outcome:?}: {series} is {got}, want {value}");
+            assert!(
+                (got - value).abs() < 1e-9,
+                "{outcome:?}: {series} is {got}, want {value}"
+            );
         }
     }
 }
@@ -179,7 +219,10 @@ fn events_off_the_hot_path() {
     let want = [
         ("handoff_nats_reconnects_total", 1.0),
         ("handoff_publish_failures_total", 2.0),
-        ("handoff_jetstream_naks_total{reason=\"publish_failed\"}", 1.0),
+        (
+            "handoff_jetstream_naks_total{reason=\"publish_failed\"}",
+            1.0,
+        ),
         ("handoff_jetstream_naks_total{reason=\"shutdown\"}", 0.0),
         ("handoff_jetstream_redeliveries_total", 1.0),
         ("handoff_id_requests_total{result=\"ok\"}", 1.0),

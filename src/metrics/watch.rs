@@ -134,11 +134,24 @@ mod tests {
     fn recoveries_are_new_installs_after_the_first() {
         // (name, states in order, recoveries expected after each)
         let cases: [(&str, Vec<IdentityState>, Vec<bool>); 6] = [
-            ("first install", vec![fenced(None), installed(7, 7)], vec![false, false]),
-            ("same state repeated", vec![installed(7, 7), installed(7, 7)], vec![false, false]),
+            (
+                "first install",
+                vec![fenced(None), installed(7, 7)],
+                vec![false, false],
+            ),
+            (
+                "same state repeated",
+                vec![installed(7, 7), installed(7, 7)],
+                vec![false, false],
+            ),
             (
                 "fence then new lease",
-                vec![installed(7, 7), fenced(Some(7)), fenced(Some(9)), installed(9, 9)],
+                vec![
+                    installed(7, 7),
+                    fenced(Some(7)),
+                    fenced(Some(9)),
+                    installed(9, 9),
+                ],
                 vec![false, false, false, true],
             ),
             (
@@ -153,7 +166,12 @@ mod tests {
             ),
             (
                 "fenced before any install",
-                vec![fenced(None), fenced(Some(3)), installed(3, 3), fenced(Some(3))],
+                vec![
+                    fenced(None),
+                    fenced(Some(3)),
+                    installed(3, 3),
+                    fenced(Some(3)),
+                ],
                 vec![false, false, false, false],
             ),
         ];
