@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::Nats;
+use common::{HttpReply, Nats};
 use prefill_handoff::decision::{Backend, DeadLetterCode, ErrorCode, FinishReason, Outcome};
 use prefill_handoff::identity::Identity;
 use prefill_handoff::ids::{DEFAULT_EPOCH_UNIX_MS, IdLayout, MachineId};
@@ -15,41 +15,19 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-struct Reply {
-    status: u16,
-    head: String,
-    body: String,
-}
-
-/// Sends raw bytes and reads until the server closes the connection.
-async fn send(addr: SocketAddr, raw: &[u8]) -> std::io::Result<Reply> {
-    let mut stream = TcpStream::connect(addr).await?;
-    stream.write_all(raw).await?;
-    let mut out = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut out))
+/// `common::http_send` off the runtime's threads.
+async fn send(addr: SocketAddr, raw: &[u8]) -> std::io::Result<HttpReply> {
+    let raw = raw.to_vec();
+    tokio::task::spawn_blocking(move || common::http_send(addr, &raw))
         .await
-        .map_err(|_| std::io::Error::other("no answer within 10 s"))??;
-    let text = String::from_utf8_lossy(&out).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    Ok(Reply {
-        status,
-        head: head.to_string(),
-        body: body.to_string(),
-    })
+        .expect("the HTTP client thread")
 }
 
-async fn get(addr: SocketAddr, path: &str) -> Reply {
-    send(
-        addr,
-        format!("GET {path} HTTP/1.1\r\nHost: test\r\n\r\n").as_bytes(),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("GET {path}: {e}"))
+async fn get(addr: SocketAddr, path: &str) -> HttpReply {
+    let path = path.to_string();
+    tokio::task::spawn_blocking(move || common::http_get(addr, &path))
+        .await
+        .expect("the HTTP client thread")
 }
 
 /// Every sample of a `/metrics` scrape, by series.
@@ -63,15 +41,7 @@ async fn scrape(addr: SocketAddr) -> BTreeMap<String, f64> {
         "{}",
         reply.head
     );
-    reply
-        .body
-        .lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-        .filter_map(|l| {
-            let (series, value) = l.rsplit_once(' ')?;
-            Some((series.to_string(), value.parse().ok()?))
-        })
-        .collect()
+    common::prometheus_samples(&reply.body)
 }
 
 /// Polls `check` on fresh state every 20 ms for up to 30 s.
@@ -108,111 +78,73 @@ async fn start(metrics: &Metrics, readiness: &Readiness) -> Server {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_outcome_moves_exactly_its_series() {
+    type Case = (Outcome, usize, Vec<(String, f64)>);
     let metrics = Metrics::new();
     let server = start(&metrics, &Readiness::new(unfenced_identity().watch())).await;
     let addr = server.local_addr;
-    use Outcome::*;
+    let decode = |backend, minted| Outcome::Decode { backend, minted };
+    let terminal = |finish_reason| Outcome::Terminal { finish_reason };
+    let error = |code| Outcome::Error { code };
+    let dead = |code| Outcome::DeadLetter { code };
+    let jobs = |b: &str| format!("handoff_decode_jobs_total{{backend=\"{b}\"}}");
+    let trailing_total = "handoff_trailing_frames_ignored_total".to_string();
     // (outcome, trailing frames, the series besides outputs_total that move, by how much)
-    type Case = (Outcome, usize, Vec<(&'static str, f64)>);
-    let cases: Vec<Case> = vec![
+    let mut cases: Vec<Case> = vec![
         (
-            Decode {
-                backend: Backend::Trtllm,
-                minted: true,
-            },
+            decode(Backend::Trtllm, true),
             0,
             vec![
-                ("handoff_decode_jobs_total{backend=\"trtllm\"}", 1.0),
-                ("handoff_ids_minted_total{source=\"decode_job\"}", 1.0),
+                (jobs("trtllm"), 1.0),
+                (
+                    "handoff_ids_minted_total{source=\"decode_job\"}".into(),
+                    1.0,
+                ),
             ],
         ),
         (
-            Decode {
-                backend: Backend::Trtllm,
-                minted: false,
-            },
+            decode(Backend::Trtllm, false),
             0,
-            vec![("handoff_decode_jobs_total{backend=\"trtllm\"}", 1.0)],
+            vec![(jobs("trtllm"), 1.0)],
         ),
         (
-            Decode {
-                backend: Backend::Sglang,
-                minted: false,
-            },
+            decode(Backend::Sglang, false),
             3,
-            vec![
-                ("handoff_decode_jobs_total{backend=\"sglang\"}", 1.0),
-                ("handoff_trailing_frames_ignored_total", 3.0),
-            ],
+            vec![(jobs("sglang"), 1.0), (trailing_total.clone(), 3.0)],
         ),
+        (decode(Backend::Vllm, false), 0, vec![(jobs("vllm"), 1.0)]),
         (
-            Decode {
-                backend: Backend::Vllm,
-                minted: false,
-            },
+            decode(Backend::Opaque, false),
             0,
-            vec![("handoff_decode_jobs_total{backend=\"vllm\"}", 1.0)],
+            vec![(jobs("opaque"), 1.0)],
         ),
         (
-            Decode {
-                backend: Backend::Opaque,
-                minted: false,
-            },
-            0,
-            vec![("handoff_decode_jobs_total{backend=\"opaque\"}", 1.0)],
-        ),
-        (
-            Terminal {
-                finish_reason: FinishReason::Eos,
-            },
+            terminal(FinishReason::Eos),
             1,
             vec![
-                ("handoff_terminal_total{finish_reason=\"eos\"}", 1.0),
-                ("handoff_trailing_frames_ignored_total", 1.0),
+                ("handoff_terminal_total{finish_reason=\"eos\"}".into(), 1.0),
+                (trailing_total.clone(), 1.0),
             ],
         ),
         (
-            Terminal {
-                finish_reason: FinishReason::from_label("weird"),
-            },
-            0,
-            vec![("handoff_terminal_total{finish_reason=\"other\"}", 1.0)],
-        ),
-        (
-            Error {
-                code: ErrorCode::MissingCtxRequestId,
-            },
+            terminal(FinishReason::from_label("weird")),
             0,
             vec![(
-                "handoff_error_responses_total{code=\"missing_ctx_request_id\"}",
+                "handoff_terminal_total{finish_reason=\"other\"}".into(),
                 1.0,
             )],
-        ),
-        (
-            Error {
-                code: ErrorCode::IdentityUnavailable,
-            },
-            0,
-            vec![(
-                "handoff_error_responses_total{code=\"identity_unavailable\"}",
-                1.0,
-            )],
-        ),
-        (
-            DeadLetter {
-                code: DeadLetterCode::TooLarge,
-            },
-            0,
-            vec![("handoff_dead_letters_total{code=\"too_large\"}", 1.0)],
-        ),
-        (
-            DeadLetter {
-                code: DeadLetterCode::MissingReplyTo,
-            },
-            0,
-            vec![("handoff_dead_letters_total{code=\"missing_reply_to\"}", 1.0)],
         ),
     ];
+    for code in [
+        ErrorCode::MissingCtxRequestId,
+        ErrorCode::IdentityUnavailable,
+    ] {
+        let series = format!("handoff_error_responses_total{{code=\"{code}\"}}");
+        cases.push((error(code), 0, vec![(series, 1.0)]));
+    }
+    for code in [DeadLetterCode::TooLarge, DeadLetterCode::MissingReplyTo] {
+        let series = format!("handoff_dead_letters_total{{code=\"{code}\"}}");
+        cases.push((dead(code), 0, vec![(series, 1.0)]));
+    }
     for (outcome, trailing, moves) in cases {
         let before = scrape(addr).await;
         // 3 ms: lands in the 5 ms bucket and every bucket above it.
@@ -223,10 +155,7 @@ async fn each_outcome_moves_exactly_its_series() {
             after.keys().collect::<Vec<_>>()
         );
 
-        let mut want: BTreeMap<String, f64> = moves
-            .iter()
-            .map(|(series, by)| (series.to_string(), *by))
-            .collect();
+        let mut want: BTreeMap<String, f64> = moves.into_iter().collect();
         want.insert(
             format!("handoff_outputs_total{{outcome=\"{}\"}}", outcome.kind()),
             1.0,
