@@ -39,7 +39,10 @@ pub fn parse_utc_ms(text: &str) -> Result<u64, String> {
             return Err("a '.' must be followed by the fraction's digits".into());
         }
         for i in 0..3 {
-            millis = millis * 10 + b.get(start + i).filter(|_| i < len).map_or(0, |d| u64::from(d - b'0'));
+            millis = millis * 10
+                + b.get(start + i)
+                    .filter(|_| i < len)
+                    .map_or(0, |d| u64::from(d - b'0'));
         }
         pos = start + len;
     }
@@ -83,7 +86,11 @@ fn expect(b: &[u8], at: usize, want: u8) -> Result<(), String> {
     if b.get(at) == Some(&want) {
         Ok(())
     } else {
-        Err(format!("expected '{}' at position {}", want as char, at + 1))
+        Err(format!(
+            "expected '{}' at position {}",
+            want as char,
+            at + 1
+        ))
     }
 }
 

@@ -114,7 +114,9 @@ fn edit_distance(a: &str, b: &str) -> usize {
         let mut diag = row[0];
         row[0] = i + 1;
         for (j, cb) in b.iter().enumerate() {
-            let next = (row[j + 1] + 1).min(row[j] + 1).min(diag + usize::from(ca != *cb));
+            let next = (row[j + 1] + 1)
+                .min(row[j] + 1)
+                .min(diag + usize::from(ca != *cb));
             diag = row[j + 1];
             row[j + 1] = next;
         }
@@ -213,10 +215,8 @@ pub(crate) fn from_toml(
         (Kind::Int, v @ Value::Integer(_)) => v,
         (Kind::Bool, v @ Value::Boolean(_)) => v,
         (Kind::List, Value::Array(items)) => {
-            let strings: Option<Vec<Value>> = items
-                .into_iter()
-                .map(|v| v.is_str().then_some(v))
-                .collect();
+            let strings: Option<Vec<Value>> =
+                items.into_iter().map(|v| v.is_str().then_some(v)).collect();
             Value::Array(strings.ok_or_else(fail)?)
         }
         (Kind::List, Value::String(s)) => return from_text(key, kind, &s, origin),

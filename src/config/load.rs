@@ -77,7 +77,10 @@ impl Layers {
             let at = e.span().map_or(String::new(), |span| {
                 let before = &text.as_bytes()[..span.start.min(text.len())];
                 let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
-                let line_start = before.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+                let line_start = before
+                    .iter()
+                    .rposition(|&b| b == b'\n')
+                    .map_or(0, |i| i + 1);
                 let column = before.len() - line_start + 1;
                 format!(", line {line}, column {column}")
             });

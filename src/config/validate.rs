@@ -22,7 +22,11 @@ pub(super) fn check(c: &Config) -> Result<(), ConfigError> {
     id_epoch(c)?;
     for (key, value, allowed) in [
         ("log_format", c.log_format.as_str(), &["text", "json"]),
-        ("jetstream.storage", c.jetstream.storage.as_str(), &["file", "memory"]),
+        (
+            "jetstream.storage",
+            c.jetstream.storage.as_str(),
+            &["file", "memory"],
+        ),
     ] {
         if !allowed.contains(&value) {
             return Err(err(
@@ -84,7 +88,9 @@ fn subjects(c: &Config) -> Result<(), ConfigError> {
         if !is_pattern(p) {
             return Err(err(
                 "subjects.prefill_results",
-                format!("{p:?} is not a valid NATS subject (empty token, whitespace, or '>' not last)"),
+                format!(
+                    "{p:?} is not a valid NATS subject (empty token, whitespace, or '>' not last)"
+                ),
             ));
         }
     }
@@ -97,13 +103,17 @@ fn subjects(c: &Config) -> Result<(), ConfigError> {
         if !is_literal(subject) {
             return Err(err(
                 key,
-                format!("{subject:?} is not a literal NATS subject; expected dot-separated tokens without wildcards or whitespace"),
+                format!(
+                    "{subject:?} is not a literal NATS subject; expected dot-separated tokens without wildcards or whitespace"
+                ),
             ));
         }
         if let Some(p) = prefill.iter().find(|p| matches(p, subject)) {
             return Err(err(
                 key,
-                format!("{subject:?} matches the prefill subject {p:?}; the worker would consume its own output"),
+                format!(
+                    "{subject:?} matches the prefill subject {p:?}; the worker would consume its own output"
+                ),
             ));
         }
         if let Some((other, _)) = outputs[..i].iter().find(|(_, s)| s == subject) {
@@ -150,7 +160,9 @@ fn names(c: &Config) -> Result<(), ConfigError> {
         if !js_name(value) {
             return Err(err(
                 key,
-                format!("{value:?} is not a JetStream name; expected a non-empty name without whitespace, '.', '*', '>', '/' or '\\'"),
+                format!(
+                    "{value:?} is not a JetStream name; expected a non-empty name without whitespace, '.', '*', '>', '/' or '\\'"
+                ),
             ));
         }
     }
@@ -209,7 +221,9 @@ fn auth(c: &Config) -> Result<(), ConfigError> {
         _ => {}
     }
     let methods: Vec<(&str, &str)> = [
-        n.user.as_ref().map(|_| ("nats.user", "nats.user/nats.password")),
+        n.user
+            .as_ref()
+            .map(|_| ("nats.user", "nats.user/nats.password")),
         n.token.as_ref().map(|_| ("nats.token", "nats.token")),
         n.credentials_file
             .as_ref()
@@ -258,15 +272,43 @@ fn limits(c: &Config) -> Result<(), ConfigError> {
         ));
     }
     let at_least = [
-        ("shutdown_timeout_secs", c.shutdown_timeout_secs, 1, "0 would abandon in-flight results without an output"),
-        ("max_payload_bytes", c.max_payload_bytes as u64, 1024, "a prefill result with its frames and handoff parameters needs at least 1 KiB"),
-        ("max_in_flight", c.max_in_flight as u64, 1, "at least one result must be processed at a time"),
-        ("etcd.connect_timeout_ms", c.etcd.connect_timeout_ms, 1, "0 would never wait for etcd"),
-        ("etcd.request_timeout_ms", c.etcd.request_timeout_ms, 1, "0 would never wait for etcd"),
+        (
+            "shutdown_timeout_secs",
+            c.shutdown_timeout_secs,
+            1,
+            "0 would abandon in-flight results without an output",
+        ),
+        (
+            "max_payload_bytes",
+            c.max_payload_bytes as u64,
+            1024,
+            "a prefill result with its frames and handoff parameters needs at least 1 KiB",
+        ),
+        (
+            "max_in_flight",
+            c.max_in_flight as u64,
+            1,
+            "at least one result must be processed at a time",
+        ),
+        (
+            "etcd.connect_timeout_ms",
+            c.etcd.connect_timeout_ms,
+            1,
+            "0 would never wait for etcd",
+        ),
+        (
+            "etcd.request_timeout_ms",
+            c.etcd.request_timeout_ms,
+            1,
+            "0 would never wait for etcd",
+        ),
     ];
     for (key, value, min, why) in at_least {
         if value < min {
-            return Err(err(key, format!("{value} is too small; expected at least {min}: {why}")));
+            return Err(err(
+                key,
+                format!("{value} is too small; expected at least {min}: {why}"),
+            ));
         }
     }
     Ok(())
@@ -276,12 +318,19 @@ fn jetstream(c: &Config) -> Result<(), ConfigError> {
     let js = &c.jetstream;
     let at_least = [
         ("jetstream.ack_wait_secs", js.ack_wait_secs, 1),
-        ("jetstream.duplicate_window_secs", js.duplicate_window_secs, 1),
+        (
+            "jetstream.duplicate_window_secs",
+            js.duplicate_window_secs,
+            1,
+        ),
         ("jetstream.batch", js.batch as u64, 1),
     ];
     for (key, value, min) in at_least {
         if value < min {
-            return Err(err(key, format!("{value} is too small; expected at least {min}")));
+            return Err(err(
+                key,
+                format!("{value} is too small; expected at least {min}"),
+            ));
         }
     }
     for (key, value) in [
@@ -289,7 +338,10 @@ fn jetstream(c: &Config) -> Result<(), ConfigError> {
         ("jetstream.max_bytes", js.max_bytes),
     ] {
         if value == 0 || value < -1 {
-            return Err(err(key, format!("{value} is not allowed; expected -1 (unlimited) or a positive integer")));
+            return Err(err(
+                key,
+                format!("{value} is not allowed; expected -1 (unlimited) or a positive integer"),
+            ));
         }
     }
     if js.max_age_secs > 0 && js.duplicate_window_secs > js.max_age_secs {
