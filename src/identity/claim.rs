@@ -269,19 +269,28 @@ impl Claim<'_> {
 }
 
 /// Revokes a lease so its slot and instance keys vanish at once. Best
-/// effort and bounded: a dead etcd lets the lease expire by itself.
+/// effort and bounded: a dead etcd lets the lease expire by itself. True when
+/// the lease is gone (revoked now, or already expired).
 pub(super) async fn revoke(settings: &Settings, client: &Client, lease_id: i64) -> bool {
     let hex = instance_id(lease_id);
-    match settings
-        .bounded("revoking the lease", client.lease_client().revoke(lease_id))
-        .await
-    {
-        Ok(_) => {
+    let mut leases = client.lease_client();
+    match tokio::time::timeout(settings.request_timeout(), leases.revoke(lease_id)).await {
+        Ok(Ok(_)) => {
             info!(lease = %hex, "etcd lease revoked");
             true
         }
-        Err(e) => {
+        Ok(Err(etcd_client::Error::GRpcStatus(status)))
+            if status.message().contains("lease not found") =>
+        {
+            debug!(lease = %hex, "lease already gone; nothing to revoke");
+            true
+        }
+        Ok(Err(e)) => {
             warn!(lease = %hex, error = %e, "could not revoke the lease; it expires after its TTL");
+            false
+        }
+        Err(_) => {
+            warn!(lease = %hex, "etcd did not answer the revoke in time; the lease expires after its TTL");
             false
         }
     }

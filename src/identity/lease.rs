@@ -182,15 +182,19 @@ async fn supervise(
             reason = %loss,
             "identity fenced: minting stops until a new slot is claimed"
         );
-        if loss.lease_may_live() {
-            // Free the old slot now rather than after its TTL; if etcd is
-            // down this fails quickly and the lease expires on its own.
-            claim::revoke(&settings, &claimed.client, claimed.lease_id).await;
-        }
+        // Free the old slot now rather than after its TTL. If etcd is down
+        // this fails; it is tried again once etcd answers, because a
+        // restarted etcd renews every lease and the old slot would linger.
+        let old_lease = claimed.lease_id;
+        let revoked =
+            !loss.lease_may_live() || claim::revoke(&settings, &claimed.client, old_lease).await;
         let Some(fresh) = recover(&settings, &identity, &mut stop).await else {
             return;
         };
         claimed = fresh;
+        if !revoked {
+            claim::revoke(&settings, &claimed.client, old_lease).await;
+        }
         install(&identity, &claimed);
         recoveries.bump();
         info!(
