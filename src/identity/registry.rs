@@ -277,7 +277,7 @@ mod tests {
         ];
         let now = UNIX_EPOCH + Duration::from_secs(1_735_689_600 + 90);
         let list = listing(&keys, &slots, &instances, now);
-        let summary: Vec<(Option<u16>, &str, Option<u64>, Option<u32>)> = list
+        let summary: Vec<_> = list
             .iter()
             .map(|e| (e.machine_id, e.lease.as_str(), e.age_secs, e.pid))
             .collect();
