@@ -131,6 +131,13 @@ pub(super) async fn establish(
         )));
     }
     let ttl = Duration::from_secs(grant.ttl().unsigned_abs());
+    let Some(valid_until) = sent.checked_add(ttl) else {
+        return Err(LeaseError::Etcd(format!(
+            "etcd granted lease {} with an unusable TTL of {} s",
+            instance_id(lease_id),
+            grant.ttl()
+        )));
+    };
     identity.set_lease(lease_id);
     info!(lease = %instance_id(lease_id), ttl_secs = grant.ttl(), "etcd lease granted");
 
@@ -139,7 +146,7 @@ pub(super) async fn establish(
         client: client.clone(),
         lease_id,
         ttl,
-        valid_until: sent + ttl,
+        valid_until,
         keepalive: KeepAlive::new(client.clone(), lease_id),
     };
     match claim.run().await {

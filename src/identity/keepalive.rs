@@ -39,9 +39,10 @@ impl KeepAlive {
     pub(super) async fn beat(&mut self, deadline: Instant) -> Result<Beat, String> {
         let sent = Instant::now();
         match tokio::time::timeout_at(deadline.into(), self.round_trip()).await {
-            Ok(Ok(ttl)) if ttl > 0 => Ok(Beat::Alive {
-                valid_until: sent + Duration::from_secs(ttl.unsigned_abs()),
-            }),
+            Ok(Ok(ttl)) if ttl > 0 => sent
+                .checked_add(Duration::from_secs(ttl.unsigned_abs()))
+                .map(|valid_until| Beat::Alive { valid_until })
+                .ok_or_else(|| format!("etcd answered an unusable TTL of {ttl} s")),
             Ok(Ok(_)) => Ok(Beat::Gone),
             Ok(Err(e)) => {
                 self.channel = None;

@@ -94,6 +94,11 @@ pub(super) async fn hold(
                     Ok(Beat::Alive { valid_until }) => {
                         claimed.valid_until = valid_until;
                         identity.extend(valid_until);
+                        if identity.is_fenced() {
+                            // A mint saw the old validity run out just before
+                            // this answer: the slot was given up; claim anew.
+                            return Ended::Lost(Loss::Unreachable);
+                        }
                         next_beat = Instant::now() + interval;
                         if slot_watch.is_none() {
                             match reopen_watch(settings, claimed).await {
