@@ -5,7 +5,7 @@
 use super::keepalive::{Beat, KeepAlive};
 use super::registry::{InstanceRecord, Keys, probe_order};
 use super::{Identity, LeaseError};
-use crate::config::EtcdConfig;
+use crate::config::{ConfigError, EtcdConfig};
 use crate::ids::MachineId;
 use crate::wire::messages::instance_id;
 use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp};
@@ -89,8 +89,17 @@ pub(super) async fn connect(settings: &Settings) -> Result<Client, LeaseError> {
         .with_timeout(settings.request_timeout())
         .with_keep_alive(Duration::from_secs(1), settings.request_timeout())
         .with_keep_alive_while_idle(true);
-    if let (Some(user), Some(password)) = (&settings.etcd.user, &settings.etcd.password) {
-        options = options.with_user(user.clone(), password.clone());
+    match (&settings.etcd.user, &settings.etcd.password) {
+        (Some(user), Some(password)) => {
+            options = options.with_user(user.clone(), password.clone());
+        }
+        (None, None) => {}
+        _ => {
+            return Err(ConfigError(
+                "etcd.user and etcd.password: set both to authenticate to etcd, or neither".into(),
+            )
+            .into());
+        }
     }
     // With credentials the client authenticates while connecting.
     let bound = settings.connect_timeout() + settings.request_timeout();

@@ -200,3 +200,34 @@ async fn start_without_etcd_fails_with_the_endpoint_in_the_message() {
     assert!(matches!(err, LeaseError::Etcd(_)), "{err:?}");
     assert!(err.to_string().contains(&config.etcd.endpoints), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn authenticates_with_etcd_user_and_password() {
+    let etcd = Etcd::start();
+    etcd.etcdctl(&["user", "add", "root:s3cret"])
+        .expect("add root user");
+    etcd.etcdctl(&["auth", "enable"]).expect("enable auth");
+
+    let mut config = config(&etcd, TTL);
+    let err = match Lease::start(&config, registration()).await {
+        Ok(_) => panic!("auth is on; no credentials must fail"),
+        Err(e) => e,
+    };
+    assert!(matches!(err, LeaseError::Etcd(_)), "{err:?}");
+
+    config.etcd.user = Some("root".into());
+    let half = match Lease::start(&config, registration()).await {
+        Ok(_) => panic!("a user without a password is a config error"),
+        Err(e) => e,
+    };
+    assert!(matches!(half, LeaseError::Config(_)), "{half:?}");
+    assert!(half.to_string().contains("etcd.password"), "{half}");
+
+    config.etcd.password = Some("s3cret".into());
+    let lease = Lease::start(&config, registration())
+        .await
+        .expect("start with credentials");
+    let (_, machine_id) = held(&lease.identity());
+    assert_eq!(minted_machine_id(&lease.identity()), machine_id.get());
+    lease.shutdown().await;
+}
