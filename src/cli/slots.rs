@@ -14,23 +14,7 @@ pub struct SlotsArgs {
 }
 
 pub fn run(args: SlotsArgs) -> anyhow::Result<()> {
-    let mut overrides = Vec::new();
-    if let Some(endpoints) = &args.config.etcd_endpoints {
-        overrides.push(("etcd.endpoints".to_string(), endpoints.clone()));
-    }
-    if let Some(namespace) = &args.config.namespace {
-        overrides.push(("namespace".to_string(), namespace.clone()));
-    }
-    let mut config = crate::config::Config::load(args.config.config.as_deref(), &overrides)?;
-    // Flags beat everything; applied here too until `Config::load` honours
-    // overrides (the config issue).
-    if let Some(endpoints) = &args.config.etcd_endpoints {
-        config.etcd.endpoints = endpoints.clone();
-    }
-    if let Some(namespace) = &args.config.namespace {
-        config.namespace = namespace.clone();
-    }
-
+    let config = args.config.load()?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
