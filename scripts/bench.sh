@@ -155,7 +155,7 @@ scenario() {
     # shellcheck disable=SC2086
     if ! wait_answering "$pid" --namespace "$ns" $flags; then
         if grep -q "not built yet\|not supported yet\|not implemented" "$plog"; then
-            log "$name: SKIPPED: $(basename "$1") is not built yet on this branch ($(grep -m1 -o '`[^`]*` is not built yet\|not supported yet.*\|not implemented.*' "$plog"))"
+            log "$name: SKIPPED: $(basename "$1") cannot do this yet on this branch: $(grep -m1 "not built yet\|not supported yet\|not implemented" "$plog" | sed 's/\x1b\[[0-9;]*m//g' | cut -c1-160)"
             echo "skipped: not built yet" >"$out.skipped"
         else
             log "$name: FAILED: the program never answered; last lines of its log:"
