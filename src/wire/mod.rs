@@ -7,6 +7,7 @@
 
 pub mod map;
 pub mod messages;
+pub mod msgpack;
 
 use rmpv::Value;
 use thiserror::Error;
@@ -17,10 +18,10 @@ use thiserror::Error;
 /// dozen or two; a hostile one must not exhaust the stack.
 pub const MAX_DEPTH: usize = 64;
 
-/// rmpv counts depth in its own units: every value read costs one, and the
-/// body of an array, map, string, binary or ext one more. `MAX_DEPTH` nested
-/// containers with a string inside cost `2 * MAX_DEPTH + 2`.
-const RMPV_DEPTH_UNITS: usize = 2 * MAX_DEPTH + 2;
+/// rmpv counts depth in its own units: a container costs two, a string or
+/// ext leaf three. [`msgpack::check`] has already bounded the nesting to
+/// `MAX_DEPTH` containers, so this is only a backstop.
+const RMPV_DEPTH_UNITS: usize = 2 * MAX_DEPTH + 3;
 
 /// The encoding of one message. Outputs use the encoding of the input that
 /// caused them.
@@ -80,13 +81,15 @@ pub enum WireError {
 }
 
 /// Decodes one complete value. Trailing bytes, nesting deeper than
-/// [`MAX_DEPTH`] and truncated input are errors.
+/// [`MAX_DEPTH`] containers, undefined MessagePack markers and truncated input
+/// are errors.
 pub fn decode(bytes: &[u8], encoding: Encoding) -> Result<Value, WireError> {
     if bytes.is_empty() {
         return Err(WireError::Empty);
     }
     match encoding {
         Encoding::MsgPack => {
+            msgpack::check(bytes)?;
             let mut cursor = bytes;
             let value = rmpv::decode::read_value_with_max_depth(&mut cursor, RMPV_DEPTH_UNITS)
                 .map_err(|e| match e {
@@ -96,16 +99,11 @@ pub fn decode(bytes: &[u8], encoding: Encoding) -> Result<Value, WireError> {
             if !cursor.is_empty() {
                 return Err(WireError::TrailingBytes(cursor.len()));
             }
-            // rmpv's units are only an upper bound on container nesting; the
-            // exact check keeps the limit the same for both encodings.
-            if depth(&value) > MAX_DEPTH {
-                return Err(WireError::TooDeep);
-            }
             Ok(value)
         }
         Encoding::Json => {
             // serde_json refuses nesting beyond 128 levels on its own, which
-            // bounds the recursion of the exact check below.
+            // bounds the recursion of the check below.
             let value = serde_json::from_slice::<Value>(bytes).map_err(|e| {
                 if e.to_string().starts_with("recursion limit exceeded") {
                     WireError::TooDeep
