@@ -148,8 +148,7 @@ pub fn encode_with_capacity(value: &Value, encoding: Encoding, capacity: usize) 
     match encoding {
         Encoding::MsgPack => {
             let mut out = Vec::with_capacity(capacity);
-            // Writing into a Vec cannot fail.
-            let _ = rmpv::encode::write_value(&mut out, value);
+            msgpack::write(&mut out, value);
             out
         }
         Encoding::Json => json::to_vec(value),
