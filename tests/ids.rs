@@ -35,6 +35,8 @@ fn reference(layout: IdLayout, ts: u64, machine_id: u16, counter: u16) -> u64 {
 }
 
 #[test]
+// Binary literals are grouped by field (ts, machine or node/process, counter).
+#[allow(clippy::unusual_byte_groupings)]
 fn layouts_match_hand_computed_ids() {
     // (layout, ts, machine_id, counter, expected): expected computed by hand
     // (Python) from the contract's formulas.
