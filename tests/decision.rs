@@ -365,6 +365,20 @@ fn duplicated_keys_are_malformed() {
             Expect::Error(ErrorCode::Malformed),
         );
     }
+    // JSON keeps duplicated keys too, so they are caught the same way.
+    let json_twice =
+        br#"{"request_id": "r", "reply_to": "_INBOX.a", "frames": [], "frames": [{}]}"#;
+    let d = decide_bytes(json_twice, Encoding::Json, &rules(), None);
+    assert_eq!(
+        d.outcome,
+        Outcome::Error {
+            code: ErrorCode::Malformed
+        }
+    );
+    let json_reply_twice =
+        br#"{"request_id": "r", "reply_to": "_INBOX.a", "reply_to": "_INBOX.b", "frames": []}"#;
+    let d = decide_bytes(json_reply_twice, Encoding::Json, &rules(), None);
+    assert_eq!(d.outcome.kind(), "dead_letter");
     // A duplicated request_id: which one is meant cannot be known.
     let twice = message(first_frame(vec![]), vec![(k("request_id"), k("req-2"))]);
     let d = decide_msgpack(&twice);

@@ -18,11 +18,6 @@ use thiserror::Error;
 /// dozen or two; a hostile one must not exhaust the stack.
 pub const MAX_DEPTH: usize = 64;
 
-/// rmpv counts depth in its own units: a container costs two, a string or
-/// ext leaf three. [`msgpack::check`] has already bounded the nesting to
-/// `MAX_DEPTH` containers, so this is only a backstop.
-const RMPV_DEPTH_UNITS: usize = 2 * MAX_DEPTH + 3;
-
 /// The encoding of one message. Outputs use the encoding of the input that
 /// caused them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -88,19 +83,7 @@ pub fn decode(bytes: &[u8], encoding: Encoding) -> Result<Value, WireError> {
         return Err(WireError::Empty);
     }
     match encoding {
-        Encoding::MsgPack => {
-            msgpack::check(bytes)?;
-            let mut cursor = bytes;
-            let value = rmpv::decode::read_value_with_max_depth(&mut cursor, RMPV_DEPTH_UNITS)
-                .map_err(|e| match e {
-                    rmpv::decode::Error::DepthLimitExceeded => WireError::TooDeep,
-                    e => WireError::MsgPack(e.to_string()),
-                })?;
-            if !cursor.is_empty() {
-                return Err(WireError::TrailingBytes(cursor.len()));
-            }
-            Ok(value)
-        }
+        Encoding::MsgPack => msgpack::read(bytes),
         Encoding::Json => {
             // serde_json refuses nesting beyond 128 levels on its own, which
             // bounds the recursion of the check below.

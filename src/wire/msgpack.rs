@@ -1,11 +1,14 @@
 //! MessagePack bytes in and out, where rmpv alone is not exact enough.
 //!
-//! Reading: rmpv reads the never-used marker `0xc1` as nil, so a corrupt byte could
-//! turn a field into a null (and a `ctx_request_id` into "missing") instead
-//! of making the message malformed. rmpv also counts depth in its own units.
-//! This walk, which allocates nothing but a small stack, refuses every
-//! undefined marker, every length that runs past the end, nesting deeper than
-//! [`MAX_DEPTH`] containers and trailing bytes, with the offset of the fault.
+//! Reading: rmpv reads the never-used marker `0xc1` as nil, so a corrupt byte
+//! could turn a field into a null (and a `ctx_request_id` into "missing")
+//! instead of making the message malformed; it counts depth in its own units;
+//! and it reads through `io::Read`, growing every array one push at a time.
+//! [`read`] works on the slice in one pass: it refuses every undefined
+//! marker, every length that runs past the end, nesting deeper than
+//! [`MAX_DEPTH`] containers and trailing bytes, naming the offset of the
+//! fault, and sizes each array and map from its header (bounded, so that a
+//! lying header cannot reserve memory the body does not back).
 //!
 //! Writing: rmpv writes a string that is not valid UTF-8 as binary, which
 //! changes its type for the decode worker. [`write`] writes it as a string
@@ -15,87 +18,164 @@
 use super::{MAX_DEPTH, WireError};
 use rmpv::Value;
 
-/// Checks that `bytes` hold exactly one well-formed MessagePack value.
-pub fn check(bytes: &[u8]) -> Result<(), WireError> {
-    let mut pos = 0usize;
-    // Items still to read in each open container; the bottom entry is the
-    // single top-level value.
-    let mut open: Vec<u64> = Vec::with_capacity(8);
-    open.push(1);
-    while let Some(left) = open.last_mut() {
-        if *left == 0 {
-            open.pop();
-            continue;
-        }
-        *left -= 1;
-        let at = pos;
-        let marker = *bytes.get(pos).ok_or_else(|| truncated(at))?;
-        pos += 1;
-        let (skip, items) = match marker {
-            0x00..=0x7f | 0xe0..=0xff | 0xc0 | 0xc2 | 0xc3 => (0, 0),
-            0x80..=0x8f => (0, 2 * u64::from(marker & 0x0f)),
-            0x90..=0x9f => (0, u64::from(marker & 0x0f)),
-            0xa0..=0xbf => (usize::from(marker & 0x1f), 0),
+/// The most items reserved up front for one array or map; larger ones grow.
+const MAX_RESERVE: usize = 1024;
+
+/// Reads exactly one MessagePack value from `bytes`.
+pub fn read(bytes: &[u8]) -> Result<Value, WireError> {
+    let mut reader = Reader { bytes, pos: 0 };
+    let value = reader.value(0)?;
+    if reader.pos < bytes.len() {
+        return Err(WireError::TrailingBytes(bytes.len() - reader.pos));
+    }
+    Ok(value)
+}
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    /// The next `n` bytes; `at` is where the value being read started.
+    fn take(&mut self, n: usize, at: usize) -> Result<&'a [u8], WireError> {
+        let end = self
+            .pos
+            .checked_add(n)
+            .filter(|end| *end <= self.bytes.len())
+            .ok_or_else(|| truncated(at))?;
+        let out = &self.bytes[self.pos..end];
+        self.pos = end;
+        Ok(out)
+    }
+
+    fn array<const N: usize>(&mut self, at: usize) -> Result<[u8; N], WireError> {
+        let mut out = [0u8; N];
+        out.copy_from_slice(self.take(N, at)?);
+        Ok(out)
+    }
+
+    /// A big-endian length of `width` bytes (1, 2 or 4).
+    fn len(&mut self, width: usize, at: usize) -> Result<usize, WireError> {
+        Ok(self
+            .take(width, at)?
+            .iter()
+            .fold(0usize, |n, b| (n << 8) | usize::from(*b)))
+    }
+
+    /// One value; `depth` is the number of containers it sits in.
+    fn value(&mut self, depth: usize) -> Result<Value, WireError> {
+        let at = self.pos;
+        let marker = self.take(1, at)?[0];
+        Ok(match marker {
+            0x00..=0x7f => Value::from(marker),
+            0xe0..=0xff => Value::from(marker as i8),
+            0x80..=0x8f => self.map(usize::from(marker & 0x0f), depth, at)?,
+            0x90..=0x9f => self.items(usize::from(marker & 0x0f), depth, at)?,
+            0xa0..=0xbf => self.string(usize::from(marker & 0x1f), at)?,
+            0xc0 => Value::Nil,
             0xc1 => {
                 return Err(WireError::MsgPack(format!(
                     "byte {at} is 0xc1, a marker MessagePack never uses"
                 )));
             }
-            0xc4 | 0xd9 => (len(bytes, &mut pos, 1)?, 0),
-            0xc5 | 0xda => (len(bytes, &mut pos, 2)?, 0),
-            0xc6 | 0xdb => (len(bytes, &mut pos, 4)?, 0),
-            // ext: length, then a type byte, then the data.
-            0xc7 => (len(bytes, &mut pos, 1)? + 1, 0),
-            0xc8 => (len(bytes, &mut pos, 2)? + 1, 0),
-            0xc9 => (len(bytes, &mut pos, 4)? + 1, 0),
-            0xca => (4, 0),
-            0xcb => (8, 0),
-            0xcc | 0xd0 => (1, 0),
-            0xcd | 0xd1 => (2, 0),
-            0xce | 0xd2 => (4, 0),
-            0xcf | 0xd3 => (8, 0),
-            // fixext 1, 2, 4, 8, 16: a type byte, then the data.
-            0xd4 => (2, 0),
-            0xd5 => (3, 0),
-            0xd6 => (5, 0),
-            0xd7 => (9, 0),
-            0xd8 => (17, 0),
-            0xdc => (0, len(bytes, &mut pos, 2)? as u64),
-            0xdd => (0, len(bytes, &mut pos, 4)? as u64),
-            0xde => (0, 2 * len(bytes, &mut pos, 2)? as u64),
-            0xdf => (0, 2 * len(bytes, &mut pos, 4)? as u64),
-        };
-        pos = pos
-            .checked_add(skip)
-            .filter(|end| *end <= bytes.len())
-            .ok_or_else(|| truncated(at))?;
-        let is_container = matches!(marker, 0x80..=0x9f | 0xdc..=0xdf);
-        if is_container {
-            // `open` holds the top-level slot plus one entry per container
-            // this value sits in.
-            if open.len() > MAX_DEPTH {
-                return Err(WireError::TooDeep);
+            0xc2 => Value::Boolean(false),
+            0xc3 => Value::Boolean(true),
+            0xc4..=0xc6 => {
+                let n = self.len(1 << (marker - 0xc4), at)?;
+                Value::Binary(self.take(n, at)?.to_vec())
             }
-            // Every item takes at least one byte: a count beyond the bytes
-            // left is a truncation, found here rather than item by item.
-            if items > (bytes.len() - pos) as u64 {
-                return Err(truncated(at));
+            0xc7..=0xc9 => {
+                let n = self.len(1 << (marker - 0xc7), at)?;
+                self.ext(n, at)?
             }
-            open.push(items);
+            0xca => Value::F32(f32::from_be_bytes(self.array(at)?)),
+            0xcb => Value::F64(f64::from_be_bytes(self.array(at)?)),
+            0xcc => Value::from(self.take(1, at)?[0]),
+            0xcd => Value::from(u16::from_be_bytes(self.array(at)?)),
+            0xce => Value::from(u32::from_be_bytes(self.array(at)?)),
+            0xcf => Value::from(u64::from_be_bytes(self.array(at)?)),
+            0xd0 => Value::from(self.take(1, at)?[0] as i8),
+            0xd1 => Value::from(i16::from_be_bytes(self.array(at)?)),
+            0xd2 => Value::from(i32::from_be_bytes(self.array(at)?)),
+            0xd3 => Value::from(i64::from_be_bytes(self.array(at)?)),
+            0xd4..=0xd8 => self.ext(1 << (marker - 0xd4), at)?,
+            0xd9..=0xdb => {
+                let n = self.len(1 << (marker - 0xd9), at)?;
+                self.string(n, at)?
+            }
+            0xdc | 0xdd => {
+                let n = self.len(2 << (marker - 0xdc), at)?;
+                self.items(n, depth, at)?
+            }
+            0xde | 0xdf => {
+                let n = self.len(2 << (marker - 0xde), at)?;
+                self.map(n, depth, at)?
+            }
+        })
+    }
+
+    fn string(&mut self, n: usize, at: usize) -> Result<Value, WireError> {
+        let raw = self.take(n, at)?;
+        Ok(match std::str::from_utf8(raw) {
+            Ok(s) => Value::from(s),
+            Err(_) => invalid_utf8_string(raw),
+        })
+    }
+
+    fn ext(&mut self, n: usize, at: usize) -> Result<Value, WireError> {
+        let tag = self.take(1, at)?[0] as i8;
+        Ok(Value::Ext(tag, self.take(n, at)?.to_vec()))
+    }
+
+    /// Room for `n` items, each at least `min_bytes` long, without trusting
+    /// `n` further than the bytes left can back it.
+    fn reserve(&self, n: usize, min_bytes: usize, at: usize) -> Result<usize, WireError> {
+        let left = self.bytes.len() - self.pos;
+        if n > left / min_bytes {
+            return Err(truncated(at));
         }
+        Ok(n.min(MAX_RESERVE))
     }
-    if pos < bytes.len() {
-        return Err(WireError::TrailingBytes(bytes.len() - pos));
+
+    fn enter(depth: usize) -> Result<usize, WireError> {
+        if depth >= MAX_DEPTH {
+            return Err(WireError::TooDeep);
+        }
+        Ok(depth + 1)
     }
-    Ok(())
+
+    fn items(&mut self, n: usize, depth: usize, at: usize) -> Result<Value, WireError> {
+        let inner = Self::enter(depth)?;
+        let mut items = Vec::with_capacity(self.reserve(n, 1, at)?);
+        for _ in 0..n {
+            items.push(self.value(inner)?);
+        }
+        Ok(Value::Array(items))
+    }
+
+    fn map(&mut self, n: usize, depth: usize, at: usize) -> Result<Value, WireError> {
+        let inner = Self::enter(depth)?;
+        let mut entries = Vec::with_capacity(self.reserve(n, 2, at)?);
+        for _ in 0..n {
+            let key = self.value(inner)?;
+            let value = self.value(inner)?;
+            entries.push((key, value));
+        }
+        Ok(Value::Map(entries))
+    }
 }
 
-/// Reads a big-endian length of `width` bytes.
-fn len(bytes: &[u8], pos: &mut usize, width: usize) -> Result<usize, WireError> {
-    let at = *pos;
-    let field = bytes.get(at..at + width).ok_or_else(|| truncated(at - 1))?;
-    *pos += width;
-    Ok(field.iter().fold(0usize, |n, b| (n << 8) | usize::from(*b)))
+/// A string value holding bytes that are not UTF-8. rmpv has no public
+/// constructor for one, so its own decoder builds it from a str32 header.
+fn invalid_utf8_string(raw: &[u8]) -> Value {
+    let mut buf = Vec::with_capacity(raw.len() + 5);
+    buf.push(0xdb);
+    buf.extend_from_slice(&(raw.len() as u32).to_be_bytes());
+    buf.extend_from_slice(raw);
+    // The header is well-formed, so rmpv cannot fail here; binary is the
+    // nearest stand-in should it ever.
+    rmpv::decode::read_value(&mut &buf[..]).unwrap_or_else(|_| Value::Binary(raw.to_vec()))
 }
 
 fn truncated(at: usize) -> WireError {
