@@ -395,3 +395,31 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn the_id_service_answer_and_instance_ids_have_the_contract_shape() {
+    use prefill_handoff::ids::{IdLayout, MachineId};
+    use prefill_handoff::wire::messages::{instance_id, mint_response};
+    let slot = MachineId::new(1020).expect("slot");
+    let answer = mint_response(&[11, 12], slot, IdLayout::Rc22);
+    assert_eq!(
+        wire::to_json(&answer),
+        json!({"ids": [11, 12], "machine_id": 1020, "layout": "rc22"})
+    );
+    assert_eq!(instance_id(0x1a2b), "0000000000001a2b");
+    assert_eq!(instance_id(i64::MAX), "7fffffffffffffff");
+}
+
+#[test]
+fn explain_renders_what_json_cannot_say_readably() {
+    let rendered = wire::to_json(&oddities());
+    assert_eq!(rendered["bin"][255], 255);
+    assert_eq!(
+        rendered["ext"],
+        json!({"ext_type": 42, "data": [1, 2, 3, 4]})
+    );
+    assert_eq!(rendered["7"], "an integer key");
+    assert_eq!(rendered["latin1"], "caf\u{fffd}");
+    assert_eq!(rendered["big"], json!(u64::MAX));
+    assert_eq!(rendered["neg"], -3);
+}
