@@ -10,6 +10,7 @@ use futures::stream::SelectAll;
 use std::time::Instant;
 
 pub struct CoreInbound {
+    client: Client,
     subscriptions: SelectAll<Subscriber>,
 }
 
@@ -36,7 +37,10 @@ impl CoreInbound {
             tracing::info!(%subject, %queue_group, "subscribed (core NATS queue group)");
             subscriptions.push(subscriber);
         }
-        Ok(CoreInbound { subscriptions })
+        Ok(CoreInbound {
+            client: client.clone(),
+            subscriptions,
+        })
     }
 
     /// The next message from any subscription; `None` when all are drained.
@@ -53,11 +57,24 @@ impl CoreInbound {
         })
     }
 
-    /// Unsubscribes every subscription. The server stops routing new messages
-    /// to this worker (the queue group's other members get them); messages
-    /// already sent to it keep coming out of [`CoreInbound::next`] until the
-    /// server confirms the unsubscribe, then `next` returns `None`.
+    /// Unsubscribes every subscription: the server routes new messages to
+    /// the queue group's other members. Messages this worker has already
+    /// received keep coming out of [`CoreInbound::next`], which then returns
+    /// `None`.
+    ///
+    /// async-nats 0.51 drops a drained subscription one poll after sending
+    /// the UNSUB, not when the server confirms it, and its `flush` does not
+    /// wait for the server; messages still on their way would be lost. So a
+    /// fence comes first: a message to this connection's own inbox, which the
+    /// server queues behind everything it has already routed here. Once it is
+    /// back, all of that is in the subscriptions' queues. What can still be
+    /// lost is what the server routes here in the moment between the fence
+    /// and the UNSUB (core NATS is at most once; JetStream mode loses nothing).
     pub async fn drain(&mut self) {
+        match fence(&self.client).await {
+            Ok(()) => tracing::debug!("drain fence returned"),
+            Err(e) => tracing::warn!(error = %e, "no drain fence; messages in transit may be lost"),
+        }
         for subscriber in self.subscriptions.iter_mut() {
             if let Err(e) = subscriber.drain().await {
                 tracing::warn!(error = %e, "could not drain a subscription; the connection is closing");
@@ -65,3 +82,24 @@ impl CoreInbound {
         }
     }
 }
+
+/// Sends a message to a fresh inbox of this connection and waits for it.
+async fn fence(client: &Client) -> Result<(), String> {
+    let inbox = client.new_inbox();
+    let mut subscriber = client
+        .subscribe(inbox.clone())
+        .await
+        .map_err(|e| e.to_string())?;
+    client
+        .publish(inbox, bytes::Bytes::new())
+        .await
+        .map_err(|e| e.to_string())?;
+    match tokio::time::timeout(FENCE_TIMEOUT, subscriber.next()).await {
+        Ok(Some(_)) => Ok(()),
+        Ok(None) => Err("the connection closed".into()),
+        Err(_) => Err(format!("no answer within {FENCE_TIMEOUT:?}")),
+    }
+}
+
+/// How long the drain fence may take; the shutdown timeout bounds it too.
+const FENCE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
