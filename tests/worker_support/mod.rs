@@ -104,10 +104,9 @@ pub fn init_logging() {
 
 /// A plain client for the test's side.
 pub async fn client(nats_url: &str) -> Client {
-    let client = async_nats::connect(nats_url)
+    async_nats::connect(nats_url)
         .await
-        .expect("test client connects");
-    client
+        .expect("test client connects")
 }
 
 /// Every message the server routes to a `>` subscription (and to `$JS.>`
