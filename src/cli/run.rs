@@ -1,39 +1,48 @@
 //! `prefill-handoff run`: configuration, logging, the etcd identity, the NATS
-//! transport and the worker loop, then an orderly shutdown.
+//! transport, the metrics server, the ID mint service and the worker loop,
+//! then an orderly shutdown (contract 5): drain, finish, flush, revoke, exit 0.
 
 use super::ConfigArgs;
 use crate::config::{Config, Mode};
-use crate::identity::{Lease, Registration};
-use crate::metrics::Metrics;
+use crate::decision::Rules;
+use crate::id_service::{self, IdService};
+use crate::identity::{Identity, Lease, Registration};
+use crate::metrics::{self, Metrics, Readiness};
 use crate::transport::{self, Inbound, Outbound, core::CoreInbound};
 use crate::worker::{Options, Worker, shutdown::Signals};
 use anyhow::Context;
+use std::future::Future;
+use std::time::Duration;
+use tokio::sync::oneshot;
 
 pub fn run(args: ConfigArgs) -> anyhow::Result<()> {
-    let config = Config::load(args.config.as_deref(), &overrides(&args))?;
-    // Rules are checked before anything touches the network: a bad allowlist
-    // is a config error (exit 2), not a runtime one.
+    let config = args.load()?;
+    // Checked before anything touches the network: a bad allowlist is a
+    // config error (exit 2), not a runtime one.
     let rules = config.rules()?;
-    init_logging(&config);
+    let id_service = IdService::from_config(&config)?;
+    super::logging::init(&config.log_format);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("handoff")
         .build()
         .context("cannot start the async runtime")?;
-    let result = runtime.block_on(serve(config, rules));
-    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    let result = runtime.block_on(serve(config, rules, id_service));
+    runtime.shutdown_timeout(Duration::from_secs(1));
     result
 }
 
-async fn serve(config: Config, rules: crate::decision::Rules) -> anyhow::Result<()> {
+async fn serve(config: Config, rules: Rules, id_service: IdService) -> anyhow::Result<()> {
     let mut signals = Signals::install().context("cannot install the SIGTERM/SIGINT handlers")?;
     let metrics = Metrics::new();
     let registration = Registration {
         subjects: config.own_subjects(),
     };
-    let lease = Lease::start(&config, registration)
-        .await
-        .context("cannot obtain an etcd lease and machine-ID slot")?;
+    // Startup waits on etcd and NATS; a signal meanwhile stops it cleanly.
+    let Some(lease) = until_signal(&mut signals, Lease::start(&config, registration)).await else {
+        return Ok(());
+    };
+    let lease = lease.context("cannot obtain an etcd lease and machine-ID slot")?;
     let identity = lease.identity();
     let state = identity.state();
     tracing::info!(
@@ -41,15 +50,28 @@ async fn serve(config: Config, rules: crate::decision::Rules) -> anyhow::Result<
         machine_id = state.machine_id.map(|m| m.get()),
         "identity held"
     );
+    metrics.watch_identity(identity.watch());
+    let readiness = Readiness::new(identity.watch());
 
-    let started = start(&config, rules, identity, metrics).await;
-    let (worker, inbound) = match started {
-        Ok(parts) => parts,
+    let (stop_http, http_stopped) = oneshot::channel::<()>();
+    let started = start(
+        &config,
+        rules,
+        id_service,
+        identity,
+        &metrics,
+        &readiness,
+        http_stopped,
+    )
+    .await;
+    let started = match started {
+        Ok(started) => started,
         Err(e) => {
             lease.shutdown().await;
             return Err(e);
         }
     };
+    readiness.set_consuming(true);
     tracing::info!(
         mode = ?config.mode,
         subjects = %config.subjects.prefill_results,
@@ -57,14 +79,19 @@ async fn serve(config: Config, rules: crate::decision::Rules) -> anyhow::Result<
         max_in_flight = config.max_in_flight,
         "consuming prefill results"
     );
-    let report = worker
-        .run(inbound, async move {
+    let draining = readiness.clone();
+    let report = started
+        .worker
+        .run(started.inbound, async move {
             let name = signals.recv().await;
             tracing::info!(signal = name, "shutdown requested");
+            draining.set_consuming(false);
         })
         .await;
+    started.id_service.abort();
     tracing::info!("shutdown: revoking the etcd lease (frees the machine-ID slot)");
     lease.shutdown().await;
+    let _ = stop_http.send(());
     tracing::info!(
         unfinished = report.unfinished,
         flushed = report.flushed,
@@ -73,13 +100,43 @@ async fn serve(config: Config, rules: crate::decision::Rules) -> anyhow::Result<
     Ok(())
 }
 
+/// Runs `startup` unless SIGTERM or SIGINT comes first (`None`).
+async fn until_signal<T>(signals: &mut Signals, startup: impl Future<Output = T>) -> Option<T> {
+    tokio::select! {
+        result = startup => Some(result),
+        name = signals.recv() => {
+            tracing::info!(signal = name, "shutdown requested during startup");
+            None
+        }
+    }
+}
+
+/// What runs once the identity is held.
+struct Started {
+    worker: Worker,
+    inbound: Inbound,
+    id_service: tokio::task::JoinHandle<()>,
+}
+
 async fn start(
     config: &Config,
-    rules: crate::decision::Rules,
-    identity: crate::identity::Identity,
-    metrics: Metrics,
-) -> anyhow::Result<(Worker, Inbound)> {
-    let client = transport::connect(&config.nats, metrics.clone()).await?;
+    rules: Rules,
+    id_service: IdService,
+    identity: Identity,
+    metrics: &Metrics,
+    readiness: &Readiness,
+    http_stopped: oneshot::Receiver<()>,
+) -> anyhow::Result<Started> {
+    metrics::serve(
+        &config.metrics_addr,
+        metrics.clone(),
+        readiness.clone(),
+        async move {
+            let _ = http_stopped.await;
+        },
+    )
+    .await?;
+    let client = transport::connect(&config.nats, metrics.clone(), readiness.clone()).await?;
     let inbound = match config.mode {
         Mode::Core => Inbound::Core(
             CoreInbound::subscribe(&client, &config.prefill_subjects(), &config.queue_group)
@@ -87,46 +144,23 @@ async fn start(
         ),
         Mode::Jetstream => anyhow::bail!("mode = \"jetstream\" is not built yet"),
     };
+    let id_service = id_service::serve(
+        client.clone(),
+        id_service,
+        identity.clone(),
+        metrics.clone(),
+    )
+    .await?;
     let worker = Worker::new(
         rules,
         identity,
-        metrics,
+        metrics.clone(),
         Outbound::new(client),
         Options::from_config(config),
     );
-    Ok((worker, inbound))
-}
-
-/// The flags as `key=value` overrides (flag beats environment beats file).
-fn overrides(args: &ConfigArgs) -> Vec<(String, String)> {
-    let flags = [
-        ("nats.url", &args.nats_url),
-        ("etcd.endpoints", &args.etcd_endpoints),
-        ("namespace", &args.namespace),
-        ("mode", &args.mode),
-        ("metrics_addr", &args.metrics_addr),
-        ("lease_ttl_secs", &args.lease_ttl_secs),
-        ("shutdown_timeout_secs", &args.shutdown_timeout_secs),
-        ("id_layout", &args.id_layout),
-    ];
-    let mut out: Vec<(String, String)> = flags
-        .into_iter()
-        .filter_map(|(key, value)| value.clone().map(|v| (key.to_string(), v)))
-        .collect();
-    for pair in &args.set {
-        if let Some((key, value)) = pair.split_once('=') {
-            out.push((key.trim().to_string(), value.to_string()));
-        }
-    }
-    out
-}
-
-fn init_logging(config: &Config) {
-    let _ = config;
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+    Ok(Started {
+        worker,
+        inbound,
+        id_service,
+    })
 }

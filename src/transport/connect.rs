@@ -2,25 +2,27 @@
 //!
 //! It connects in the background and keeps reconnecting forever: a worker
 //! started before its NATS server, or whose server restarts, picks up work as
-//! soon as the server is back. Every connection event is logged; reconnects
-//! are counted.
+//! soon as the server is back. Connection events are logged, reconnects
+//! counted and readiness kept current by [`metrics::on_nats_event`].
 
 use super::TransportError;
 use crate::config::NatsConfig;
-use crate::metrics::Metrics;
-use async_nats::{Client, ConnectOptions, Event, ServerAddr};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use crate::metrics::{self, Metrics, Readiness};
+use async_nats::{Client, ConnectOptions, ServerAddr};
 
 /// Connects to the servers in `config.url` with the configured auth and client
 /// name. Returns at once; the first connection is made in the background.
-pub async fn connect(config: &NatsConfig, metrics: Metrics) -> Result<Client, TransportError> {
+pub async fn connect(
+    config: &NatsConfig,
+    metrics: Metrics,
+    readiness: Readiness,
+) -> Result<Client, TransportError> {
     let servers = server_addrs(&config.url)?;
     let mut options = ConnectOptions::new()
         .name(&config.name)
         .retry_on_initial_connect()
         .max_reconnects(None)
-        .event_callback(event_logger(metrics));
+        .event_callback(metrics::on_nats_event(metrics, readiness));
     match (&config.user, &config.password) {
         (Some(user), Some(password)) => {
             options = options.user_and_password(user.clone(), password.clone());
@@ -71,46 +73,6 @@ pub fn server_addrs(urls: &str) -> Result<Vec<ServerAddr>, TransportError> {
         return Err(TransportError::NoUrl);
     }
     Ok(servers)
-}
-
-/// Logs connection events; the second and later `Connected` are reconnects.
-fn event_logger(
-    metrics: Metrics,
-) -> impl Fn(Event) -> std::future::Ready<()> + Send + Sync + 'static {
-    let connected_before = Arc::new(AtomicBool::new(false));
-    move |event| {
-        match event {
-            Event::Connected => {
-                if connected_before.swap(true, Ordering::Relaxed) {
-                    metrics.nats_reconnected();
-                    tracing::info!("NATS reconnected; subscriptions restored");
-                } else {
-                    tracing::info!("NATS connected");
-                }
-            }
-            Event::Disconnected => {
-                tracing::warn!(
-                    "NATS disconnected; reconnecting (core-mode messages published meanwhile are lost)"
-                );
-            }
-            Event::SlowConsumer(sid) => {
-                tracing::warn!(
-                    sid,
-                    "NATS slow consumer: the client dropped messages for a subscription that fell behind"
-                );
-            }
-            Event::LameDuckMode => {
-                tracing::warn!(
-                    "NATS server entered lame duck mode; it will close this connection soon"
-                );
-            }
-            Event::ServerError(e) => tracing::warn!(error = %e, "NATS server error"),
-            Event::ClientError(e) => tracing::warn!(error = %e, "NATS client error"),
-            Event::Draining => tracing::info!("NATS connection draining"),
-            Event::Closed => tracing::info!("NATS connection closed"),
-        }
-        std::future::ready(())
-    }
 }
 
 #[cfg(test)]

@@ -26,6 +26,7 @@ const TRACE_HEADERS: [&str; 2] = ["traceparent", "tracestate"];
 
 impl Worker {
     pub(super) async fn handle(&self, incoming: &Incoming) -> Handled {
+        let _in_flight = self.metrics.in_flight();
         let encoding = Encoding::from_content_type(incoming.content_type());
         let input = Input {
             payload: &incoming.payload,
@@ -98,6 +99,7 @@ impl Worker {
         incoming: &Incoming,
         error: &OutputError,
     ) -> Handled {
+        self.metrics.publish_failed();
         tracing::error!(
             kind = outcome.kind(),
             ?request_id,

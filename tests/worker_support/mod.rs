@@ -11,7 +11,7 @@ use futures::StreamExt;
 use prefill_handoff::config::Config;
 use prefill_handoff::identity::Identity;
 use prefill_handoff::ids::{DEFAULT_EPOCH_UNIX_MS, IdLayout, MachineId};
-use prefill_handoff::metrics::Metrics;
+use prefill_handoff::metrics::{Metrics, Readiness};
 use prefill_handoff::transport::{self, Inbound, Outbound, core::CoreInbound};
 use prefill_handoff::worker::{Options, Report, Stats, Worker};
 use std::sync::{Arc, Mutex};
@@ -50,7 +50,8 @@ impl InProcess {
     /// Starts a worker and returns once the server has its subscriptions.
     pub async fn start(config: &Config, identity: Identity) -> InProcess {
         init_logging();
-        let client = transport::connect(&config.nats, Metrics::new())
+        let readiness = Readiness::new(identity.watch());
+        let client = transport::connect(&config.nats, Metrics::new(), readiness)
             .await
             .expect("connect");
         let inbound =
