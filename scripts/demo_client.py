@@ -177,7 +177,7 @@ async def main(url, mode):
             print(f"  {case.label:<{width}}  !! {len(got)} outputs")
             continue
         msg = got[0]
-        print(f"  {case.label:<{width}}  -> {msg.subject:<32} {describe(case, msg)}")
+        print(f"  {case.label:<{width}}  -> {msg.subject:<36} {describe(case, msg)}")
         if msg.subject == GEN:
             m = msgpack.unpackb(msg.data, raw=False) if not case.json_in else json.loads(msg.data)
             machines[m["worker"]["machine_id"]] = machines.get(m["worker"]["machine_id"], 0) + 1

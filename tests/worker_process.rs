@@ -71,9 +71,13 @@ async fn two_run_processes_share_mixed_traffic_with_their_own_slots() {
 
     let test = client(&nats.url()).await;
     let collector = Collector::start(&test).await;
-    let all: Vec<Case> = (0..6).flat_map(|r| cases::mixed(&format!("p{r}"))).collect();
+    let all: Vec<Case> = (0..6)
+        .flat_map(|r| cases::mixed(&format!("p{r}")))
+        .collect();
     cases::publish(&test, &all).await;
-    let outputs = collector.wait_outputs(all.len(), Duration::from_secs(20)).await;
+    let outputs = collector
+        .wait_outputs(all.len(), Duration::from_secs(20))
+        .await;
     let machine_ids = cases::check(&all, &outputs);
     assert!(
         machine_ids.contains(&Some(slot_a)) && machine_ids.contains(&Some(slot_b)),
@@ -96,7 +100,11 @@ async fn sigterm_under_load_answers_everything_accepted_revokes_and_exits_zero()
     let nats = Nats::start();
     let etcd = Etcd::start();
     let mut worker = spawn_worker(&nats, &etcd, &[("HANDOFF_SHUTDOWN_TIMEOUT_SECS", "5")]);
-    assert_eq!(etcd.get_prefix("/llm/handoff/").len(), 2, "slot and instance keys");
+    assert_eq!(
+        etcd.get_prefix("/llm/handoff/").len(),
+        2,
+        "slot and instance keys"
+    );
 
     let test = client(&nats.url()).await;
     let collector = Collector::start(&test).await;
@@ -129,7 +137,10 @@ async fn sigterm_under_load_answers_everything_accepted_revokes_and_exits_zero()
     while collector.outputs().len() < 2000 && Instant::now() < loaded {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert!(collector.outputs().len() >= 2000, "the worker handles the load");
+    assert!(
+        collector.outputs().len() >= 2000,
+        "the worker handles the load"
+    );
     worker.sigterm();
     let signalled = Instant::now();
     let code = block_in_place(|| worker.wait_exit(Duration::from_secs(5 + 5)));
@@ -148,10 +159,23 @@ async fn sigterm_under_load_answers_everything_accepted_revokes_and_exits_zero()
     let published: u64 = log_field(&log, "worker stopped", "published")
         .and_then(|v| v.parse().ok())
         .unwrap();
+    eprintln!(
+        "sent {} results; the worker took {received} and answered {published}; exit after {took:?}",
+        sent.load(Ordering::Relaxed)
+    );
     assert_eq!(published, received, "every accepted result was answered");
-    assert!(received < sent.load(Ordering::Relaxed), "load continued past the drain");
-    let outputs = collector.wait_outputs(received as usize, Duration::from_secs(10)).await;
-    assert_eq!(outputs.len() as u64, received, "one output per accepted result, seen on the bus");
+    assert!(
+        received < sent.load(Ordering::Relaxed),
+        "load continued past the drain"
+    );
+    let outputs = collector
+        .wait_outputs(received as usize, Duration::from_secs(10))
+        .await;
+    assert_eq!(
+        outputs.len() as u64,
+        received,
+        "one output per accepted result, seen on the bus"
+    );
     for step in [
         "shutdown requested",
         "shutdown: draining subscriptions",

@@ -10,7 +10,11 @@
 //!
 //! The worker sees every transport through [`Inbound`] and [`Incoming`], so
 //! the per-message path (decode → decide → publish → settle) is the same in
-//! every delivery mode.
+//! every delivery mode. A new mode adds a variant to [`Inbound`] (its
+//! receiving side), one to [`Ack`] (how it settles a message), and, if its
+//! outputs need more than a core publish (decode jobs stored in the GEN
+//! stream), a path in [`Outbound`]. When to ack, nak or term is decided in
+//! one place, `worker::settle`.
 
 pub mod ack;
 pub mod connect;

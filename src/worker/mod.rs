@@ -34,7 +34,7 @@ use tokio::time::Instant;
 /// How the loop behaves; fixed for the worker's lifetime.
 #[derive(Debug, Clone)]
 pub struct Options {
-    /// Results handled concurrently (at least 1).
+    /// Results handled concurrently (1 to `u32::MAX`).
     pub max_in_flight: usize,
     /// How long shutdown may take to finish the results already taken.
     pub shutdown_timeout: Duration,
@@ -47,7 +47,8 @@ pub struct Options {
 impl Options {
     pub fn from_config(config: &Config) -> Options {
         Options {
-            max_in_flight: config.max_in_flight.max(1),
+            // A semaphore counts in u32 when waiting for all permits at once.
+            max_in_flight: config.max_in_flight.clamp(1, u32::MAX as usize),
             shutdown_timeout: Duration::from_secs(config.shutdown_timeout_secs),
             defer_when_fenced: config.mode == Mode::Jetstream,
         }
