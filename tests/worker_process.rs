@@ -116,7 +116,7 @@ async fn sigterm_under_load_answers_everything_accepted_revokes_and_exits_zero()
         tokio::spawn(async move {
             let mut i = 0u64;
             while !stop.load(Ordering::Relaxed) {
-                let body = if i % 3 == 0 {
+                let body = if i.is_multiple_of(3) {
                     json!({"request_id": format!("l{i}"), "reply_to": format!("llm.replies.l{i}"), "frames": [{"finish_reason": "eos"}]})
                 } else {
                     json!({"request_id": format!("l{i}"), "reply_to": format!("llm.replies.l{i}"),
@@ -125,7 +125,7 @@ async fn sigterm_under_load_answers_everything_accepted_revokes_and_exits_zero()
                 test.publish(PREFILL, msgpack(&body).into()).await.unwrap();
                 i += 1;
                 sent.store(i, Ordering::Relaxed);
-                if i % 200 == 0 {
+                if i.is_multiple_of(200) {
                     tokio::time::sleep(Duration::from_millis(2)).await;
                 }
             }
