@@ -6,7 +6,7 @@ use super::ConfigArgs;
 use crate::config::{Config, Mode};
 use crate::decision::Rules;
 use crate::id_service::{self, IdService};
-use crate::identity::{Identity, Lease, Registration};
+use crate::identity::{Identity, Lease, LeaseError, Registration};
 use crate::metrics::{self, Metrics, Readiness};
 use crate::transport::{self, Inbound, Outbound, core::CoreInbound};
 use crate::worker::{Options, Worker, shutdown::Signals};
@@ -42,7 +42,17 @@ async fn serve(config: Config, rules: Rules, id_service: IdService) -> anyhow::R
     let Some(lease) = until_signal(&mut signals, Lease::start(&config, registration)).await else {
         return Ok(());
     };
-    let lease = lease.context("cannot obtain an etcd lease and machine-ID slot")?;
+    let lease = match lease {
+        Ok(lease) => lease,
+        // A bad lease_ttl_secs or id_epoch is a config error: exit 2.
+        Err(LeaseError::Config(e)) => return Err(e.into()),
+        // etcd unreachable, or all 1021 slots taken: exit 1.
+        Err(e) => {
+            return Err(
+                anyhow::Error::new(e).context("cannot obtain an etcd lease and machine-ID slot")
+            );
+        }
+    };
     let identity = lease.identity();
     let state = identity.state();
     tracing::info!(
