@@ -186,3 +186,67 @@ async fn sigterm_under_load_answers_everything_accepted_revokes_and_exits_zero()
         assert!(log.contains(step), "missing log step {step:?}:\n{log}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 3)]
+async fn run_reconnects_after_nats_restarts_and_processes_new_results() {
+    let mut nats = Nats::start();
+    let etcd = Etcd::start();
+    let worker = spawn_worker(&nats, &etcd, &[]);
+    nats.kill();
+    block_in_place(|| {
+        assert!(
+            worker.wait_for_log("NATS connection lost", START),
+            "{}",
+            worker.log()
+        )
+    });
+    nats.restart();
+    let test = client(&nats.url()).await;
+    // Core NATS loses what is published before the worker resubscribes: ask
+    // until a request is answered on its NATS reply subject.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut attempt = 0;
+    let answer = loop {
+        attempt += 1;
+        assert!(
+            Instant::now() < deadline,
+            "no answer after the restart:\n{}",
+            worker.log()
+        );
+        let body = json!({"request_id": format!("after-{attempt}"),
+            "frames": [{"disaggregated_params": {"ctx_request_id": 5, "request_type": "context_only"}, "finish_reason": "eos"}]});
+        match tokio::time::timeout(
+            Duration::from_millis(500),
+            test.request(PREFILL, msgpack(&body).into()),
+        )
+        .await
+        {
+            Ok(Ok(reply)) => break reply,
+            _ => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    };
+    let out: serde_json::Value = rmp_serde::from_slice(&answer.payload).unwrap();
+    assert_eq!(out["kind"], "terminal");
+    assert_eq!(out["request_id"], format!("after-{attempt}"));
+    assert!(worker.log().contains("NATS connection re-established"));
+}
+
+#[test]
+fn run_without_etcd_exits_1_naming_the_endpoint() {
+    let nats = Nats::start();
+    let dead = format!("http://127.0.0.1:{}", free_port());
+    let metrics_addr = format!("127.0.0.1:{}", free_port());
+    let mut worker = Worker::spawn(
+        &["run"],
+        &[
+            ("HANDOFF_NATS__URL", nats.url().as_str()),
+            ("HANDOFF_ETCD__ENDPOINTS", dead.as_str()),
+            ("HANDOFF_METRICS_ADDR", metrics_addr.as_str()),
+        ],
+    );
+    let code = worker.wait_exit(Duration::from_secs(30));
+    let log = worker.log();
+    assert_eq!(code, Some(1), "{log}");
+    assert!(log.contains(&dead), "the message names the endpoint: {log}");
+    assert!(log.contains("cannot obtain an etcd lease"), "{log}");
+}
