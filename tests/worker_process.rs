@@ -250,3 +250,30 @@ fn run_without_etcd_exits_1_naming_the_endpoint() {
     assert!(log.contains(&dead), "the message names the endpoint: {log}");
     assert!(log.contains("cannot obtain an etcd lease"), "{log}");
 }
+
+#[test]
+fn sigterm_while_waiting_for_nats_exits_zero_and_revokes() {
+    let etcd = Etcd::start();
+    let no_nats = format!("nats://127.0.0.1:{}", free_port());
+    let metrics_addr = format!("127.0.0.1:{}", free_port());
+    let mut worker = Worker::spawn(
+        &["run"],
+        &[
+            ("HANDOFF_NATS__URL", no_nats.as_str()),
+            ("HANDOFF_ETCD__ENDPOINTS", etcd.endpoint().as_str()),
+            ("HANDOFF_METRICS_ADDR", metrics_addr.as_str()),
+        ],
+    );
+    assert!(
+        worker.wait_for_log("identity held", START),
+        "{}",
+        worker.log()
+    );
+    assert!(!etcd.get_prefix("/llm/handoff/").is_empty());
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!worker.log().contains("consuming prefill results"));
+    worker.sigterm();
+    let code = worker.wait_exit(Duration::from_secs(10));
+    assert_eq!(code, Some(0), "{}", worker.log());
+    assert!(etcd.get_prefix("/llm/handoff/").is_empty(), "lease revoked");
+}

@@ -72,13 +72,16 @@ async fn serve(config: Config, rules: Rules, id_service: IdService) -> anyhow::R
         &metrics,
         &readiness,
         http_stopped,
-    )
-    .await;
-    let started = match started {
-        Ok(started) => started,
-        Err(e) => {
+    );
+    let started = match until_signal(&mut signals, started).await {
+        Some(Ok(started)) => started,
+        Some(Err(e)) => {
             lease.shutdown().await;
             return Err(e);
+        }
+        None => {
+            lease.shutdown().await;
+            return Ok(());
         }
     };
     readiness.set_consuming(true);
