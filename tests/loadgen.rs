@@ -1,10 +1,11 @@
 //! `prefill-handoff loadgen` against the raw relays on a real nats-server:
 //! it counts every output once, and it fails (exit 1) when outputs are
-//! missing, duplicated or of the wrong kind.
+//! missing, duplicated or of the wrong kind. Then against the real worker:
+//! every kind of the mix gets the output the contract calls for.
 
 mod common;
 
-use common::Nats;
+use common::{Etcd, Nats, Worker, free_port};
 use prefill_handoff::loadgen::relay::{CoreRelay, JsRelay, JsRelaySettings};
 use serde_json::Value;
 use std::process::Command;
@@ -203,6 +204,44 @@ fn jetstream_publish_without_a_stream_reports_publish_errors() {
     assert_eq!(code, Some(1), "{report:#}");
     assert_eq!(report["publish_errors"], 5);
     assert!(stderr.contains("5 publishes failed"), "{stderr}");
+}
+
+#[test]
+fn against_the_worker_every_kind_gets_its_contract_output() {
+    let nats = Nats::start();
+    let etcd = Etcd::start();
+    let metrics_addr = format!("127.0.0.1:{}", free_port());
+    let worker = Worker::spawn(
+        &[
+            "run",
+            "--nats-url",
+            &nats.url(),
+            "--etcd-endpoints",
+            &etcd.endpoint(),
+            "--namespace",
+            "lgtest",
+            "--metrics-addr",
+            &metrics_addr,
+        ],
+        &[("NO_COLOR", "1")],
+    );
+    let up = worker.wait_for_log(
+        "consuming prefill results",
+        std::time::Duration::from_secs(30),
+    );
+    assert!(up, "the worker did not start:\n{}", worker.log());
+
+    let mix = "trtllm=1,sglang=1,vllm=1,opaque=1,terminal=1,error=2,dead=1";
+    let (code, report, stderr) =
+        loadgen(&nats, &["--count", "800", "--mix", mix, "--timeout", "20"]);
+    assert_eq!(code, Some(0), "{report:#}\n{stderr}\n{}", worker.log());
+    assert_eq!(report["wrong_kind"], 0);
+    assert_eq!(report["duplicates"], 0);
+    // 800 messages in 8 shares: 4 shares decode, 1 terminal, 2 error, 1 dead.
+    assert_eq!(report["received"]["decode"], 400);
+    assert_eq!(report["received"]["terminal"], 100);
+    assert_eq!(report["received"]["error"], 200);
+    assert_eq!(report["received"]["dead_letter"], 100);
 }
 
 #[test]
