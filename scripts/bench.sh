@@ -9,8 +9,8 @@
 #   python    benches/python_baseline.py  nats-py + msgpack, same decision
 #
 # For each: peak throughput (as fast as possible, median of REPEATS runs),
-# p50/p99 latency at a fixed moderate rate, and the process's peak RSS
-# (VmHWM). Prints a table, the ratios, and a last line
+# p50/p99 latency at a fixed moderate rate (median of REPEATS runs), and the process's peak RSS
+# (VmHWM, after the paced run and at the end). Prints a table, the ratios, and a last line
 #   RESULT core_vs_relay=… js_vs_relay=… vs_python=… p99_vs_relay=… rss_mb=…
 #
 # Knobs (environment): PEAK_COUNT (50000), REPEATS (3), RATE (2000 msg/s),
@@ -141,8 +141,15 @@ wait_answering() {
     return 1
 }
 
-# scenario NAME NAMESPACE LOADGEN-FLAGS -- COMMAND...
-scenario() {
+# All programs run side by side, each in its own namespace (idle while
+# another is measured), and the runs go round-robin over them: noise from
+# other work on the machine spreads over every scenario instead of spoiling
+# the one that happened to be measured at the time.
+declare -A PID_OF NS_OF FLAGS_OF
+STARTED=()
+
+# start NAME NAMESPACE LOADGEN-FLAGS -- COMMAND...
+start() {
     local name=$1 ns=$2 flags=$3
     shift 4
     [[ " $ONLY " == *" $name "* ]] || return 0
@@ -167,36 +174,61 @@ scenario() {
         wait "$pid" 2>/dev/null || true
         return 0
     fi
-    local i
-    for i in $(seq "$REPEATS"); do
-        # shellcheck disable=SC2086
-        loadgen --namespace "$ns" $flags --count "$PEAK_COUNT" --warmup "$WARMUP" --timeout 60 --json \
-            >"$out.peak.$i.json" 2>"$out.peak.$i.err" || true
-        log "$name: peak run $i: $(summary "$out.peak.$i")"
-    done
+    PID_OF[$name]=$pid
+    NS_OF[$name]=$ns
+    FLAGS_OF[$name]=$flags
+    STARTED+=("$name")
+}
+
+# measure NAME KIND(rate|peak) RUN
+measure() {
+    local name=$1 kind=$2 i=$3
+    local out=$TMP/results/$name.$kind.$i
+    local size=(--count "$PEAK_COUNT")
+    [[ $kind == rate ]] && size=(--count $((RATE * RATE_SECS)) --rate "$RATE")
     # shellcheck disable=SC2086
-    loadgen --namespace "$ns" $flags --count $((RATE * RATE_SECS)) --rate "$RATE" --warmup "$WARMUP" --timeout 60 --json \
-        >"$out.rate.json" 2>"$out.rate.err" || true
-    log "$name: $RATE msg/s run: $(summary "$out.rate")"
-    grep VmHWM "/proc/$pid/status" | awk '{print $2}' >"$out.rss_kb" || true
-    awk '{print $14 + $15}' "/proc/$pid/stat" >"$out.cpu_ticks" || true
-    getconf CLK_TCK >"$out.clk_tck"
-    kill -TERM "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
+    loadgen --namespace "${NS_OF[$name]}" ${FLAGS_OF[$name]} "${size[@]}" --warmup "$WARMUP" --timeout 60 --json \
+        >"$out.json" 2>"$out.err" || true
+    if [[ $kind == rate ]]; then
+        log "$name: $RATE msg/s run $i: $(summary "$out")"
+    else
+        log "$name: peak run $i: $(summary "$out")"
+    fi
 }
 
 WORKER_ARGS=(--nats-url "$NATS_URL" --etcd-endpoints "$ETCD_URL")
 
-scenario relay brelay "--expect-relay" -- \
+start relay brelay "--expect-relay" -- \
     "$RELAY" --nats-url "$NATS_URL" --namespace brelay
-scenario core bcore "" -- \
+start core bcore "" -- \
     "$BIN" run "${WORKER_ARGS[@]}" --namespace bcore --mode core --metrics-addr "127.0.0.1:$(free_port)"
-scenario js-relay bjsrelay "--jetstream --expect-relay" -- \
+start js-relay bjsrelay "--jetstream --expect-relay" -- \
     "$JS_RELAY" --nats-url "$NATS_URL" --namespace bjsrelay
-scenario js bjs "--jetstream" -- \
+start js bjs "--jetstream" -- \
     "$BIN" run "${WORKER_ARGS[@]}" --namespace bjs --mode jetstream --metrics-addr "127.0.0.1:$(free_port)"
-scenario python bpython "" -- \
+start python bpython "" -- \
     python3 "$ROOT/benches/python_baseline.py" --nats-url "$NATS_URL" --namespace bpython
+
+# The paced runs first: the peak RSS after them is the steady-state
+# footprint; the bursts afterwards show what queueing a burst costs.
+for i in $(seq "$REPEATS"); do
+    for name in "${STARTED[@]}"; do measure "$name" rate "$i"; done
+done
+for name in "${STARTED[@]}"; do
+    grep VmHWM "/proc/${PID_OF[$name]}/status" | awk '{print $2}' >"$TMP/results/$name.rss_paced_kb" || true
+    awk '{print $14 + $15}' "/proc/${PID_OF[$name]}/stat" >"$TMP/results/$name.cpu_paced_ticks" || true
+done
+for i in $(seq "$REPEATS"); do
+    for name in "${STARTED[@]}"; do measure "$name" peak "$i"; done
+done
+for name in "${STARTED[@]}"; do
+    pid=${PID_OF[$name]}
+    grep VmHWM "/proc/$pid/status" | awk '{print $2}' >"$TMP/results/$name.rss_kb" || true
+    awk '{print $14 + $15}' "/proc/$pid/stat" >"$TMP/results/$name.cpu_ticks" || true
+    getconf CLK_TCK >"$TMP/results/$name.clk_tck"
+    kill -TERM "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+done
 
 # --- report -----------------------------------------------------------------
 
@@ -233,22 +265,29 @@ for n in names:
     skipped = read(base + ".skipped")
     peaks = [load(f"{base}.peak.{i}.json") for i in range(1, int(repeats) + 1)]
     peaks = [p for p in peaks if p]
-    lat = load(base + ".rate.json")
+    lats = [load(f"{base}.rate.{i}.json") for i in range(1, int(repeats) + 1)]
+    lats = [l for l in lats if l]
     if skipped or not peaks:
         rows[n] = {"note": skipped or "not run"}
         continue
     rss = read(base + ".rss_kb")
-    ticks, clk = read(base + ".cpu_ticks"), read(base + ".clk_tck")
-    handled = sum(p["sent"] + p["warmup_received"] for p in peaks)
-    if lat:
-        handled += lat["sent"] + lat["warmup_received"]
-    bad = [p for p in peaks + ([lat] if lat else []) if not p["ok"]]
+    rss_paced = read(base + ".rss_paced_kb")
+    clk = int(read(base + ".clk_tck") or 100)
+    ticks_paced = int(read(base + ".cpu_paced_ticks") or 0)
+    ticks_end = int(read(base + ".cpu_ticks") or 0)
+    handled_paced = sum(l["sent"] + l["warmup_received"] for l in lats)
+    handled_peak = sum(p["sent"] + p["warmup_received"] for p in peaks)
+    bad = [p for p in peaks + lats if not p["ok"]]
     rows[n] = {
         "peak": statistics.median(p["throughput"] for p in peaks),
-        "p50": lat["latency_ms"]["p50"] if lat else None,
-        "p99": lat["latency_ms"]["p99"] if lat else None,
+        "p50": statistics.median(l["latency_ms"]["p50"] for l in lats) if lats else None,
+        "p99": statistics.median(l["latency_ms"]["p99"] for l in lats) if lats else None,
         "rss_mb": int(rss) / 1024 if rss else None,
-        "cpu_us": (int(ticks) / int(clk) * 1e6 / handled) if ticks and clk and handled else None,
+        "rss_paced_mb": int(rss_paced) / 1024 if rss_paced else None,
+        # Paced: includes start-up and the probe messages (small next to
+        # the paced runs). Burst: the CPU spent during the peak runs alone.
+        "cpu_paced_us": ticks_paced / clk * 1e6 / handled_paced if ticks_paced and handled_paced else None,
+        "cpu_burst_us": (ticks_end - ticks_paced) / clk * 1e6 / handled_peak if ticks_end and handled_peak else None,
         "note": "; ".join(
             f"{'peak' if p in peaks else 'rate'} run: missing {p['missing']}, dup {p['duplicates']}, wrong {p['wrong_kind']}"
             for p in bad
@@ -261,13 +300,16 @@ def fmt(v, spec):
 
 print()
 print(f"mix {mix}; peak = median of {repeats} runs of {peak_count} messages as fast as possible;")
-print(f"latency at {rate} msg/s for {rate_secs} s; RSS = VmHWM; CPU = process CPU time per message handled")
+print(f"latency = median of {repeats} runs at {rate} msg/s for {rate_secs} s (run first); RSS = VmHWM after that paced run and at the end (after the bursts);")
+print("CPU = process CPU time per message handled, in the paced runs (one wakeup per message) and in the bursts (batched)")
 print()
-print(f"{'scenario':<27} {'peak out/s':>11} {'p50 ms':>8} {'p99 ms':>8} {'RSS MB':>7} {'CPU us/msg':>10}  note")
+print(f"{'scenario':<27} {'peak out/s':>10} {'p50 ms':>7} {'p99 ms':>7} {'RSS MB paced':>12} {'RSS MB peak':>11} "
+      f"{'CPU us/msg paced':>16} {'CPU us/msg burst':>16}  note")
 for n in names:
     r = rows[n]
-    print(f"{labels[n]:<27} {fmt(r.get('peak'), '11.0f')} {fmt(r.get('p50'), '8.2f')} {fmt(r.get('p99'), '8.2f')} "
-          f"{fmt(r.get('rss_mb'), '7.1f')} {fmt(r.get('cpu_us'), '10.1f')}  {r.get('note', '')}")
+    print(f"{labels[n]:<27} {fmt(r.get('peak'), '10.0f')} {fmt(r.get('p50'), '7.2f')} {fmt(r.get('p99'), '7.2f')} "
+          f"{fmt(r.get('rss_paced_mb'), '12.1f')} {fmt(r.get('rss_mb'), '11.1f')} "
+          f"{fmt(r.get('cpu_paced_us'), '16.1f')} {fmt(r.get('cpu_burst_us'), '16.1f')}  {r.get('note', '')}")
 
 def ratio(a, b, key):
     x, y = rows[a].get(key), rows[b].get(key)
@@ -279,12 +321,14 @@ vs_python = ratio("core", "python", "peak")
 p99_vs_relay = ratio("core", "relay", "p99")
 rss = [rows[n].get("rss_mb") for n in ("core", "js") if rows[n].get("rss_mb")]
 rss_mb = f"{max(rss):.1f}" if rss else "n/a"
+paced = [rows[n].get("rss_paced_mb") for n in ("core", "js") if rows[n].get("rss_paced_mb")]
+paced_mb = f"{max(paced):.1f}" if paced else "n/a"
 print()
 print(f"core / raw relay throughput      {core_vs_relay}  (target >= 0.8)")
 print(f"jetstream / raw JS relay         {js_vs_relay}  (target >= 0.8)")
 print(f"core / python throughput         {vs_python}  (target >= 10)")
 print(f"core / raw relay p99 at {rate}/s  {p99_vs_relay}  (target <= 1.5)")
-print(f"worker peak RSS MB               {rss_mb}  (target <= 50)")
+print(f"worker peak RSS MB               {rss_mb}  (target <= 50; {paced_mb} after the paced run alone)")
 print(f"RESULT core_vs_relay={core_vs_relay} js_vs_relay={js_vs_relay} vs_python={vs_python} p99_vs_relay={p99_vs_relay} rss_mb={rss_mb}")
 PY
 
