@@ -1,12 +1,30 @@
 //! JetStream delivery mode (contract 7): a work-queue stream over the prefill
 //! subjects, one durable pull consumer shared by all workers, and an ack only
 //! after the message's output is published (and stored, when GEN is a stream).
+//! A worker killed mid-flight loses nothing: the server redelivers what it
+//! never acked, and `Nats-Msg-Id` makes the GEN stream drop a repeated job.
+//!
+//! The data's path: [`consume`] pulls → [`handle`] decides and publishes →
+//! [`settle`] says ack, term or nak.
 //!
 //! - [`setup`]: the streams and the consumer, created or checked idempotently.
+//! - [`consume`]: the pull loop, bounded by free processing slots; survives
+//!   server restarts.
+//! - [`handle`]: one message: decide, publish with confirmation, settle.
+//! - [`settle`]: the pure rules for ack, term, and nak with backoff.
 
+pub mod consume;
+pub mod handle;
+pub mod settle;
 pub mod setup;
 
-use crate::config::ConfigError;
+use crate::config::{Config, ConfigError};
+use crate::identity::Identity;
+use crate::metrics::Metrics;
+use async_nats::Client;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
 
 /// What can go wrong talking to JetStream.
 #[derive(Debug, thiserror::Error)]
@@ -19,4 +37,65 @@ pub enum JetStreamError {
     /// A stream or consumer exists with settings that cannot be changed in place.
     #[error("{0}")]
     Incompatible(String),
+    /// The stream or consumer does not exist and may not be created.
+    #[error("{0}")]
+    Missing(String),
+}
+
+/// Runs the durable mode until `shutdown` completes: opens (with
+/// `jetstream.create`: creates) the consumer, pulls, handles, and on shutdown
+/// finishes in-flight messages within `shutdown_timeout_secs`.
+///
+/// Fails at start when the consumer cannot be opened; later failures (server
+/// restarts, a deleted consumer) are retried until shutdown.
+pub async fn serve(
+    client: Client,
+    config: &Config,
+    identity: Identity,
+    metrics: Metrics,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), JetStreamError> {
+    let rules = config.rules()?;
+    let js_config = &config.jetstream;
+    let js = async_nats::jetstream::new(client.clone());
+    let puller = consume::Puller {
+        client: client.clone(),
+        js: js.clone(),
+        config: config.clone(),
+        max_in_flight: config.max_in_flight,
+        batch: js_config.batch,
+    };
+    let mut consumer = puller.open().await?;
+    // The server's ack wait rules the in-progress acks, whatever the config says.
+    let ack_wait = consumer
+        .info()
+        .await
+        .map_or(Duration::from_secs(js_config.ack_wait_secs), |info| {
+            info.config.ack_wait
+        });
+    let handler = Arc::new(handle::Handler {
+        client: client.clone(),
+        js,
+        rules,
+        identity,
+        metrics,
+        gen_is_stream: js_config.gen_is_stream,
+        redelivery: settle::Redelivery {
+            nak_delay: Duration::from_millis(js_config.nak_delay_ms),
+            max_deliver: consumer.cached_info().config.max_deliver,
+        },
+        ack_wait,
+    });
+    tracing::info!(
+        stream = %js_config.prefill_stream,
+        consumer = %js_config.consumer,
+        ack_wait_ms = ack_wait.as_millis() as u64,
+        "consuming from JetStream"
+    );
+    let drain_timeout = Duration::from_secs(config.shutdown_timeout_secs);
+    puller.run(consumer, handler, shutdown, drain_timeout).await;
+    if let Err(e) = client.flush().await {
+        tracing::warn!(error = %e, "flush at shutdown failed");
+    }
+    Ok(())
 }
