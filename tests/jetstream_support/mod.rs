@@ -56,6 +56,7 @@ pub struct LibWorker {
 
 impl LibWorker {
     pub async fn start(config: &Config, identity: Identity) -> LibWorker {
+        init_logging();
         let client = async_nats::ConnectOptions::new()
             .retry_on_initial_connect()
             .connect(&config.nats.url)
@@ -102,6 +103,19 @@ impl Drop for LibWorker {
             task.abort();
         }
     }
+}
+
+/// Worker logs go to the test's output, filtered by `RUST_LOG` (default: warnings).
+pub fn init_logging() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_test_writer()
+            .try_init();
+    });
 }
 
 /// Where an input's one output must go.
@@ -389,7 +403,16 @@ impl Collector {
 
 /// The request IDs of every decode job stored in the GEN stream, in order.
 pub async fn gen_stream_request_ids(js: &jetstream::Context) -> Vec<String> {
-    let stream: Stream = js.get_stream("LLM_GEN").await.expect("GEN stream");
+    stream_contents(js, "LLM_GEN")
+        .await
+        .into_iter()
+        .map(|s| s.request_id)
+        .collect()
+}
+
+/// Every message stored in a stream, attributed to its request ID.
+pub async fn stream_contents(js: &jetstream::Context, name: &str) -> Vec<Seen> {
+    let stream: Stream = js.get_stream(name).await.expect("stream");
     let total = stream.get_info().await.expect("info").state.messages as usize;
     let consumer = stream
         .create_consumer(jetstream::consumer::pull::OrderedConfig {
@@ -397,18 +420,91 @@ pub async fn gen_stream_request_ids(js: &jetstream::Context) -> Vec<String> {
             ..Default::default()
         })
         .await
-        .expect("ordered consumer on GEN");
+        .expect("ordered consumer");
     let mut messages = consumer.messages().await.expect("messages");
-    let mut ids = Vec::with_capacity(total);
-    while ids.len() < total {
+    let mut out = Vec::with_capacity(total);
+    while out.len() < total {
         let m = tokio::time::timeout(Duration::from_secs(10), messages.next())
             .await
-            .expect("GEN stream message within 10 s")
+            .expect("stream message within 10 s")
             .expect("stream open")
             .expect("message");
-        ids.push(request_id_of(&m.payload, m.headers.as_ref()));
+        let subject = m.subject.to_string();
+        let kind = if subject == GEN {
+            Expect::Gen
+        } else if subject == DEAD {
+            Expect::Dead
+        } else {
+            Expect::Reply
+        };
+        out.push(Seen {
+            kind,
+            request_id: request_id_of(&m.payload, m.headers.as_ref()),
+            subject,
+            payload: m.payload.to_vec(),
+            headers: m.headers.clone(),
+        });
     }
-    ids
+    out
+}
+
+/// A stream that stores every reply and dead letter, so that outputs
+/// published while a test's own connection is down are still counted.
+pub async fn capture_outputs(js: &jetstream::Context) {
+    js.create_stream(jetstream::stream::Config {
+        name: "OUTPUTS".into(),
+        subjects: vec!["llm.replies.>".into(), DEAD.into()],
+        storage: jetstream::stream::StorageType::File,
+        ..Default::default()
+    })
+    .await
+    .expect("capture stream");
+}
+
+/// Per request ID and kind, how many outputs.
+pub fn count(seen: &[Seen]) -> BTreeMap<(String, Expect), usize> {
+    let mut counts = BTreeMap::new();
+    for s in seen {
+        *counts.entry((s.request_id.clone(), s.kind)).or_insert(0) += 1;
+    }
+    counts
+}
+
+/// Checks that every input has at least one output of the expected kind and
+/// nothing else; returns the duplicates (request ID, kind, count) to report.
+pub fn check_outputs(inputs: &[Input], seen: &[Seen]) -> Vec<(String, Expect, usize)> {
+    let counts = count(seen);
+    let mut missing = Vec::new();
+    for input in inputs {
+        if counts
+            .get(&(input.request_id.clone(), input.expect))
+            .copied()
+            .unwrap_or(0)
+            == 0
+        {
+            missing.push(format!("{} {:?}", input.request_id, input.expect));
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "{} results have no output, e.g. {:?}",
+        missing.len(),
+        &missing[..missing.len().min(10)]
+    );
+    let expected: std::collections::BTreeSet<_> = inputs
+        .iter()
+        .map(|i| (i.request_id.clone(), i.expect))
+        .collect();
+    let strays: Vec<_> = counts.keys().filter(|k| !expected.contains(k)).collect();
+    assert!(
+        strays.is_empty(),
+        "outputs of the wrong kind or for unknown requests: {strays:?}"
+    );
+    counts
+        .into_iter()
+        .filter(|(_, n)| *n > 1)
+        .map(|((id, kind), n)| (id, kind, n))
+        .collect()
 }
 
 /// Messages left in the prefill work queue.
@@ -428,15 +524,16 @@ pub async fn consumer_counters(js: &jetstream::Context) -> (usize, usize, u64) {
 pub async fn wait_drained(js: &jetstream::Context, timeout: Duration) -> bool {
     let deadline = Instant::now() + timeout;
     while Instant::now() < deadline {
-        if let (Ok(stream), true) = (js.get_stream("LLM_PREFILL").await, true) {
-            if let (Ok(info), Ok(c)) = (
+        if let Ok(stream) = js.get_stream("LLM_PREFILL").await
+            && let (Ok(info), Ok(c)) = (
                 stream.get_info().await,
                 stream.consumer_info("handoff").await,
-            ) {
-                if info.state.messages == 0 && c.num_ack_pending == 0 && c.num_pending == 0 {
-                    return true;
-                }
-            }
+            )
+            && info.state.messages == 0
+            && c.num_ack_pending == 0
+            && c.num_pending == 0
+        {
+            return true;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -446,4 +543,44 @@ pub async fn wait_drained(js: &jetstream::Context, timeout: Duration) -> bool {
 /// Runs `setup` as an operator would before anything is published.
 pub async fn setup(js: &jetstream::Context, config: &Config) {
     durable::setup::ensure(js, config).await.expect("setup");
+}
+
+/// How many deliveries the shared consumer has made (redeliveries included).
+pub async fn deliveries(js: &jetstream::Context) -> u64 {
+    let stream = js.get_stream("LLM_PREFILL").await.expect("prefill stream");
+    let info = stream.consumer_info("handoff").await.expect("consumer");
+    info.delivered.consumer_sequence
+}
+
+/// The prefill stream's and the consumer's state, for failure messages.
+pub async fn queue_state(js: &jetstream::Context) -> String {
+    let stream = js.get_stream("LLM_PREFILL").await.expect("prefill stream");
+    let info = stream.get_info().await.expect("info");
+    let c = stream.consumer_info("handoff").await.expect("consumer");
+    format!(
+        "stream: {:?}; consumer: delivered {:?} ack_floor {:?} ack_pending {} redelivered {} pending {} waiting {}",
+        info.state,
+        c.delivered,
+        c.ack_floor,
+        c.num_ack_pending,
+        c.num_redelivered,
+        c.num_pending,
+        c.num_waiting
+    )
+}
+
+/// Waits until the consumer has delivered and settled everything.
+pub async fn wait_consumed(js: &jetstream::Context, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if let Ok(stream) = js.get_stream("LLM_PREFILL").await
+            && let Ok(c) = stream.consumer_info("handoff").await
+            && c.num_ack_pending == 0
+            && c.num_pending == 0
+        {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
 }

@@ -28,6 +28,9 @@ const PULL_EXPIRES: Duration = Duration::from_secs(2);
 const RECONNECT_CHECK: Duration = Duration::from_millis(200);
 /// Pause after a failed pull or reopen, so a broken server is not hammered.
 const RETRY_PAUSE: Duration = Duration::from_millis(500);
+/// How often an idle worker looks for acked messages the work queue kept
+/// (see [`sweep`](super::sweep)).
+const SWEEP_EVERY: Duration = Duration::from_secs(10);
 
 /// Where and how much to pull.
 pub struct Puller {
@@ -81,10 +84,19 @@ impl Puller {
                 )));
             }
         }
-        stream
+        let consumer = stream
             .get_consumer(&js.consumer)
             .await
-            .map_err(|e| JetStreamError::Api(format!("opening consumer {}: {e}", js.consumer)))
+            .map_err(|e| JetStreamError::Api(format!("opening consumer {}: {e}", js.consumer)))?;
+        self.sweep().await;
+        Ok(consumer)
+    }
+
+    async fn sweep(&self) {
+        let js = &self.config.jetstream;
+        if let Err(e) = super::sweep::orphans(&self.js, &js.prefill_stream, &js.consumer).await {
+            debug!(error = %e, "work-queue sweep failed; trying again later");
+        }
     }
 
     fn connects(&self) -> u64 {
@@ -105,6 +117,7 @@ impl Puller {
         let mut tasks = JoinSet::new();
         let mut consumer = Some(consumer);
         let mut stopping = false;
+        let mut last_sweep = Instant::now();
         tokio::pin!(shutdown);
         while !stopping {
             while tasks.try_join_next().is_some() {}
@@ -153,11 +166,13 @@ impl Puller {
                 }
             };
             let mut healthy = true;
+            let mut received = 0usize;
             let mut check = tokio::time::interval(RECONNECT_CHECK);
             loop {
                 tokio::select! {
                     item = batch.next() => match item {
                         Some(Ok(message)) => {
+                            received += 1;
                             let received_at = Instant::now();
                             let permit = match permits.pop() {
                                 Some(p) => p,
@@ -192,6 +207,10 @@ impl Puller {
                 }
             }
             drop(permits);
+            if healthy && received == 0 && !stopping && last_sweep.elapsed() >= SWEEP_EVERY {
+                self.sweep().await;
+                last_sweep = Instant::now();
+            }
             if healthy {
                 consumer = Some(current);
             } else if !stopping {

@@ -12,11 +12,13 @@
 //!   server restarts.
 //! - [`handle`]: one message: decide, publish with confirmation, settle.
 //! - [`settle`]: the pure rules for ack, term, and nak with backoff.
+//! - [`sweep`]: removes acked messages a restarted old server kept.
 
 pub mod consume;
 pub mod handle;
 pub mod settle;
 pub mod setup;
+pub mod sweep;
 
 use crate::config::{Config, ConfigError};
 use crate::identity::Identity;
