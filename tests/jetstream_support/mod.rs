@@ -164,7 +164,7 @@ fn frame(finish_reason: Json, params: Option<Json>) -> Json {
 pub fn mixed(i: usize) -> Input {
     let request_id = format!("req-{i:06}");
     let reply_to = format!("llm.replies.{i}");
-    let json = i % 7 == 0;
+    let json = i.is_multiple_of(7);
     let result =
         |frames: Json| json!({"request_id": request_id, "reply_to": reply_to, "frames": frames});
     let (value, expect) = match i % 10 {
