@@ -18,6 +18,7 @@
 //!   recovery.
 //! - [`transport`]: core NATS (queue group) and JetStream (durable pull consumer).
 //! - [`worker`]: the loop that ties a transport, the decision and the identity.
+//! - [`id_service`]: the ID mint service: request IDs over NATS request/reply.
 //! - [`config`]: TOML file, `HANDOFF_*` environment and flags.
 //! - [`metrics`]: Prometheus metrics, `/healthz` and `/readyz`.
 //! - [`cli`]: the `prefill-handoff` subcommands.
@@ -26,6 +27,7 @@ pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod decision;
+pub mod id_service;
 pub mod identity;
 pub mod ids;
 pub mod metrics;

@@ -5,6 +5,7 @@
 mod explain;
 mod ids;
 mod loadgen;
+pub mod logging;
 mod run;
 mod setup;
 mod slots;
@@ -75,6 +76,44 @@ pub struct ConfigArgs {
     /// Any other key: `--set key=value` (repeatable), e.g. `--set subjects.gen=llm.gen.jobs`.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub set: Vec<String>,
+}
+
+impl ConfigArgs {
+    /// The flags as `key=value` overrides: every `--set`, in order, then the
+    /// dedicated flags (which therefore win over a `--set` of the same key).
+    pub fn overrides(&self) -> Result<Vec<(String, String)>, crate::config::ConfigError> {
+        let mut out = Vec::new();
+        for pair in &self.set {
+            let (key, value) = pair.split_once('=').ok_or_else(|| {
+                crate::config::ConfigError(format!(
+                    "--set {pair:?}: expected KEY=VALUE, e.g. --set subjects.gen=llm.gen.jobs"
+                ))
+            })?;
+            out.push((key.trim().to_string(), value.to_string()));
+        }
+        let named = [
+            ("nats.url", &self.nats_url),
+            ("etcd.endpoints", &self.etcd_endpoints),
+            ("namespace", &self.namespace),
+            ("mode", &self.mode),
+            ("metrics_addr", &self.metrics_addr),
+            ("lease_ttl_secs", &self.lease_ttl_secs),
+            ("shutdown_timeout_secs", &self.shutdown_timeout_secs),
+            ("id_layout", &self.id_layout),
+        ];
+        for (key, value) in named {
+            if let Some(value) = value {
+                out.push((key.to_string(), value.clone()));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The configuration these flags select: defaults, `--config`, the
+    /// process's `HANDOFF_*` environment, then the flags.
+    pub fn load(&self) -> Result<crate::config::Config, crate::config::ConfigError> {
+        crate::config::Config::load(self.config.as_deref(), &self.overrides()?)
+    }
 }
 
 /// An error the user caused by how they called the command: exit code 2.

@@ -3,14 +3,29 @@
 //!
 //! Every key, its default and its meaning is documented in
 //! `config/handoff.toml`.
+//!
+//! - `keys`: the table of every key and the kind of value it takes.
+//! - `load`: the layers (file, environment, flags) over that table.
+//! - `validate`: the checks `resolve()` makes after the names are derived.
+//! - `epoch`: the RFC 3339 parser for `id_epoch`.
+//! - `redact`: `Debug` without secrets.
+
+mod epoch;
+mod keys;
+mod load;
+mod redact;
+mod validate;
+
+pub use keys::env_name;
+pub use redact::redact_urls;
 
 use crate::ids::IdLayout;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
 /// The whole configuration, after defaults and overrides are applied and the
 /// namespace-derived names are filled in.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     pub nats: NatsConfig,
@@ -36,7 +51,7 @@ pub struct Config {
     pub log_format: String,
 }
 
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
     #[default]
@@ -44,7 +59,8 @@ pub enum Mode {
     Jetstream,
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+/// `Debug` hides the password, the token and URL credentials.
+#[derive(Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct NatsConfig {
     /// Comma-separated server URLs.
@@ -57,7 +73,8 @@ pub struct NatsConfig {
     pub name: String,
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+/// `Debug` hides the password and URL credentials.
+#[derive(Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct EtcdConfig {
     /// Comma-separated endpoints.
@@ -69,7 +86,7 @@ pub struct EtcdConfig {
 }
 
 /// Subject names; empty means the namespace-derived default.
-#[derive(Debug, Clone, Deserialize, PartialEq, Default)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Default)]
 #[serde(deny_unknown_fields, default)]
 pub struct Subjects {
     pub prefill_results: String,
@@ -79,7 +96,7 @@ pub struct Subjects {
     pub ids: String,
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct JetStreamConfig {
     /// Empty means `{NS}_PREFILL`.
@@ -183,8 +200,23 @@ impl Config {
         file: Option<&std::path::Path>,
         overrides: &[(String, String)],
     ) -> Result<Config, ConfigError> {
-        let _ = (file, overrides);
-        Config::default().resolve()
+        Config::load_from(file, &load::process_env()?, overrides)
+    }
+
+    /// [`Config::load`] with the environment given: `(name, value)` pairs, of
+    /// which only `HANDOFF_*` count (`HANDOFF_TEST_*` is left to the test
+    /// harness). A later pair for the same key wins, in every layer.
+    pub fn load_from(
+        file: Option<&std::path::Path>,
+        env: &[(String, String)],
+        overrides: &[(String, String)],
+    ) -> Result<Config, ConfigError> {
+        load::load(file, env, overrides)
+    }
+
+    /// Every configuration key, dotted (`nats.url`), in file order.
+    pub fn keys() -> impl Iterator<Item = &'static str> {
+        keys::KEYS.iter().map(|(k, _)| *k)
     }
 
     /// Fills every empty name with its namespace-derived default and checks
@@ -213,6 +245,7 @@ impl Config {
         if self.allowed_reply_subjects.is_empty() {
             self.allowed_reply_subjects = vec!["_INBOX.>".into(), format!("{ns}.replies.>")];
         }
+        validate::check(&self)?;
         Ok(self)
     }
 
@@ -252,14 +285,7 @@ impl Config {
 
     /// `id_epoch` in Unix milliseconds.
     pub fn epoch_unix_ms(&self) -> Result<u64, ConfigError> {
-        // Only the default is understood until the config issue lands.
-        if self.id_epoch == "2025-01-01T00:00:00Z" {
-            Ok(crate::ids::DEFAULT_EPOCH_UNIX_MS)
-        } else {
-            Err(ConfigError(format!(
-                "id_epoch: cannot parse {:?}",
-                self.id_epoch
-            )))
-        }
+        epoch::parse_utc_ms(&self.id_epoch)
+            .map_err(|why| validate::epoch_error(&self.id_epoch, &why))
     }
 }

@@ -1,16 +1,31 @@
 //! The worker's identity: an etcd lease, an exclusive machine-ID slot, and the
 //! ID generator that may only mint while both are known to be valid.
 //!
-//! [`Identity`] is a cheap, clonable handle. The etcd side (`lease.rs`: grant,
-//! keepalive, slot claim, registration, recovery) drives it through
+//! [`Identity`] is a cheap, clonable handle. The etcd side drives it through
 //! [`Identity::install`], [`Identity::extend`] and [`Identity::fence`]; the
 //! worker mints through it. Minting checks, under one lock, that a slot is held
 //! and that its lease cannot have expired yet (`valid_until`), so an ID is
 //! never minted with a slot another worker may already have claimed.
+//!
+//! The etcd side, one file per step:
+//! - `lease.rs`: [`Lease`], the API `run` uses: start, shutdown, and the
+//!   supervisor task (hold → fence on loss → recover).
+//! - `claim.rs`: connect, grant, register, claim a slot; revoke.
+//! - `session.rs`: holding a slot: keepalive every TTL/3, the slot-key watch,
+//!   the validity deadline.
+//! - `keepalive.rs`: one keepalive round trip and the validity it proves.
+//! - [`registry`]: key names, the instance record, probe order, the `slots`
+//!   listing (pure); `inspect.rs` reads it from etcd.
 
+mod claim;
+mod inspect;
+mod keepalive;
 mod lease;
+pub mod registry;
+mod session;
 
-pub use lease::{Lease, LeaseError, Registration};
+pub use inspect::read_slots;
+pub use lease::{Lease, LeaseError, Recoveries, Registration};
 
 use crate::clock;
 use crate::decision::{IdSource, IdentityUnavailable};

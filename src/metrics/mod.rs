@@ -1,26 +1,383 @@
-//! Prometheus metrics and the `/healthz` and `/readyz` endpoints.
+//! Prometheus metrics and the `/metrics`, `/healthz` and `/readyz` endpoints.
 //!
-//! (Skeleton: the recording API the worker calls. The Prometheus registry and
-//! the HTTP server arrive with the metrics issue.)
+//! [`Metrics`] is a cheap, clonable handle the worker records into on its hot
+//! path. Every label value is a bounded enum, and every series is created at
+//! start (so all of them exist at 0 before the first event) and cached: a
+//! record is a few relaxed atomic adds, with no allocation and no lock.
+//!
+//! - `latency.rs`: the lock-free receipt → publish histogram.
+//! - `watch.rs`: identity and NATS connection events → gauges, counters, readiness.
+//! - `readiness.rs`: what `/readyz` checks.
+//! - `http.rs`: the pure HTTP/1.1 request parser and router; `server.rs`: the
+//!   TCP shell around it ([`serve`]).
 
-use crate::decision::Outcome;
+mod http;
+mod latency;
+mod readiness;
+mod server;
+mod watch;
+
+pub use latency::LatencyHistogram;
+pub use readiness::{Readiness, ReadinessReport};
+pub use server::{ServeError, Server, serve};
+pub use watch::{IdentityTracker, on_nats_event};
+
+use crate::decision::{Backend, DeadLetterCode, ErrorCode, FinishReason, Outcome};
+use crate::id_service::IdRequestResult;
+use prometheus_client::encoding::prometheus_text;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use std::sync::Arc;
 use std::time::Duration;
 
+/// The `Content-Type` of [`Metrics::encode`]'s output.
+pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
+
+/// Why a JetStream message was negatively acknowledged (redelivered later).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum NakReason {
+    /// A TensorRT-LLM handoff needed an ID while the worker held no slot.
+    IdentityUnavailable,
+    /// The output could not be published (or stored in the GEN stream).
+    PublishFailed,
+    /// The worker is shutting down before the message was handled.
+    Shutdown,
+}
+
+impl NakReason {
+    pub const ALL: [NakReason; 3] = [
+        NakReason::IdentityUnavailable,
+        NakReason::PublishFailed,
+        NakReason::Shutdown,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NakReason::IdentityUnavailable => "identity_unavailable",
+            NakReason::PublishFailed => "publish_failed",
+            NakReason::Shutdown => "shutdown",
+        }
+    }
+}
+
+/// Where minted IDs went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MintSource {
+    /// Into a TensorRT-LLM decode job that had no `disagg_request_id`.
+    DecodeJob,
+    /// Answered by the ID mint service.
+    IdService,
+}
+
+impl MintSource {
+    pub const ALL: [MintSource; 2] = [MintSource::DecodeJob, MintSource::IdService];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MintSource::DecodeJob => "decode_job",
+            MintSource::IdService => "id_service",
+        }
+    }
+}
+
+/// The label of [`Outcome::kind`], in the order of `OUTCOME_KINDS`.
+const OUTCOME_KINDS: [&str; 4] = ["decode", "terminal", "error", "dead_letter"];
+
+fn outcome_index(outcome: &Outcome) -> usize {
+    match outcome {
+        Outcome::Decode { .. } => 0,
+        Outcome::Terminal { .. } => 1,
+        Outcome::Error { .. } => 2,
+        Outcome::DeadLetter { .. } => 3,
+    }
+}
+
+type Labels = [(&'static str, &'static str); 1];
+
 /// The worker's metrics. Cheap to clone; every method is thread-safe.
-#[derive(Clone, Default)]
-pub struct Metrics {}
+#[derive(Clone)]
+pub struct Metrics {
+    inner: Arc<Inner>,
+}
+
+/// Every label handle below is indexed by its enum's discriminant, which is
+/// its position in the enum's `ALL` (checked by a test).
+struct Inner {
+    registry: Registry,
+    outputs: [Counter; 4],
+    terminal: [Counter; FinishReason::ALL.len()],
+    errors: [Counter; ErrorCode::ALL.len()],
+    dead_letters: [Counter; DeadLetterCode::ALL.len()],
+    decode_jobs: [Counter; Backend::ALL.len()],
+    trailing_frames: Counter,
+    ids_minted: [Counter; MintSource::ALL.len()],
+    id_requests: [Counter; IdRequestResult::ALL.len()],
+    lease_recoveries: Counter,
+    nats_reconnects: Counter,
+    publish_failures: Counter,
+    naks: [Counter; NakReason::ALL.len()],
+    redeliveries: Counter,
+    fenced: Gauge,
+    machine_id: Gauge,
+    in_flight: Gauge,
+    latency: LatencyHistogram,
+}
+
+/// Registers a counter family with one label and creates every series of it.
+fn counter_family<const N: usize>(
+    registry: &mut Registry,
+    name: &str,
+    help: &str,
+    label: &'static str,
+    values: [&'static str; N],
+) -> [Counter; N] {
+    let family = Family::<Labels, Counter>::default();
+    registry.register(name, help, family.clone());
+    values.map(|value| family.get_or_create(&[(label, value)]).clone())
+}
+
+fn counter(registry: &mut Registry, name: &str, help: &str) -> Counter {
+    let counter = Counter::default();
+    registry.register(name, help, counter.clone());
+    counter
+}
+
+fn gauge(registry: &mut Registry, name: &str, help: &str, initial: i64) -> Gauge {
+    let gauge = Gauge::default();
+    gauge.set(initial);
+    registry.register(name, help, gauge.clone());
+    gauge
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
 
 impl Metrics {
     pub fn new() -> Metrics {
-        Metrics {}
+        let mut r = Registry::with_prefix("handoff");
+        let info = Family::<[(&'static str, &'static str); 1], Gauge>::default();
+        r.register(
+            "build_info",
+            "Always 1; the version label names the running prefill-handoff",
+            info.clone(),
+        );
+        info.get_or_create(&[("version", env!("CARGO_PKG_VERSION"))])
+            .set(1);
+        let inner = Inner {
+            outputs: counter_family(
+                &mut r,
+                "outputs",
+                "Inputs handled, by the one output published for each",
+                "outcome",
+                OUTCOME_KINDS,
+            ),
+            terminal: counter_family(
+                &mut r,
+                "terminal",
+                "Terminal responses, by the first frame's finish reason (unknown reasons are 'other')",
+                "finish_reason",
+                FinishReason::ALL.map(FinishReason::as_str),
+            ),
+            errors: counter_family(
+                &mut r,
+                "error_responses",
+                "Error responses sent to reply subjects, by error code",
+                "code",
+                ErrorCode::ALL.map(ErrorCode::as_str),
+            ),
+            dead_letters: counter_family(
+                &mut r,
+                "dead_letters",
+                "Inputs sent to the dead-letter subject, by dead-letter code",
+                "code",
+                DeadLetterCode::ALL.map(DeadLetterCode::as_str),
+            ),
+            decode_jobs: counter_family(
+                &mut r,
+                "decode_jobs",
+                "Decode jobs published to the GEN subject, by handoff backend",
+                "backend",
+                Backend::ALL.map(Backend::as_str),
+            ),
+            trailing_frames: counter(
+                &mut r,
+                "trailing_frames_ignored",
+                "Frames after the first of a prefill result; they never change the outcome",
+            ),
+            ids_minted: counter_family(
+                &mut r,
+                "ids_minted",
+                "Request IDs minted from this worker's machine-ID slot, by where they went",
+                "source",
+                MintSource::ALL.map(MintSource::as_str),
+            ),
+            id_requests: counter_family(
+                &mut r,
+                "id_requests",
+                "Requests to the ID mint service, by result",
+                "result",
+                IdRequestResult::ALL.map(IdRequestResult::as_str),
+            ),
+            lease_recoveries: counter(
+                &mut r,
+                "lease_recoveries",
+                "Times a new etcd lease and slot were installed after the first one (the old lease was lost)",
+            ),
+            nats_reconnects: counter(
+                &mut r,
+                "nats_reconnects",
+                "Times the NATS connection came back after a disconnect",
+            ),
+            publish_failures: counter(
+                &mut r,
+                "publish_failures",
+                "Outputs that could not be published to NATS",
+            ),
+            naks: counter_family(
+                &mut r,
+                "jetstream_naks",
+                "JetStream messages negatively acknowledged for redelivery, by reason",
+                "reason",
+                NakReason::ALL.map(NakReason::as_str),
+            ),
+            redeliveries: counter(
+                &mut r,
+                "jetstream_redeliveries",
+                "JetStream messages received that had been delivered before",
+            ),
+            fenced: gauge(
+                &mut r,
+                "fenced",
+                "1 while the worker holds no valid machine-ID slot and refuses to mint, else 0",
+                1,
+            ),
+            machine_id: gauge(
+                &mut r,
+                "machine_id",
+                "The machine-ID slot held now, -1 when none",
+                -1,
+            ),
+            in_flight: gauge(
+                &mut r,
+                "in_flight",
+                "Inputs received whose output is not yet published",
+                0,
+            ),
+            latency: {
+                let h = LatencyHistogram::default();
+                r.register(
+                    "latency_seconds",
+                    "Time from receiving a prefill result to publishing its output",
+                    h.clone(),
+                );
+                h
+            },
+            registry: r,
+        };
+        Metrics {
+            inner: Arc::new(inner),
+        }
     }
 
     /// One input handled: its outcome, how many trailing frames were ignored,
     /// and the time from receipt to publish.
     pub fn record(&self, outcome: &Outcome, trailing_frames: usize, latency: Duration) {
-        let _ = (outcome, trailing_frames, latency);
+        let m = &*self.inner;
+        m.outputs[outcome_index(outcome)].inc();
+        match outcome {
+            Outcome::Decode { backend, minted } => {
+                m.decode_jobs[*backend as usize].inc();
+                if *minted {
+                    m.ids_minted[MintSource::DecodeJob as usize].inc();
+                }
+            }
+            Outcome::Terminal { finish_reason } => {
+                m.terminal[*finish_reason as usize].inc();
+            }
+            Outcome::Error { code } => {
+                m.errors[*code as usize].inc();
+            }
+            Outcome::DeadLetter { code } => {
+                m.dead_letters[*code as usize].inc();
+            }
+        }
+        if trailing_frames > 0 {
+            m.trailing_frames.inc_by(trailing_frames as u64);
+        }
+        m.latency.observe(latency);
     }
 
     /// The NATS connection came back after a disconnect.
-    pub fn nats_reconnected(&self) {}
+    pub fn nats_reconnected(&self) {
+        self.inner.nats_reconnects.inc();
+    }
+
+    /// An output could not be published.
+    pub fn publish_failed(&self) {
+        self.inner.publish_failures.inc();
+    }
+
+    /// A JetStream message was negatively acknowledged for redelivery.
+    pub fn nacked(&self, reason: NakReason) {
+        self.inner.naks[reason as usize].inc();
+    }
+
+    /// A JetStream message arrived that had been delivered before.
+    pub fn redelivered(&self) {
+        self.inner.redeliveries.inc();
+    }
+
+    /// One request to the ID mint service was handled; `minted` IDs were sent.
+    pub fn id_request(&self, result: IdRequestResult, minted: usize) {
+        self.inner.id_requests[result as usize].inc();
+        if minted > 0 {
+            self.inner.ids_minted[MintSource::IdService as usize].inc_by(minted as u64);
+        }
+    }
+
+    /// Counts an input as in flight until the returned guard drops.
+    pub fn in_flight(&self) -> InFlight {
+        self.inner.in_flight.inc();
+        InFlight {
+            gauge: self.inner.in_flight.clone(),
+        }
+    }
+
+    pub(crate) fn lease_recovered(&self) {
+        self.inner.lease_recoveries.inc();
+    }
+
+    pub(crate) fn set_identity(&self, fenced: bool, machine_id: Option<u16>) {
+        self.inner.fenced.set(i64::from(fenced));
+        self.inner.machine_id.set(machine_id.map_or(-1, i64::from));
+    }
+
+    /// Every metric in the Prometheus text format (version 0.0.4, see
+    /// [`CONTENT_TYPE`]).
+    pub fn encode(&self) -> String {
+        let mut out = String::with_capacity(8 * 1024);
+        // Writing into a String cannot fail.
+        let _ = prometheus_text::encode(&mut out, &self.inner.registry);
+        out
+    }
 }
+
+/// An input in flight; dropping it (on any path) takes it off the gauge.
+#[must_use = "the input counts as in flight only while the guard lives"]
+pub struct InFlight {
+    gauge: Gauge,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.gauge.dec();
+    }
+}
+
+#[cfg(test)]
+mod tests;

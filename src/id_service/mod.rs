@@ -1,0 +1,141 @@
+//! The ID mint service (contract 4.3): dispatchers that must name a request
+//! before prefill (as TensorRT-LLM's orchestrator does) ask the fleet for IDs
+//! over NATS request/reply and get IDs minted from an exclusive machine-ID
+//! slot, so they never collide with any other worker's.
+//!
+//! [`answer`] is the service without the network: request body in, reply body
+//! out. `serve.rs` subscribes in a queue group and publishes the answers.
+
+mod serve;
+
+pub use serve::{IdService, IdServiceError, serve};
+
+use crate::decision::{ErrorCode, describe};
+use crate::identity::Identity;
+use crate::wire::{self, Encoding, map, messages};
+use rmpv::Value;
+
+/// The most IDs one request may ask for.
+pub const MAX_COUNT: u64 = 1024;
+
+/// The largest request body read. A valid one is a few bytes.
+pub const MAX_REQUEST_BYTES: usize = 4096;
+
+/// How one request ended, for metrics and logs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum IdRequestResult {
+    /// IDs were sent.
+    Ok,
+    /// No slot is held (fenced): error `identity_unavailable` was sent.
+    IdentityUnavailable,
+    /// The body or count was invalid: error `malformed` was sent.
+    Malformed,
+    /// The request had no reply subject: nothing could be sent.
+    NoReply,
+    /// The reply subject is not an allowed reply subject: nothing was sent.
+    ReplyRefused,
+}
+
+impl IdRequestResult {
+    pub const ALL: [IdRequestResult; 5] = [
+        IdRequestResult::Ok,
+        IdRequestResult::IdentityUnavailable,
+        IdRequestResult::Malformed,
+        IdRequestResult::NoReply,
+        IdRequestResult::ReplyRefused,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IdRequestResult::Ok => "ok",
+            IdRequestResult::IdentityUnavailable => "identity_unavailable",
+            IdRequestResult::Malformed => "malformed",
+            IdRequestResult::NoReply => "no_reply",
+            IdRequestResult::ReplyRefused => "reply_refused",
+        }
+    }
+}
+
+/// The reply to one request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Answer {
+    pub result: IdRequestResult,
+    /// How many IDs the payload carries.
+    pub minted: usize,
+    /// Encoded in the request's encoding.
+    pub payload: Vec<u8>,
+    /// A sentence for logs when the request failed.
+    pub detail: Option<String>,
+}
+
+const EXPECTED: &str =
+    "an ID request is an empty body or a map {\"count\": N} with N an integer in 1..=1024";
+
+/// How many IDs a request body asks for: 1 for an empty body, a map without
+/// `count`, or `count: null`. Other keys are ignored, so requests can grow.
+pub fn requested_count(body: &[u8], encoding: Encoding) -> Result<usize, String> {
+    if body.is_empty() {
+        return Ok(1);
+    }
+    if body.len() > MAX_REQUEST_BYTES {
+        return Err(format!("the request is {} bytes; {EXPECTED}", body.len()));
+    }
+    let value = wire::decode(body, encoding).map_err(|e| format!("{e}; {EXPECTED}"))?;
+    let Value::Map(entries) = value else {
+        return Err(format!("the body is {}; {EXPECTED}", describe(&value)));
+    };
+    let counts = entries
+        .iter()
+        .filter(|(k, _)| k.as_str() == Some("count"))
+        .count();
+    if counts > 1 {
+        return Err(format!(
+            "the request holds count {counts} times; {EXPECTED}"
+        ));
+    }
+    let Some(count) = map::get_non_nil(&entries, "count") else {
+        return Ok(1);
+    };
+    match count.as_u64() {
+        // `as_u64` is None for floats, so 2.0 is refused like the contract says.
+        Some(n) if (1..=MAX_COUNT).contains(&n) => Ok(n as usize),
+        _ => Err(format!("count is {}; {EXPECTED}", describe(count))),
+    }
+}
+
+/// Answers one request body with IDs from `identity`, or with the contract's
+/// error response (`malformed`, `identity_unavailable`; `request_id` null).
+pub fn answer(body: &[u8], encoding: Encoding, identity: &Identity) -> Answer {
+    let failed = |result, code: ErrorCode, message: String| Answer {
+        result,
+        minted: 0,
+        payload: wire::encode(
+            &messages::error_response(None, code.as_str(), &message),
+            encoding,
+        ),
+        detail: Some(message),
+    };
+    let count = match requested_count(body, encoding) {
+        Ok(count) => count,
+        Err(why) => return failed(IdRequestResult::Malformed, ErrorCode::Malformed, why),
+    };
+    match identity.mint_many(count) {
+        Ok((ids, machine_id)) => Answer {
+            result: IdRequestResult::Ok,
+            minted: ids.len(),
+            payload: wire::encode(
+                &messages::mint_response(&ids, machine_id, identity.layout()),
+                encoding,
+            ),
+            detail: None,
+        },
+        Err(unavailable) => failed(
+            IdRequestResult::IdentityUnavailable,
+            ErrorCode::IdentityUnavailable,
+            unavailable.0,
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests;

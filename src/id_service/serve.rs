@@ -1,0 +1,149 @@
+//! The NATS side of the ID mint service: a queue subscription on the ids
+//! subject, so each request is answered by exactly one worker of the fleet.
+
+use super::{IdRequestResult, answer};
+use crate::config::{Config, ConfigError};
+use crate::decision::ReplyPolicy;
+use crate::identity::Identity;
+use crate::metrics::Metrics;
+use crate::wire::Encoding;
+use async_nats::{HeaderMap, Message};
+use futures::StreamExt;
+use tokio::task::JoinHandle;
+
+/// Where the service listens and where it may answer.
+#[derive(Debug, Clone)]
+pub struct IdService {
+    /// The ids subject (`subjects.ids`, default `{ns}.handoff.ids`).
+    pub subject: String,
+    /// The queue group shared by the fleet (`queue_group`).
+    pub queue_group: String,
+    /// Reply subjects are checked like a prefill result's `reply_to`: a
+    /// crafted reply subject must not make the worker publish into the
+    /// JetStream API, the system account or its own pipeline.
+    pub reply_policy: ReplyPolicy,
+}
+
+impl IdService {
+    pub fn from_config(config: &Config) -> Result<IdService, ConfigError> {
+        Ok(IdService {
+            subject: config.subjects.ids.clone(),
+            queue_group: config.queue_group.clone(),
+            reply_policy: config.rules()?.reply_policy,
+        })
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum IdServiceError {
+    #[error("cannot subscribe to the ID mint service subject {subject:?} (subjects.ids): {source}")]
+    Subscribe {
+        subject: String,
+        #[source]
+        source: async_nats::SubscribeError,
+    },
+    #[error(
+        "cannot confirm the ID mint service subscription on {subject:?} with the NATS server: {source}"
+    )]
+    Flush {
+        subject: String,
+        #[source]
+        source: async_nats::client::FlushError,
+    },
+}
+
+/// Subscribes (in the queue group) and answers requests on a spawned task
+/// until the subscription ends (`client.drain()` or the connection closes).
+pub async fn serve(
+    client: async_nats::Client,
+    service: IdService,
+    identity: Identity,
+    metrics: Metrics,
+) -> Result<JoinHandle<()>, IdServiceError> {
+    let mut requests = client
+        .queue_subscribe(service.subject.clone(), service.queue_group.clone())
+        .await
+        .map_err(|source| IdServiceError::Subscribe {
+            subject: service.subject.clone(),
+            source,
+        })?;
+    // Once `serve` returns, the server knows the subscription: a request sent
+    // from any connection after this reaches the service.
+    client
+        .flush()
+        .await
+        .map_err(|source| IdServiceError::Flush {
+            subject: service.subject.clone(),
+            source,
+        })?;
+    tracing::info!(subject = %service.subject, queue_group = %service.queue_group, "ID mint service listening");
+    Ok(tokio::spawn(async move {
+        while let Some(request) = requests.next().await {
+            handle(&client, &service, &identity, &metrics, request).await;
+        }
+        tracing::info!(subject = %service.subject, "ID mint service stopped");
+    }))
+}
+
+async fn handle(
+    client: &async_nats::Client,
+    service: &IdService,
+    identity: &Identity,
+    metrics: &Metrics,
+    request: Message,
+) {
+    let Some(reply) = request.reply.as_ref() else {
+        metrics.id_request(IdRequestResult::NoReply, 0);
+        tracing::warn!(
+            subject = %request.subject,
+            "ID request without a reply subject; it cannot be answered (use NATS request/reply)"
+        );
+        return;
+    };
+    if let Err(refusal) = service.reply_policy.check(reply.as_str()) {
+        metrics.id_request(IdRequestResult::ReplyRefused, 0);
+        tracing::warn!(%refusal, "ID request not answered");
+        return;
+    }
+    let header = |name: &str| {
+        request
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(name))
+            .map(|v| v.as_str())
+    };
+    let encoding = Encoding::from_content_type(header("Content-Type"));
+    let answer = answer(&request.payload, encoding, identity);
+
+    let mut headers = HeaderMap::new();
+    if let Some(content_type) = encoding.content_type() {
+        headers.insert("Content-Type", content_type);
+    }
+    for name in ["traceparent", "tracestate"] {
+        if let Some(value) = header(name) {
+            headers.insert(name, value);
+        }
+    }
+    // Counted before publishing, so a requester that sees the answer sees the
+    // count. Minted IDs count even when the answer is lost: they are burnt,
+    // never handed out again.
+    metrics.id_request(answer.result, answer.minted);
+    let published = if headers.is_empty() {
+        client.publish(reply.clone(), answer.payload.into()).await
+    } else {
+        client
+            .publish_with_headers(reply.clone(), headers, answer.payload.into())
+            .await
+    };
+    match published {
+        Ok(()) => {
+            if let Some(detail) = &answer.detail {
+                tracing::debug!(result = answer.result.as_str(), %detail, "ID request refused");
+            }
+        }
+        Err(e) => {
+            metrics.publish_failed();
+            tracing::warn!(error = %e, "could not publish an ID service answer");
+        }
+    }
+}

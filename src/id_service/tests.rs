@@ -1,0 +1,219 @@
+use super::*;
+use crate::ids::{DEFAULT_EPOCH_UNIX_MS, IdLayout, MachineId};
+use serde_json::json;
+
+fn msgpack(value: serde_json::Value) -> Vec<u8> {
+    rmp_serde::to_vec_named(&value).unwrap()
+}
+
+#[test]
+fn request_bodies() {
+    // (name, body, encoding, Ok(count) or Err(substring of the sentence))
+    type Case = (&'static str, Vec<u8>, Encoding, Result<usize, &'static str>);
+    let cases: Vec<Case> = vec![
+        ("empty", vec![], Encoding::MsgPack, Ok(1)),
+        ("empty JSON", vec![], Encoding::Json, Ok(1)),
+        ("empty map", msgpack(json!({})), Encoding::MsgPack, Ok(1)),
+        (
+            "null count",
+            msgpack(json!({"count": null})),
+            Encoding::MsgPack,
+            Ok(1),
+        ),
+        (
+            "one",
+            msgpack(json!({"count": 1})),
+            Encoding::MsgPack,
+            Ok(1),
+        ),
+        (
+            "max",
+            msgpack(json!({"count": 1024})),
+            Encoding::MsgPack,
+            Ok(1024),
+        ),
+        (
+            "extra keys",
+            msgpack(json!({"count": 3, "who": "x"})),
+            Encoding::MsgPack,
+            Ok(3),
+        ),
+        ("JSON", br#"{"count": 7}"#.to_vec(), Encoding::Json, Ok(7)),
+        // u64-encoded small ints are integers too (contract 3).
+        (
+            "uint64 encoding",
+            vec![
+                0x81, 0xa5, b'c', b'o', b'u', b'n', b't', 0xcf, 0, 0, 0, 0, 0, 0, 0, 5,
+            ],
+            Encoding::MsgPack,
+            Ok(5),
+        ),
+        (
+            "zero",
+            msgpack(json!({"count": 0})),
+            Encoding::MsgPack,
+            Err("count is the integer 0; "),
+        ),
+        (
+            "too many",
+            msgpack(json!({"count": 1025})),
+            Encoding::MsgPack,
+            Err("count is the integer 1025"),
+        ),
+        (
+            "negative",
+            msgpack(json!({"count": -1})),
+            Encoding::MsgPack,
+            Err("count is the integer -1"),
+        ),
+        (
+            "string",
+            msgpack(json!({"count": "x"})),
+            Encoding::MsgPack,
+            Err("count is the string \"x\""),
+        ),
+        (
+            "float",
+            msgpack(json!({"count": 2.0})),
+            Encoding::MsgPack,
+            Err("count is the float 2"),
+        ),
+        (
+            "JSON float",
+            br#"{"count": 2.0}"#.to_vec(),
+            Encoding::Json,
+            Err("count is the float 2"),
+        ),
+        (
+            "array",
+            msgpack(json!([1])),
+            Encoding::MsgPack,
+            Err("the body is an array of 1 items"),
+        ),
+        (
+            "bare integer",
+            msgpack(json!(5)),
+            Encoding::MsgPack,
+            Err("the body is the integer 5"),
+        ),
+        (
+            "truncated msgpack",
+            vec![0x81, 0xa5, b'c'],
+            Encoding::MsgPack,
+            Err("not valid MessagePack"),
+        ),
+        (
+            "not JSON",
+            b"{count".to_vec(),
+            Encoding::Json,
+            Err("not valid JSON"),
+        ),
+        (
+            "JSON sent as msgpack",
+            br#"{"count": 2}"#.to_vec(),
+            Encoding::MsgPack,
+            Err("trailing bytes"),
+        ),
+        (
+            "duplicate count",
+            vec![
+                0x82, 0xa5, b'c', b'o', b'u', b'n', b't', 1, 0xa5, b'c', b'o', b'u', b'n', b't', 2,
+            ],
+            Encoding::MsgPack,
+            Err("holds count 2 times"),
+        ),
+        (
+            "huge",
+            vec![0x90; MAX_REQUEST_BYTES + 1],
+            Encoding::MsgPack,
+            Err("the request is 4097 bytes"),
+        ),
+    ];
+    for (name, body, encoding, want) in cases {
+        let got = requested_count(&body, encoding);
+        match (got, want) {
+            (Ok(got), Ok(want)) => assert_eq!(got, want, "{name}"),
+            (Err(got), Err(want)) => {
+                assert!(got.contains(want), "{name}: {got}");
+                assert!(
+                    got.contains("1..=1024"),
+                    "{name}: the sentence says what is expected: {got}"
+                );
+            }
+            (got, want) => panic!("{name}: got {got:?}, want {want:?}"),
+        }
+    }
+}
+
+#[test]
+fn answers_carry_ids_from_the_slot_in_the_request_encoding() {
+    let identity = Identity::fixed(
+        IdLayout::Rc22,
+        DEFAULT_EPOCH_UNIX_MS,
+        MachineId::new(77).unwrap(),
+    );
+    let a = answer(br#"{"count": 3}"#, Encoding::Json, &identity);
+    assert_eq!(a.result, IdRequestResult::Ok);
+    assert_eq!(a.minted, 3);
+    let body: serde_json::Value = serde_json::from_slice(&a.payload).unwrap();
+    assert_eq!(body["machine_id"], 77);
+    assert_eq!(body["layout"], "rc22");
+    let ids: Vec<u64> = serde_json::from_value(body["ids"].clone()).unwrap();
+    assert_eq!(ids.len(), 3);
+    for id in &ids {
+        let decoded = IdLayout::Rc22.decode(*id).unwrap();
+        assert_eq!(decoded.machine_id, 77);
+    }
+
+    let m = answer(&[], Encoding::MsgPack, &identity);
+    let body: serde_json::Value = rmp_serde::from_slice(&m.payload).unwrap();
+    assert_eq!(body["ids"].as_array().map(Vec::len), Some(1));
+}
+
+#[test]
+fn refusals_are_the_contract_error_response() {
+    let fenced = Identity::new(IdLayout::Rc22, DEFAULT_EPOCH_UNIX_MS);
+    let live = Identity::fixed(
+        IdLayout::Rc21,
+        DEFAULT_EPOCH_UNIX_MS,
+        MachineId::new(1).unwrap(),
+    );
+    // (identity, body, result, code)
+    let cases = [
+        (
+            &fenced,
+            msgpack(json!({"count": 2})),
+            IdRequestResult::IdentityUnavailable,
+            "identity_unavailable",
+        ),
+        (
+            &fenced,
+            msgpack(json!({"count": 0})),
+            IdRequestResult::Malformed,
+            "malformed",
+        ),
+        (
+            &live,
+            msgpack(json!({"count": "x"})),
+            IdRequestResult::Malformed,
+            "malformed",
+        ),
+    ];
+    for (identity, body, result, code) in cases {
+        let a = answer(&body, Encoding::MsgPack, identity);
+        assert_eq!(a.result, result);
+        assert_eq!(a.minted, 0);
+        let body: serde_json::Value = rmp_serde::from_slice(&a.payload).unwrap();
+        assert_eq!(body["request_id"], serde_json::Value::Null);
+        assert_eq!(body["kind"], "error");
+        assert_eq!(body["error"]["code"], code);
+        assert!(!body["error"]["message"].as_str().unwrap().is_empty());
+    }
+}
+
+#[test]
+fn result_labels_are_indexed_by_discriminant() {
+    for (i, r) in IdRequestResult::ALL.iter().enumerate() {
+        assert_eq!(*r as usize, i, "{r:?}");
+    }
+}

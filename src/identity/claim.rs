@@ -1,0 +1,313 @@
+//! Getting a slot: connect to etcd, grant a lease, register the instance,
+//! claim the first free machine-ID slot from `lease_id % 1021` upward with
+//! one transaction per slot. Also the lease revoke used on the way out.
+
+use super::keepalive::{Beat, KeepAlive};
+use super::registry::{InstanceRecord, Keys, probe_order};
+use super::{Identity, LeaseError};
+use crate::config::{ConfigError, EtcdConfig};
+use crate::ids::MachineId;
+use crate::wire::messages::instance_id;
+use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp};
+use std::collections::HashSet;
+use std::future::Future;
+use std::time::{Duration, Instant};
+use tracing::{debug, info, warn};
+
+/// Everything a claim needs that does not change between recoveries.
+pub(super) struct Settings {
+    pub etcd: EtcdConfig,
+    pub keys: Keys,
+    pub ttl_secs: i64,
+    /// The instance record; `machine_id` is filled in per claim.
+    pub record: InstanceRecord,
+}
+
+impl Settings {
+    pub(super) fn request_timeout(&self) -> Duration {
+        Duration::from_millis(self.etcd.request_timeout_ms.max(1))
+    }
+
+    fn connect_timeout(&self) -> Duration {
+        Duration::from_millis(self.etcd.connect_timeout_ms.max(1))
+    }
+
+    fn endpoints(&self) -> Vec<String> {
+        self.etcd
+            .endpoints
+            .split(',')
+            .map(str::trim)
+            .filter(|e| !e.is_empty())
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// Runs one etcd request, giving up after `etcd.request_timeout_ms`.
+    pub(super) async fn bounded<T>(
+        &self,
+        what: &str,
+        request: impl Future<Output = Result<T, etcd_client::Error>>,
+    ) -> Result<T, LeaseError> {
+        match tokio::time::timeout(self.request_timeout(), request).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(LeaseError::Etcd(format!(
+                "{what} failed at etcd {}: {e}",
+                self.etcd.endpoints
+            ))),
+            Err(_) => Err(LeaseError::Etcd(format!(
+                "{what}: etcd at {} did not answer within {} ms (etcd.request_timeout_ms)",
+                self.etcd.endpoints, self.etcd.request_timeout_ms
+            ))),
+        }
+    }
+}
+
+/// A lease with a claimed slot, registered and being kept alive.
+pub(super) struct Claimed {
+    pub lease_id: i64,
+    pub machine_id: MachineId,
+    /// The TTL the server granted.
+    pub ttl: Duration,
+    pub valid_until: Instant,
+    /// The revision of the claim transaction: the slot key is ours as of it.
+    pub revision: i64,
+    pub client: Client,
+    pub keepalive: KeepAlive,
+}
+
+/// Connects to the configured endpoints with the configured credentials.
+pub(super) async fn connect(settings: &Settings) -> Result<Client, LeaseError> {
+    let endpoints = settings.endpoints();
+    if endpoints.is_empty() {
+        return Err(LeaseError::Etcd(
+            "etcd.endpoints is empty; expected comma-separated URLs such as http://127.0.0.1:2379"
+                .into(),
+        ));
+    }
+    let mut options = ConnectOptions::new()
+        .with_connect_timeout(settings.connect_timeout())
+        .with_timeout(settings.request_timeout())
+        .with_keep_alive(Duration::from_secs(1), settings.request_timeout())
+        .with_keep_alive_while_idle(true);
+    match (&settings.etcd.user, &settings.etcd.password) {
+        (Some(user), Some(password)) => {
+            options = options.with_user(user.clone(), password.clone());
+        }
+        (None, None) => {}
+        _ => {
+            return Err(ConfigError(
+                "etcd.user and etcd.password: set both to authenticate to etcd, or neither".into(),
+            )
+            .into());
+        }
+    }
+    // With credentials the client authenticates while connecting.
+    let bound = settings.connect_timeout() + settings.request_timeout();
+    match tokio::time::timeout(bound, Client::connect(&endpoints, Some(options))).await {
+        Ok(Ok(client)) => Ok(client),
+        Ok(Err(e)) => Err(LeaseError::Etcd(format!(
+            "cannot connect to etcd at {}: {e}",
+            settings.etcd.endpoints
+        ))),
+        Err(_) => Err(LeaseError::Etcd(format!(
+            "cannot connect to etcd at {} within {} ms",
+            settings.etcd.endpoints,
+            bound.as_millis()
+        ))),
+    }
+}
+
+/// Grants a lease, registers the instance and claims a slot. On failure the
+/// lease is revoked (best effort) so nothing half-registered stays behind.
+pub(super) async fn establish(
+    settings: &Settings,
+    identity: &Identity,
+) -> Result<Claimed, LeaseError> {
+    let client = connect(settings).await?;
+    let sent = Instant::now();
+    let grant = settings
+        .bounded(
+            "granting a lease",
+            client.lease_client().grant(settings.ttl_secs, None),
+        )
+        .await?;
+    let lease_id = grant.id();
+    if grant.ttl() <= 0 {
+        return Err(LeaseError::Etcd(format!(
+            "etcd granted lease {} with TTL {}; expected a positive TTL",
+            instance_id(lease_id),
+            grant.ttl()
+        )));
+    }
+    let ttl = Duration::from_secs(grant.ttl().unsigned_abs());
+    let Some(valid_until) = sent.checked_add(ttl) else {
+        return Err(LeaseError::Etcd(format!(
+            "etcd granted lease {} with an unusable TTL of {} s",
+            instance_id(lease_id),
+            grant.ttl()
+        )));
+    };
+    identity.set_lease(lease_id);
+    info!(lease = %instance_id(lease_id), ttl_secs = grant.ttl(), "etcd lease granted");
+
+    let mut claim = Claim {
+        settings,
+        client: client.clone(),
+        lease_id,
+        ttl,
+        valid_until,
+        keepalive: KeepAlive::new(client.clone(), lease_id),
+    };
+    match claim.run().await {
+        Ok((machine_id, revision)) => Ok(Claimed {
+            lease_id,
+            machine_id,
+            ttl,
+            valid_until: claim.valid_until,
+            revision,
+            client,
+            keepalive: claim.keepalive,
+        }),
+        Err(e) => {
+            revoke(settings, &client, lease_id).await;
+            Err(e)
+        }
+    }
+}
+
+struct Claim<'a> {
+    settings: &'a Settings,
+    client: Client,
+    lease_id: i64,
+    ttl: Duration,
+    valid_until: Instant,
+    keepalive: KeepAlive,
+}
+
+impl Claim<'_> {
+    async fn run(&mut self) -> Result<(MachineId, i64), LeaseError> {
+        let keys = &self.settings.keys;
+        let hex = instance_id(self.lease_id);
+        let lease_id = self.lease_id;
+        let leased = || Some(PutOptions::new().with_lease(lease_id));
+        let instance_key = keys.instance(lease_id);
+        let settings = self.settings;
+        let record = |machine_id: Option<MachineId>| {
+            let mut record = settings.record.clone();
+            record.machine_id = machine_id.map(MachineId::get);
+            serde_json::to_vec(&record).unwrap_or_default()
+        };
+
+        // Registered first without a slot, so an instance that cannot get
+        // one is still visible in `slots`.
+        let mut kv = self.client.kv_client();
+        self.settings
+            .bounded(
+                "registering the instance key",
+                kv.put(instance_key.clone(), record(None), leased()),
+            )
+            .await?;
+
+        // One read to skip slots that are visibly taken; the transaction
+        // below stays the authority for the ones that look free.
+        let taken = self.taken_slots().await?;
+        for machine_id in probe_order(self.lease_id).filter(|m| !taken.contains(m)) {
+            self.keep_alive_if_due().await?;
+            let slot_key = keys.slot(machine_id);
+            let txn = Txn::new()
+                .when([Compare::create_revision(
+                    slot_key.clone(),
+                    CompareOp::Equal,
+                    0,
+                )])
+                .and_then([
+                    TxnOp::put(slot_key.clone(), hex.clone(), leased()),
+                    TxnOp::put(instance_key.clone(), record(Some(machine_id)), leased()),
+                ]);
+            let answer = self
+                .settings
+                .bounded("claiming a machine-ID slot", kv.txn(txn))
+                .await?;
+            if answer.succeeded() {
+                let revision = answer.header().map_or(0, |h| h.revision());
+                return Ok((machine_id, revision));
+            }
+            debug!(lease = %hex, slot = %slot_key, "slot taken meanwhile; trying the next");
+        }
+        Err(LeaseError::SlotsExhausted {
+            prefix: keys.slots_prefix(),
+        })
+    }
+
+    async fn taken_slots(&self) -> Result<HashSet<MachineId>, LeaseError> {
+        let keys = &self.settings.keys;
+        let answer = self
+            .settings
+            .bounded(
+                "reading the machine-ID slots",
+                self.client.kv_client().get(
+                    keys.slots_prefix(),
+                    Some(GetOptions::new().with_prefix().with_keys_only()),
+                ),
+            )
+            .await?;
+        Ok(answer
+            .kvs()
+            .iter()
+            .filter_map(|kv| keys.machine_id_of(kv.key_str().ok()?))
+            .collect())
+    }
+
+    /// Probing many slots can take a while: keep the lease alive meanwhile
+    /// on the same TTL/3 rhythm as afterwards.
+    async fn keep_alive_if_due(&mut self) -> Result<(), LeaseError> {
+        let last_refresh = self.valid_until - self.ttl;
+        if Instant::now() < last_refresh + self.ttl / 3 {
+            return Ok(());
+        }
+        let deadline = (Instant::now() + self.settings.request_timeout()).min(self.valid_until);
+        match self.keepalive.beat(deadline).await {
+            Ok(Beat::Alive { valid_until }) => {
+                self.valid_until = valid_until;
+                Ok(())
+            }
+            Ok(Beat::Gone) => Err(LeaseError::Etcd(format!(
+                "lease {} expired while claiming a slot",
+                instance_id(self.lease_id)
+            ))),
+            Err(e) if Instant::now() >= self.valid_until => Err(LeaseError::Etcd(format!(
+                "lease {} may have expired while claiming a slot: {e}",
+                instance_id(self.lease_id)
+            ))),
+            Err(_) => Ok(()),
+        }
+    }
+}
+
+/// Revokes a lease so its slot and instance keys vanish at once. Best
+/// effort and bounded: a dead etcd lets the lease expire by itself. True when
+/// the lease is gone (revoked now, or already expired).
+pub(super) async fn revoke(settings: &Settings, client: &Client, lease_id: i64) -> bool {
+    let hex = instance_id(lease_id);
+    let mut leases = client.lease_client();
+    match tokio::time::timeout(settings.request_timeout(), leases.revoke(lease_id)).await {
+        Ok(Ok(_)) => {
+            info!(lease = %hex, "etcd lease revoked");
+            true
+        }
+        Ok(Err(etcd_client::Error::GRpcStatus(status)))
+            if status.message().contains("lease not found") =>
+        {
+            debug!(lease = %hex, "lease already gone; nothing to revoke");
+            true
+        }
+        Ok(Err(e)) => {
+            warn!(lease = %hex, error = %e, "could not revoke the lease; it expires after its TTL");
+            false
+        }
+        Err(_) => {
+            warn!(lease = %hex, "etcd did not answer the revoke in time; the lease expires after its TTL");
+            false
+        }
+    }
+}

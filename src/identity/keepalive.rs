@@ -1,0 +1,80 @@
+//! One lease's keepalive: a request/answer round trip on etcd's keepalive
+//! stream, and the validity it proves.
+//!
+//! The lease is valid until *the instant the request was sent* plus the TTL
+//! the server answered: the server restarts its countdown when it receives
+//! the request, which is later, so this never overestimates.
+
+use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
+use std::time::{Duration, Instant};
+
+/// What one keepalive round trip proved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Beat {
+    /// The lease lives at least until this instant.
+    Alive { valid_until: Instant },
+    /// The server answered TTL 0: the lease expired or was revoked.
+    Gone,
+}
+
+pub(super) struct KeepAlive {
+    client: Client,
+    lease_id: i64,
+    /// The open keepalive stream; reopened after any failure so an answer
+    /// to an abandoned request can never be taken for a fresh one.
+    channel: Option<(LeaseKeeper, LeaseKeepAliveStream)>,
+}
+
+impl KeepAlive {
+    pub(super) fn new(client: Client, lease_id: i64) -> KeepAlive {
+        KeepAlive {
+            client,
+            lease_id,
+            channel: None,
+        }
+    }
+
+    /// One round trip, abandoned at `deadline`. `Err` means etcd gave no
+    /// answer (unreachable, timed out, stream closed): the caller retries.
+    pub(super) async fn beat(&mut self, deadline: Instant) -> Result<Beat, String> {
+        let sent = Instant::now();
+        match tokio::time::timeout_at(deadline.into(), self.round_trip()).await {
+            Ok(Ok(ttl)) if ttl > 0 => sent
+                .checked_add(Duration::from_secs(ttl.unsigned_abs()))
+                .map(|valid_until| Beat::Alive { valid_until })
+                .ok_or_else(|| format!("etcd answered an unusable TTL of {ttl} s")),
+            Ok(Ok(_)) => Ok(Beat::Gone),
+            Ok(Err(e)) => {
+                self.channel = None;
+                Err(e)
+            }
+            Err(_) => {
+                self.channel = None;
+                Err("etcd did not answer the keepalive in time".into())
+            }
+        }
+    }
+
+    async fn round_trip(&mut self) -> Result<i64, String> {
+        let (keeper, stream) = match &mut self.channel {
+            Some(channel) => channel,
+            None => {
+                let opened = self
+                    .client
+                    .lease_keep_alive(self.lease_id)
+                    .await
+                    .map_err(|e| format!("cannot open the keepalive stream: {e}"))?;
+                self.channel.insert(opened)
+            }
+        };
+        keeper
+            .keep_alive()
+            .await
+            .map_err(|e| format!("cannot send the keepalive: {e}"))?;
+        match stream.message().await {
+            Ok(Some(answer)) => Ok(answer.ttl()),
+            Ok(None) => Err("etcd closed the keepalive stream".into()),
+            Err(e) => Err(format!("keepalive failed: {e}")),
+        }
+    }
+}

@@ -1,0 +1,201 @@
+//! Holding a claimed slot: keepalive every TTL/3, a watch on the slot key,
+//! and the deadline after which the lease may have expired.
+//!
+//! The slot is lost when the keepalive answers TTL 0, when no keepalive has
+//! succeeded for a whole TTL (the lease's validity runs out), or when the
+//! slot key changes under us (deleted by a revoke or by hand, or
+//! overwritten): a stale slot must never mint.
+
+use super::Identity;
+use super::claim::{Claimed, Settings};
+use super::keepalive::Beat;
+use crate::wire::messages::instance_id;
+use etcd_client::{WatchOptions, WatchStream};
+use std::fmt;
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+use tracing::{debug, warn};
+
+/// Why a held slot ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Ended {
+    /// The owner asked to stop.
+    Shutdown,
+    Lost(Loss),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Loss {
+    /// The keepalive answered TTL 0: the lease expired or was revoked.
+    LeaseGone,
+    /// No keepalive succeeded for a whole TTL.
+    Unreachable,
+    /// The slot key was deleted or rewritten while the lease lived.
+    SlotChanged,
+}
+
+impl Loss {
+    /// Whether the lease itself may still be alive (and is worth revoking).
+    pub(super) fn lease_may_live(&self) -> bool {
+        !matches!(self, Loss::LeaseGone)
+    }
+}
+
+impl fmt::Display for Loss {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Loss::LeaseGone => "the keepalive answered TTL 0 (lease expired or revoked)",
+            Loss::Unreachable => "no successful keepalive for a whole TTL (etcd unreachable)",
+            Loss::SlotChanged => "the slot key was deleted or rewritten",
+        })
+    }
+}
+
+/// Keeps the slot until it is lost or `stop` turns true (or its sender
+/// drops), extending `identity` after every successful keepalive.
+pub(super) async fn hold(
+    settings: &Settings,
+    claimed: &mut Claimed,
+    identity: &Identity,
+    stop: &mut watch::Receiver<bool>,
+) -> Ended {
+    let hex = instance_id(claimed.lease_id);
+    let interval = claimed.ttl / 3;
+    let retry = (claimed.ttl / 10).max(Duration::from_millis(100));
+    let mut next_beat = claimed.valid_until - claimed.ttl + interval;
+    let mut slot_watch = match open_watch(settings, claimed, claimed.revision + 1).await {
+        Ok(w) => Some(w),
+        Err(e) => {
+            warn!(lease = %hex, error = %e, "cannot watch the slot key; relying on the keepalive");
+            None
+        }
+    };
+
+    loop {
+        tokio::select! {
+            _ = stopped(stop) => return Ended::Shutdown,
+            _ = tokio::time::sleep_until(claimed.valid_until.into()) => {
+                return Ended::Lost(Loss::Unreachable);
+            }
+            news = next_change(&mut slot_watch) => match news {
+                WatchNews::Changed => return Ended::Lost(Loss::SlotChanged),
+                WatchNews::Broken(e) => {
+                    debug!(lease = %hex, error = %e, "slot watch broke; reopening after the next keepalive");
+                    slot_watch = None;
+                }
+            },
+            _ = tokio::time::sleep_until(next_beat.into()) => {
+                let deadline = (Instant::now() + settings.request_timeout()).min(claimed.valid_until);
+                let beat = tokio::select! {
+                    beat = claimed.keepalive.beat(deadline) => beat,
+                    _ = stopped(stop) => return Ended::Shutdown,
+                };
+                match beat {
+                    Ok(Beat::Alive { valid_until }) => {
+                        claimed.valid_until = valid_until;
+                        identity.extend(valid_until);
+                        if identity.is_fenced() {
+                            // A mint saw the old validity run out just before
+                            // this answer: the slot was given up; claim anew.
+                            return Ended::Lost(Loss::Unreachable);
+                        }
+                        next_beat = Instant::now() + interval;
+                        if slot_watch.is_none() {
+                            match reopen_watch(settings, claimed).await {
+                                Ok(w) => slot_watch = Some(w),
+                                Err(WatchNews::Changed) => return Ended::Lost(Loss::SlotChanged),
+                                Err(WatchNews::Broken(e)) => {
+                                    debug!(lease = %hex, error = %e, "cannot reopen the slot watch yet");
+                                }
+                            }
+                        }
+                    }
+                    Ok(Beat::Gone) => return Ended::Lost(Loss::LeaseGone),
+                    Err(e) => {
+                        warn!(
+                            lease = %hex,
+                            machine_id = claimed.machine_id.get(),
+                            error = %e,
+                            valid_for_ms = claimed.valid_until.saturating_duration_since(Instant::now()).as_millis() as u64,
+                            "keepalive failed; retrying"
+                        );
+                        next_beat = Instant::now() + retry;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Resolves when `stop` turns true or its sender is dropped.
+pub(super) async fn stopped(stop: &mut watch::Receiver<bool>) {
+    // `wait_for` errs only when the sender is gone: that is a stop too.
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+enum WatchNews {
+    Changed,
+    Broken(String),
+}
+
+async fn open_watch(
+    settings: &Settings,
+    claimed: &Claimed,
+    start_revision: i64,
+) -> Result<WatchStream, String> {
+    let key = settings.keys.slot(claimed.machine_id);
+    let options = WatchOptions::new().with_start_revision(start_revision);
+    settings
+        .bounded(
+            "watching the slot key",
+            claimed.client.watch_client().watch(key, Some(options)),
+        )
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// After the watch broke, events may have been missed: check that the slot
+/// key is still the one we created, then watch from the revision read.
+async fn reopen_watch(settings: &Settings, claimed: &Claimed) -> Result<WatchStream, WatchNews> {
+    let key = settings.keys.slot(claimed.machine_id);
+    let answer = settings
+        .bounded(
+            "reading the slot key",
+            claimed.client.kv_client().get(key, None),
+        )
+        .await
+        .map_err(|e| WatchNews::Broken(e.to_string()))?;
+    let ours = answer.kvs().first().is_some_and(|kv| {
+        kv.lease() == claimed.lease_id && kv.create_revision() == claimed.revision
+    });
+    if !ours {
+        return Err(WatchNews::Changed);
+    }
+    let revision = answer.header().map_or(claimed.revision, |h| h.revision());
+    open_watch(settings, claimed, revision + 1)
+        .await
+        .map_err(WatchNews::Broken)
+}
+
+/// The next thing that matters on the slot watch; pending forever without one.
+async fn next_change(slot_watch: &mut Option<WatchStream>) -> WatchNews {
+    let Some(stream) = slot_watch else {
+        return std::future::pending().await;
+    };
+    loop {
+        match stream.message().await {
+            Ok(Some(answer)) if !answer.events().is_empty() => return WatchNews::Changed,
+            Ok(Some(answer)) if answer.canceled() => {
+                return WatchNews::Broken(format!(
+                    "etcd canceled the watch (compact revision {}): {}",
+                    answer.compact_revision(),
+                    answer.cancel_reason()
+                ));
+            }
+            // The "created" notice and progress notices carry no events.
+            Ok(Some(_)) => continue,
+            Ok(None) => return WatchNews::Broken("etcd closed the watch stream".into()),
+            Err(e) => return WatchNews::Broken(e.to_string()),
+        }
+    }
+}
