@@ -68,7 +68,7 @@ impl LibWorker {
             let shutdown = async {
                 let _ = stopped.await;
             };
-            durable::serve(client, &config, identity, Metrics::new(), shutdown).await
+            durable::serve(client, &config, identity, Metrics::new(), None, shutdown).await
         });
         LibWorker {
             task: Some(task),

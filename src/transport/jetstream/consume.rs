@@ -10,6 +10,7 @@
 use super::handle::Handler;
 use super::{JetStreamError, setup};
 use crate::config::Config;
+use crate::metrics::Readiness;
 use async_nats::Client;
 use async_nats::jetstream::{self, consumer::PullConsumer, context::ConsumerInfoErrorKind};
 use futures::StreamExt;
@@ -39,6 +40,8 @@ pub struct Puller {
     pub config: Config,
     pub max_in_flight: usize,
     pub batch: usize,
+    /// Marked consuming while pulls are sent, for `/readyz`.
+    pub readiness: Option<Readiness>,
 }
 
 impl Puller {
@@ -99,6 +102,12 @@ impl Puller {
         }
     }
 
+    fn set_consuming(&self, consuming: bool) {
+        if let Some(readiness) = &self.readiness {
+            readiness.set_consuming(consuming);
+        }
+    }
+
     fn connects(&self) -> u64 {
         self.client.statistics().connects.load(Ordering::Acquire)
     }
@@ -119,6 +128,7 @@ impl Puller {
         let mut stopping = false;
         let mut last_sweep = Instant::now();
         tokio::pin!(shutdown);
+        self.set_consuming(true);
         while !stopping {
             while tasks.try_join_next().is_some() {}
             let current = match consumer.take() {
@@ -202,6 +212,7 @@ impl Puller {
                     }
                     () = &mut shutdown, if !stopping => {
                         info!("shutdown: no new pulls; finishing the pull under way");
+                        self.set_consuming(false);
                         stopping = true;
                     }
                 }
@@ -217,6 +228,7 @@ impl Puller {
                 pause(&mut shutdown, &mut stopping).await;
             }
         }
+        self.set_consuming(false);
         drain(tasks, drain_timeout).await;
     }
 }

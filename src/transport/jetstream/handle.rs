@@ -1,34 +1,28 @@
 //! One delivered message: decode → decide → publish → settle.
 //!
 //! The message is acked only after its output is known to have reached the
-//! server: for decode jobs into the GEN stream, the stream's publish ack (the
-//! job is stored; `Nats-Msg-Id` makes a redelivered duplicate a no-op); for
-//! replies and dead letters, a confirmed core publish (see [`publish_confirmed`]).
-//! While waiting, in-progress acks keep the delivery from timing out.
+//! server ([`Publisher`]); while waiting, in-progress acks keep the delivery
+//! from timing out. Which settlement follows is [`settle`]'s rule.
 
+use super::publish::{PublishError, Publisher};
 use super::settle::{self, Plan, Redelivery, Settle};
-use crate::decision::{self, Decision, Input, Outcome, Rules};
+use crate::decision::{self, DeadLetterCode, Decision, Input, Outcome, Rules};
 use crate::identity::Identity;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, NakReason};
 use crate::wire::Encoding;
-use async_nats::jetstream::{
-    self, AckKind,
-    message::{Acker, PublishMessage},
-};
-use async_nats::{Client, HeaderMap, RequestErrorKind};
+use async_nats::jetstream::{self, AckKind, message::Acker};
+use async_nats::{HeaderMap, Message};
 use bytes::Bytes;
 use std::future::Future;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 /// Input headers copied to every output (contract 3).
 const TRACE_HEADERS: [&str; 2] = ["traceparent", "tracestate"];
 
 /// Everything a delivery needs, shared by all in-flight messages.
 pub struct Handler {
-    pub client: Client,
-    pub js: jetstream::Context,
+    pub publisher: Publisher,
     pub rules: Rules,
     pub identity: Identity,
     pub metrics: Metrics,
@@ -48,162 +42,172 @@ pub enum Handled {
     Retry { delay: Duration },
     /// Publishing failed; redelivery asked for.
     PublishFailed { delay: Duration },
-}
-
-/// Why an output could not be confirmed.
-#[derive(Debug, thiserror::Error)]
-pub enum PublishError {
-    #[error("publish failed: {0}")]
-    Send(String),
-    #[error("the GEN stream did not store the decode job: {0}")]
-    NotStored(String),
-    #[error("the server did not confirm receipt: {0}")]
-    Unconfirmed(String),
-    #[error("the NATS connection was re-established while publishing; the output may be lost")]
-    Reconnected,
+    /// Neither the output nor a dead letter could ever be published:
+    /// terminated, logged as an error.
+    Unpublishable,
 }
 
 impl Handler {
     /// Handles one delivery to the end. Never panics on the message's content.
     pub async fn handle(&self, message: jetstream::Message, received_at: Instant) -> Handled {
+        let _in_flight = self.metrics.in_flight();
         // The delivery count is in the ack subject; a message without one
         // cannot come from a consumer, but counts as a first delivery.
         let delivered = message.info().map(|i| i.delivered).unwrap_or(1);
+        if delivered > 1 {
+            self.metrics.redelivered();
+        }
         let (message, acker) = message.split();
-        let in_headers = message.headers.as_ref();
-        let content_type = in_headers
-            .and_then(|h| h.get("Content-Type"))
-            .map(|v| v.as_str());
         let input = Input {
             payload: &message.payload,
-            encoding: Encoding::from_content_type(content_type),
+            encoding: Encoding::from_content_type(header(&message, "content-type")),
             subject: message.subject.as_str(),
             nats_reply: None,
         };
         let mut decision = decision::decide(input, &self.rules, &mut self.identity.clone());
+        let request_id = decision.request_id.clone().unwrap_or_default();
 
         let settle = match settle::plan(&decision.outcome, delivered, &self.redelivery) {
             Plan::Retry(delay) => {
                 debug!(
-                    request_id = decision.request_id.as_deref().unwrap_or(""),
+                    request_id,
                     delivered,
                     delay_ms = delay.as_millis() as u64,
                     "no machine-ID slot to mint with; asking for redelivery"
                 );
+                self.metrics.nacked(NakReason::IdentityUnavailable);
                 nak(&acker, delay).await;
                 return Handled::Retry { delay };
             }
             Plan::Publish(settle) => settle,
         };
 
-        let headers = output_headers(&decision, in_headers);
+        let headers = output_headers(&decision.headers, message.headers.as_ref());
         let payload = Bytes::from(std::mem::take(&mut decision.payload));
         let stored = self.gen_is_stream && matches!(decision.outcome, Outcome::Decode { .. });
         let publish = async {
             if stored {
-                self.publish_stored(&decision.subject, headers, payload)
+                self.publisher
+                    .stored(&decision.subject, headers, payload)
                     .await
             } else {
-                self.publish_confirmed(&decision.subject, headers, payload)
+                self.publisher
+                    .core(&decision.subject, headers, payload)
                     .await
             }
         };
-        if let Err(e) = with_progress(publish, &acker, self.ack_wait / 2).await {
-            let delay = self.redelivery.delay(delivered);
-            warn!(
-                request_id = decision.request_id.as_deref().unwrap_or(""),
-                subject = %decision.subject,
-                delivered,
-                last_delivery = self.redelivery.is_last(delivered),
-                error = %e,
-                "output not confirmed; asking for redelivery"
-            );
-            nak(&acker, delay).await;
-            return Handled::PublishFailed { delay };
-        }
+        let (outcome, settle) = match with_progress(publish, &acker, self.ack_wait / 2).await {
+            Ok(()) => (decision.outcome.clone(), settle),
+            Err(PublishError::Permanent { code, why }) => {
+                match self
+                    .dead_letter_instead(&message, &acker, &decision, code, &why)
+                    .await
+                {
+                    Ok(code) => (Outcome::DeadLetter { code }, Settle::Term),
+                    Err(e) => return self.failed(&acker, &request_id, delivered, e).await,
+                }
+            }
+            Err(e) => return self.failed(&acker, &request_id, delivered, e).await,
+        };
 
-        self.metrics.record(
-            &decision.outcome,
-            decision.trailing_frames,
-            received_at.elapsed(),
-        );
-        log_outcome(&decision, message.subject.as_str(), delivered);
+        self.metrics
+            .record(&outcome, decision.trailing_frames, received_at.elapsed());
+        log_outcome(&outcome, &decision, message.subject.as_str(), delivered);
         let kind = match settle {
             Settle::Ack => AckKind::Ack,
             Settle::Term => AckKind::Term,
         };
         if let Err(e) = acker.double_ack_with(kind).await {
             // The output is out; the message may come again and its output
-            // repeat (GEN drops the duplicate decode job).
+            // repeat (the GEN stream drops a repeated decode job).
             warn!(
-                request_id = decision.request_id.as_deref().unwrap_or(""),
+                request_id,
                 error = %e,
                 "the server did not confirm the ack; the message may be redelivered"
             );
         }
-        Handled::Done {
-            outcome: decision.outcome,
-            settle,
-        }
+        Handled::Done { outcome, settle }
     }
 
-    /// Publishes into the GEN stream and waits for the stream's ack.
-    async fn publish_stored(
+    /// The output can never be published (too large for the server): the
+    /// input goes to the dead-letter subject instead, as it came.
+    async fn dead_letter_instead(
         &self,
-        subject: &str,
-        headers: HeaderMap,
-        payload: Bytes,
-    ) -> Result<(), PublishError> {
-        let ack = self
-            .js
-            .send_publish(
-                subject.to_string(),
-                PublishMessage::build().payload(payload).headers(headers),
-            )
-            .await
-            .map_err(|e| PublishError::Send(e.to_string()))?;
-        let ack = ack
-            .await
-            .map_err(|e| PublishError::NotStored(e.to_string()))?;
-        if ack.duplicate {
-            debug!(
-                subject,
-                sequence = ack.sequence,
-                "GEN stream dropped a duplicate decode job"
+        message: &Message,
+        acker: &Acker,
+        decision: &Decision,
+        code: DeadLetterCode,
+        why: &str,
+    ) -> Result<DeadLetterCode, PublishError> {
+        warn!(
+            kind = decision.outcome.kind(),
+            request_id = decision.request_id.as_deref().unwrap_or(""),
+            error = why,
+            "the output cannot be published; dead-lettering the input instead"
+        );
+        let set = [
+            ("Handoff-Error-Code", code.as_str().to_string()),
+            (
+                "Handoff-Error",
+                format!(
+                    "the {} output for this result could not be published: {why}",
+                    decision.outcome.kind()
+                ),
+            ),
+            ("Handoff-Source-Subject", message.subject.to_string()),
+        ];
+        let headers = output_headers(&set, message.headers.as_ref());
+        let publish = self.publisher.core(
+            &self.rules.dead_letter_subject,
+            headers,
+            message.payload.clone(),
+        );
+        with_progress(publish, acker, self.ack_wait / 2).await?;
+        Ok(code)
+    }
+
+    async fn failed(
+        &self,
+        acker: &Acker,
+        request_id: &str,
+        delivered: i64,
+        e: PublishError,
+    ) -> Handled {
+        self.metrics.publish_failed();
+        if e.is_permanent() {
+            error!(
+                request_id,
+                error = %e,
+                "neither the output nor a dead letter can be published; terminating the message"
             );
+            if let Err(e) = acker.ack_with(AckKind::Term).await {
+                debug!(error = %e, "term not sent");
+            }
+            return Handled::Unpublishable;
         }
-        Ok(())
+        let delay = self.redelivery.delay(delivered);
+        warn!(
+            request_id,
+            delivered,
+            last_delivery = self.redelivery.is_last(delivered),
+            error = %e,
+            "output not confirmed; asking for redelivery"
+        );
+        self.metrics.nacked(NakReason::PublishFailed);
+        nak(acker, delay).await;
+        Handled::PublishFailed { delay }
     }
+}
 
-    /// Publishes a core message and confirms the server received it.
-    ///
-    /// Core NATS has no publish ack. What it does have: a request to a
-    /// subject nobody listens on is answered by the server itself ("no
-    /// responders") after it has processed everything this connection sent
-    /// before it — the same guarantee as a PING/PONG flush. If the connection
-    /// was not re-established meanwhile, the publish reached the server.
-    async fn publish_confirmed(
-        &self,
-        subject: &str,
-        headers: HeaderMap,
-        payload: Bytes,
-    ) -> Result<(), PublishError> {
-        let connects = self.client.statistics().connects.load(Ordering::Acquire);
-        self.client
-            .publish_with_headers(subject.to_string(), headers, payload)
-            .await
-            .map_err(|e| PublishError::Send(e.to_string()))?;
-        let probe = self.client.new_inbox();
-        match self.client.request(probe, Bytes::new()).await {
-            Ok(_) => {}
-            Err(e) if e.kind() == RequestErrorKind::NoResponders => {}
-            Err(e) => return Err(PublishError::Unconfirmed(e.to_string())),
-        }
-        if self.client.statistics().connects.load(Ordering::Acquire) != connects {
-            return Err(PublishError::Reconnected);
-        }
-        Ok(())
-    }
+/// A header's first value, the name matched without regard to case.
+fn header<'a>(message: &'a Message, name: &str) -> Option<&'a str> {
+    message
+        .headers
+        .as_ref()?
+        .iter()
+        .find(|(n, _)| AsRef::<str>::as_ref(n).eq_ignore_ascii_case(name))
+        .and_then(|(_, values)| values.first())
+        .map(|v| v.as_str())
 }
 
 /// Asks for redelivery after `delay`. If the nak is lost, the ack wait
@@ -231,36 +235,41 @@ async fn with_progress<F: Future>(work: F, acker: &Acker, every: Duration) -> F:
     }
 }
 
-/// The decision's headers plus the input's trace headers.
-pub fn output_headers(decision: &Decision, input: Option<&HeaderMap>) -> HeaderMap {
+/// The given headers plus the input's trace headers (names matched without
+/// regard to case).
+pub fn output_headers(set: &[(&'static str, String)], input: Option<&HeaderMap>) -> HeaderMap {
     let mut headers = HeaderMap::new();
-    for (name, value) in &decision.headers {
+    for (name, value) in set {
         headers.insert(*name, value.as_str());
     }
-    if let Some(input) = input {
-        for name in TRACE_HEADERS {
-            if let Some(value) = input.get(name) {
-                headers.insert(name, value.as_str());
-            }
+    let Some(input) = input else {
+        return headers;
+    };
+    for (name, values) in input.iter() {
+        let name: &str = name.as_ref();
+        if let Some(trace) = TRACE_HEADERS.iter().find(|t| name.eq_ignore_ascii_case(t))
+            && let Some(value) = values.first()
+        {
+            headers.insert(*trace, value.as_str());
         }
     }
     headers
 }
 
-fn log_outcome(decision: &Decision, source: &str, delivered: i64) {
+fn log_outcome(outcome: &Outcome, decision: &Decision, source: &str, delivered: i64) {
     let request_id = decision.request_id.as_deref().unwrap_or("");
     let detail = decision.detail.as_deref().unwrap_or("");
-    match &decision.outcome {
+    match outcome {
         Outcome::DeadLetter { code } => warn!(
             code = code.as_str(),
             source, delivered, detail, "dead-lettered and terminated"
         ),
         Outcome::Error { code } => info!(
             code = code.as_str(),
-            request_id, delivered, detail, "error response sent"
+            request_id, delivered, detail, "error response published"
         ),
         Outcome::Decode { .. } | Outcome::Terminal { .. } => debug!(
-            outcome = decision.outcome.kind(),
+            outcome = outcome.kind(),
             request_id,
             delivered,
             trailing_frames = decision.trailing_frames,

@@ -10,19 +10,22 @@
 //! - [`setup`]: the streams and the consumer, created or checked idempotently.
 //! - [`consume`]: the pull loop, bounded by free processing slots; survives
 //!   server restarts.
-//! - [`handle`]: one message: decide, publish with confirmation, settle.
+//! - [`handle`]: one message: decide, publish, settle.
+//! - [`publish`]: outputs known to have reached the server (stream ack, or
+//!   a confirmed core publish).
 //! - [`settle`]: the pure rules for ack, term, and nak with backoff.
 //! - [`sweep`]: removes acked messages a restarted old server kept.
 
 pub mod consume;
 pub mod handle;
+pub mod publish;
 pub mod settle;
 pub mod setup;
 pub mod sweep;
 
 use crate::config::{Config, ConfigError};
 use crate::identity::Identity;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, Readiness};
 use async_nats::Client;
 use std::future::Future;
 use std::sync::Arc;
@@ -46,7 +49,8 @@ pub enum JetStreamError {
 
 /// Runs the durable mode until `shutdown` completes: opens (with
 /// `jetstream.create`: creates) the consumer, pulls, handles, and on shutdown
-/// finishes in-flight messages within `shutdown_timeout_secs`.
+/// finishes in-flight messages within `shutdown_timeout_secs`. `readiness`,
+/// when given, is marked consuming while messages are pulled.
 ///
 /// Fails at start when the consumer cannot be opened; later failures (server
 /// restarts, a deleted consumer) are retried until shutdown.
@@ -55,6 +59,7 @@ pub async fn serve(
     config: &Config,
     identity: Identity,
     metrics: Metrics,
+    readiness: Option<Readiness>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), JetStreamError> {
     let rules = config.rules()?;
@@ -66,6 +71,7 @@ pub async fn serve(
         config: config.clone(),
         max_in_flight: config.max_in_flight,
         batch: js_config.batch,
+        readiness,
     };
     let mut consumer = puller.open().await?;
     // The server's ack wait rules the in-progress acks, whatever the config says.
@@ -76,8 +82,10 @@ pub async fn serve(
             info.config.ack_wait
         });
     let handler = Arc::new(handle::Handler {
-        client: client.clone(),
-        js,
+        publisher: publish::Publisher {
+            client: client.clone(),
+            js,
+        },
         rules,
         identity,
         metrics,
