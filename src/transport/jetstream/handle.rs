@@ -277,3 +277,33 @@ fn log_outcome(outcome: &Outcome, decision: &Decision, source: &str, delivered: 
         ),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_headers_add_trace_headers_whatever_their_case() {
+        let mut input = HeaderMap::new();
+        input.insert("TraceParent", "00-abc-01");
+        input.insert("tracestate", "k=v");
+        input.insert("Content-Type", "application/json");
+        input.insert("Nats-Msg-Id", "from-the-producer");
+        let set = [("Nats-Msg-Id", "handoff-r1".to_string())];
+        let out = output_headers(&set, Some(&input));
+        let mut got: Vec<(String, String)> = out
+            .iter()
+            .map(|(n, v)| (n.to_string(), v[0].as_str().to_string()))
+            .collect();
+        got.sort();
+        assert_eq!(
+            got,
+            vec![
+                ("Nats-Msg-Id".into(), "handoff-r1".into()),
+                ("traceparent".into(), "00-abc-01".into()),
+                ("tracestate".into(), "k=v".into()),
+            ]
+        );
+        assert_eq!(output_headers(&set, None).iter().count(), 1);
+    }
+}
