@@ -62,7 +62,10 @@ pub async fn serve(
     readiness: Option<Readiness>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), JetStreamError> {
-    let rules = config.rules()?;
+    // The NATS reply subject of a JetStream message is its ack subject: the
+    // reply subject comes from `reply_to` only, whatever `mode` says.
+    let mut rules = config.rules()?;
+    rules.use_nats_reply = false;
     let js_config = &config.jetstream;
     let js = async_nats::jetstream::new(client.clone());
     let puller = consume::Puller {
