@@ -1,1 +1,159 @@
-fn main() {}
+//! Micro-benchmarks of the pure core: decisions per second for a typical
+//! TensorRT-LLM handoff result, and request IDs per second per slot.
+//!
+//! `cargo bench --bench core` (add `-- --quick` for a short run).
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use prefill_handoff::clock;
+use prefill_handoff::config::Config;
+use prefill_handoff::decision::{Input, Rules, decide};
+use prefill_handoff::identity::Identity;
+use prefill_handoff::ids::{DEFAULT_EPOCH_UNIX_MS, IdGenerator, IdLayout, MachineId};
+use prefill_handoff::wire::{self, Encoding, map};
+use rmpv::Value;
+use serde_json::json;
+use std::hint::black_box;
+
+/// A prefill result as TensorRT-LLM's context phase returns it through
+/// Dynamo: a few tokens, a 256-byte opaque_state, and the original request.
+fn typical_result(finish_reason: Value, disagg_request_id: Option<u64>) -> Value {
+    let mut params = vec![
+        (Value::from("ctx_request_id"), Value::from(1_234_567_u64)),
+        (Value::from("request_type"), Value::from("context_only")),
+        (
+            Value::from("opaque_state"),
+            Value::Binary((0..=255u8).collect()),
+        ),
+        (
+            Value::from("first_gen_tokens"),
+            Value::Array(vec![Value::from(791)]),
+        ),
+        (Value::from("draft_tokens"), Value::Nil),
+    ];
+    if let Some(id) = disagg_request_id {
+        params.push((Value::from("disagg_request_id"), Value::from(id)));
+    }
+    let frame = Value::Map(vec![
+        (
+            Value::from("token_ids"),
+            Value::Array(vec![Value::from(791)]),
+        ),
+        (Value::from("text"), Value::from("The")),
+        (Value::from("finish_reason"), finish_reason),
+        (Value::from("disaggregated_params"), Value::Map(params)),
+        (
+            Value::from("completion_usage"),
+            rmpv::ext::to_value(
+                json!({"prompt_tokens": 412, "completion_tokens": 1, "total_tokens": 413}),
+            )
+            .expect("usage"),
+        ),
+    ]);
+    let request = rmpv::ext::to_value(json!({
+        "model": "meta-llama/Llama-3.1-70B-Instruct",
+        "token_ids": (0..64).collect::<Vec<u32>>(),
+        "stop_conditions": {"max_tokens": 512, "stop": ["</s>"]},
+        "sampling_options": {"temperature": 0.7, "top_p": 0.95, "seed": 42},
+        "eos_token_ids": [128001, 128009],
+    }))
+    .expect("request");
+    let mut top = vec![
+        (
+            Value::from("request_id"),
+            Value::from("chatcmpl-6f1c2d9e-8a44-4c1e-9b57-3f0a2e5d7c11"),
+        ),
+        (
+            Value::from("reply_to"),
+            Value::from("_INBOX.Jq8zYk2Lr4Pw7Xs1Vb3Nc5.1"),
+        ),
+        (Value::from("frames"), Value::Array(vec![frame])),
+    ];
+    map::set(&mut top, "request", request);
+    Value::Map(top)
+}
+
+fn rules() -> Rules {
+    Config::default()
+        .resolve()
+        .and_then(|c| c.rules())
+        .expect("default rules")
+}
+
+fn decisions(c: &mut Criterion) {
+    let rules = rules();
+    let slot = MachineId::new(17).expect("slot");
+    let cases = [
+        (
+            "trtllm_decode_minted_msgpack",
+            typical_result(Value::from("length"), None),
+            Encoding::MsgPack,
+        ),
+        (
+            "trtllm_decode_kept_msgpack",
+            typical_result(Value::from("length"), Some(987_654_321)),
+            Encoding::MsgPack,
+        ),
+        (
+            "trtllm_terminal_eos_msgpack",
+            typical_result(Value::from("eos"), None),
+            Encoding::MsgPack,
+        ),
+        (
+            "trtllm_decode_minted_json",
+            // JSON has no binary: opaque_state becomes an array of numbers.
+            typical_result(Value::from("length"), None),
+            Encoding::Json,
+        ),
+    ];
+    let mut group = c.benchmark_group("decide");
+    for (name, value, encoding) in cases {
+        let payload = wire::encode(&value, encoding);
+        let mut identity = Identity::fixed(IdLayout::Rc22, DEFAULT_EPOCH_UNIX_MS, slot);
+        group.throughput(Throughput::Elements(1));
+        group.bench_function(format!("{name}_{}B", payload.len()), |b| {
+            b.iter(|| {
+                let input = Input {
+                    payload: black_box(&payload),
+                    encoding,
+                    subject: "llm.prefill.results",
+                    nats_reply: None,
+                };
+                black_box(decide(input, &rules, &mut identity))
+            })
+        });
+    }
+    group.finish();
+}
+
+fn ids(c: &mut Criterion) {
+    let slot = MachineId::new(1020).expect("slot");
+    let mut group = c.benchmark_group("ids_per_slot");
+    group.throughput(Throughput::Elements(1));
+    for layout in [IdLayout::Rc21, IdLayout::Rc22] {
+        // The generator on the wall clock, waiting when a millisecond's
+        // counter is used up: the real ceiling per slot.
+        let mut generator = IdGenerator::new(layout, slot);
+        group.bench_function(format!("generator_{layout}"), |b| {
+            b.iter(|| {
+                black_box(generator.next_with(|| clock::since_epoch_ms(DEFAULT_EPOCH_UNIX_MS)))
+            })
+        });
+        // The worker's path: the identity's lock, lease check and clock.
+        let identity = Identity::fixed(layout, DEFAULT_EPOCH_UNIX_MS, slot);
+        group.bench_function(format!("identity_{layout}"), |b| {
+            b.iter(|| black_box(identity.mint_many(1).expect("a fixed identity mints")))
+        });
+        // The layout arithmetic alone.
+        let mut counter = 0u16;
+        group.bench_function(format!("encode_{layout}"), |b| {
+            b.iter(|| {
+                counter = (counter + 1) & layout.max_counter();
+                black_box(layout.encode(black_box(60_000_000_000), slot, counter))
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, decisions, ids);
+criterion_main!(benches);

@@ -1,9 +1,151 @@
-//! `prefill-handoff explain`.
+//! `prefill-handoff explain`: the decision plus printing. No network.
+//!
+//! Reads one prefill result and prints what `run` would publish for it:
+//! `{"outcome", "subject", "headers", "message", ...}`, where `message` is
+//! the published body rendered as JSON (for a dead letter: the original
+//! bytes, as JSON when they parse, else as a string).
+
+use super::UsageError;
+use crate::config::{Config, Mode};
+use crate::decision::{self, Decision, Input, Outcome};
+use crate::identity::Identity;
+use crate::ids::{IdLayout, MachineId};
+use crate::wire::{self, Encoding};
+use anyhow::Context;
+use serde_json::{Map, Value as Json, json};
+use std::io::Read;
+use std::path::PathBuf;
 
 #[derive(Debug, clap::Args)]
-pub struct ExplainArgs {}
+pub struct ExplainArgs {
+    /// File holding one prefill result; standard input when absent or `-`.
+    pub file: Option<PathBuf>,
+    /// The input is MessagePack (default: JSON).
+    #[arg(long)]
+    pub msgpack: bool,
+    /// Machine ID to mint `disagg_request_id` with, in [0, 1021).
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    pub machine_id: i64,
+    /// ID layout: `rc21` or `rc22` (default: the configuration's, `rc22`).
+    #[arg(long, alias = "layout", value_name = "rc21|rc22")]
+    pub id_layout: Option<String>,
+    /// Namespace `{ns}` for the subject names (default `llm`).
+    #[arg(long)]
+    pub namespace: Option<String>,
+    /// Delivery mode whose rules apply: `core` (default) or `jetstream`.
+    #[arg(long, value_name = "core|jetstream")]
+    pub mode: Option<String>,
+    /// The NATS message's own reply subject, as core mode would see it.
+    #[arg(long, value_name = "SUBJECT")]
+    pub nats_reply: Option<String>,
+}
 
 pub fn run(args: ExplainArgs) -> anyhow::Result<()> {
-    let _ = args;
-    anyhow::bail!("`explain` is not built yet")
+    let mut config = Config::default();
+    if let Some(ns) = &args.namespace {
+        config.namespace = ns.clone();
+    }
+    if let Some(layout) = &args.id_layout {
+        config.id_layout = layout
+            .parse::<IdLayout>()
+            .map_err(|e| UsageError(format!("--id-layout: {e}")))?;
+    }
+    config.mode = match args.mode.as_deref() {
+        None | Some("core") => Mode::Core,
+        Some("jetstream") => Mode::Jetstream,
+        Some(other) => {
+            return Err(UsageError(format!(
+                "--mode: unknown mode {other:?}; expected \"core\" or \"jetstream\""
+            ))
+            .into());
+        }
+    };
+    let machine_id = MachineId::new(i128::from(args.machine_id))
+        .map_err(|e| UsageError(format!("--machine-id: {e}")))?;
+    let config = config.resolve()?;
+    let rules = config.rules()?;
+    let mut identity = Identity::fixed(config.id_layout, config.epoch_unix_ms()?, machine_id);
+
+    let payload = read_input(args.file.as_ref(), rules.max_payload_bytes)?;
+    let encoding = if args.msgpack {
+        Encoding::MsgPack
+    } else {
+        Encoding::Json
+    };
+    let source = config
+        .prefill_subjects()
+        .into_iter()
+        .next()
+        .unwrap_or_default();
+    let input = Input {
+        payload: &payload,
+        encoding,
+        subject: &source,
+        nats_reply: args.nats_reply.as_deref(),
+    };
+    let d = decision::decide(input, &rules, &mut identity);
+    let report = render(&d, &payload, encoding);
+    let text = serde_json::to_string_pretty(&report).context("rendering the outcome")?;
+    println!("{text}");
+    Ok(())
+}
+
+/// Reads at most `max + 1` bytes: enough to tell that an input is too large
+/// without holding all of it.
+fn read_input(file: Option<&PathBuf>, max: usize) -> anyhow::Result<Vec<u8>> {
+    let limit = u64::try_from(max).unwrap_or(u64::MAX).saturating_add(1);
+    let mut payload = Vec::new();
+    match file.filter(|f| f.as_os_str() != "-") {
+        Some(path) => std::fs::File::open(path)
+            .and_then(|f| f.take(limit).read_to_end(&mut payload))
+            .with_context(|| format!("reading {}", path.display()))?,
+        None => std::io::stdin()
+            .lock()
+            .take(limit)
+            .read_to_end(&mut payload)
+            .context("reading standard input")?,
+    };
+    Ok(payload)
+}
+
+/// The printed outcome: what `run` would publish, where, with which headers.
+pub fn render(d: &Decision, input: &[u8], encoding: Encoding) -> Json {
+    let mut out = Map::new();
+    out.insert("outcome".into(), json!(d.outcome.kind()));
+    out.insert("subject".into(), json!(d.subject));
+    match &d.outcome {
+        Outcome::Decode { backend, minted } => {
+            out.insert("backend".into(), json!(backend.as_str()));
+            out.insert("minted".into(), json!(minted));
+        }
+        Outcome::Terminal { finish_reason } => {
+            out.insert("finish_reason".into(), json!(finish_reason.as_str()));
+        }
+        Outcome::Error { code } => {
+            out.insert("code".into(), json!(code.as_str()));
+        }
+        Outcome::DeadLetter { code } => {
+            out.insert("code".into(), json!(code.as_str()));
+        }
+    }
+    if let Some(detail) = &d.detail {
+        out.insert("detail".into(), json!(detail));
+    }
+    let headers: Map<String, Json> = d
+        .headers
+        .iter()
+        .map(|(name, value)| ((*name).to_string(), json!(value)))
+        .collect();
+    out.insert("headers".into(), Json::Object(headers));
+    let published = if matches!(d.outcome, Outcome::DeadLetter { .. }) {
+        input
+    } else {
+        &d.payload
+    };
+    let message = match wire::decode(published, encoding) {
+        Ok(value) => wire::to_json(&value),
+        Err(_) => json!(String::from_utf8_lossy(published)),
+    };
+    out.insert("message".into(), message);
+    Json::Object(out)
 }

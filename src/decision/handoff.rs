@@ -6,6 +6,7 @@
 
 use super::{ErrorCode, IdSource};
 use crate::decision::codes::Backend;
+use crate::ids::MachineId;
 use crate::wire::map;
 use rmpv::Value;
 
@@ -27,6 +28,8 @@ pub struct Handoff {
     pub disagg_request_id: Option<u64>,
     /// Whether `disagg_request_id` was minted by this worker.
     pub minted: bool,
+    /// When minted: the slot it was minted from.
+    pub minted_by: Option<MachineId>,
 }
 
 pub type Refused = (ErrorCode, String);
@@ -50,10 +53,7 @@ pub fn backend_of(params: &[(Value, Value)]) -> Backend {
 }
 
 /// Validates (and for TensorRT-LLM, completes) a handoff.
-pub fn validate(
-    mut params: Vec<(Value, Value)>,
-    ids: &mut dyn IdSource,
-) -> Result<Handoff, Refused> {
+pub fn validate(params: Vec<(Value, Value)>, ids: &mut dyn IdSource) -> Result<Handoff, Refused> {
     if let Some(key) = map::duplicate_key(&params) {
         return Err((
             ErrorCode::Malformed,
@@ -69,12 +69,12 @@ pub fn validate(
         Backend::Vllm => vllm(&params)?,
         Backend::Opaque => {}
     }
-    params.shrink_to_fit();
     Ok(Handoff {
         backend,
         params,
         disagg_request_id: None,
         minted: false,
+        minted_by: None,
     })
 }
 
@@ -118,9 +118,9 @@ fn trtllm(mut params: Vec<(Value, Value)>, ids: &mut dyn IdSource) -> Result<Han
             ),
         ));
     }
-    let (id, minted) = match map::get_non_nil(&params, "disagg_request_id") {
+    let (id, minted, minted_by) = match map::get_non_nil(&params, "disagg_request_id") {
         Some(v) => match int_in(v, 1, MAX_I63 - 1) {
-            Some(id) => (id, false),
+            Some(id) => (id, false, None),
             None => {
                 return Err((
                     ErrorCode::InvalidDisaggRequestId,
@@ -131,8 +131,8 @@ fn trtllm(mut params: Vec<(Value, Value)>, ids: &mut dyn IdSource) -> Result<Han
                 ));
             }
         },
-        None => match ids.mint() {
-            Ok(id) => (id, true),
+        None => match ids.mint_in_slot() {
+            Ok((id, slot)) => (id, true, slot),
             Err(why) => {
                 return Err((
                     ErrorCode::IdentityUnavailable,
@@ -150,6 +150,7 @@ fn trtllm(mut params: Vec<(Value, Value)>, ids: &mut dyn IdSource) -> Result<Han
         params,
         disagg_request_id: Some(id),
         minted,
+        minted_by,
     })
 }
 

@@ -46,6 +46,8 @@ pub enum LayoutError {
         layout: IdLayout,
         offset: u64,
     },
+    #[error("ID {id} is not below 2^63 - 1; no layout mints IDs that large")]
+    AboveMax { id: u64 },
     #[error(
         "ID {id} decodes to machine ID {machine_id}, outside [0, 1021); it was not minted with the {layout} layout"
     )]
@@ -85,7 +87,8 @@ impl IdLayout {
         }
     }
 
-    fn offset(self) -> u64 {
+    /// What is added to the raw value: 2^42 (rc21) or 2^40 (rc22).
+    pub fn offset(self) -> u64 {
         match self {
             IdLayout::Rc21 => 1 << 42,
             IdLayout::Rc22 => 1 << 40,
@@ -121,6 +124,9 @@ impl IdLayout {
 
     /// Reverses [`IdLayout::encode`]: subtracts the offset and splits the fields.
     pub fn decode(self, id: u64) -> Result<DecodedId, LayoutError> {
+        if id >= MAX {
+            return Err(LayoutError::AboveMax { id });
+        }
         let offset = self.offset();
         let raw = id.checked_sub(offset).ok_or(LayoutError::BelowOffset {
             id,

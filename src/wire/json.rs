@@ -15,7 +15,7 @@ pub(super) fn to_vec(value: &Value) -> Vec<u8> {
     }
 }
 
-fn to_json(value: &Value) -> Json {
+pub(super) fn to_json(value: &Value) -> Json {
     match value {
         Value::Nil => Json::Null,
         Value::Boolean(b) => Json::Bool(*b),

@@ -42,6 +42,12 @@ pub fn set(map: &mut Vec<(Value, Value)>, key: &str, value: Value) {
     }
 }
 
+/// Removes the first entry under a string key and returns its value.
+pub fn take(map: &mut Vec<(Value, Value)>, key: &str) -> Option<Value> {
+    let i = map.iter().position(|(k, _)| k.as_str() == Some(key))?;
+    Some(map.remove(i).1)
+}
+
 /// Removes every entry under a string key.
 pub fn remove(map: &mut Vec<(Value, Value)>, key: &str) {
     map.retain(|(k, _)| k.as_str() != Some(key));

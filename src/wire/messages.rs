@@ -43,11 +43,27 @@ pub struct DecodeJob<'a> {
     pub request: Option<Value>,
     pub instance_id: String,
     pub machine_id: Option<MachineId>,
+    /// The input's other top-level entries, passed on after the job's own
+    /// fields. An entry under one of the job's own keys is dropped: the job's
+    /// fields are what decode workers read.
+    pub extra: Vec<(Value, Value)>,
 }
+
+/// The keys of a decode job; input entries under these names are not passed on.
+pub const DECODE_JOB_KEYS: [&str; 8] = [
+    "request_id",
+    "reply_to",
+    "backend",
+    "disagg_request_id",
+    "handoff",
+    "prefill_output",
+    "request",
+    "worker",
+];
 
 impl DecodeJob<'_> {
     pub fn into_value(self) -> Value {
-        let mut job = Vec::with_capacity(8);
+        let mut job = Vec::with_capacity(8 + self.extra.len());
         let mut put = |k: &str, v: Value| job.push((Value::from(k), v));
         put("request_id", Value::from(self.request_id));
         put("reply_to", Value::from(self.reply_to));
@@ -70,6 +86,10 @@ impl DecodeJob<'_> {
                 ),
             ]),
         );
+        job.extend(self.extra.into_iter().filter(|(k, _)| {
+            k.as_str()
+                .is_none_or(|name| !DECODE_JOB_KEYS.contains(&name))
+        }));
         Value::Map(job)
     }
 }

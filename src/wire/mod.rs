@@ -7,12 +7,15 @@
 
 pub mod map;
 pub mod messages;
+pub mod msgpack;
 
 use rmpv::Value;
 use thiserror::Error;
 
-/// How deep a message may nest before it is refused as malformed. Real prefill
-/// results nest four or five levels; a hostile one must not exhaust the stack.
+/// How many arrays and maps may nest inside each other (the outermost map
+/// counts as one) before a message is refused as malformed. Real prefill
+/// results nest four or five levels, a request with a JSON-schema tool a
+/// dozen or two; a hostile one must not exhaust the stack.
 pub const MAX_DEPTH: usize = 64;
 
 /// The encoding of one message. Outputs use the encoding of the input that
@@ -68,28 +71,50 @@ pub enum WireError {
     TrailingBytes(usize),
     #[error("the body is empty; a prefill result is a map")]
     Empty,
+    #[error("the body nests arrays and maps more than {MAX_DEPTH} levels deep")]
+    TooDeep,
 }
 
 /// Decodes one complete value. Trailing bytes, nesting deeper than
-/// [`MAX_DEPTH`] and truncated input are errors.
+/// [`MAX_DEPTH`] containers, undefined MessagePack markers and truncated input
+/// are errors.
 pub fn decode(bytes: &[u8], encoding: Encoding) -> Result<Value, WireError> {
     if bytes.is_empty() {
         return Err(WireError::Empty);
     }
     match encoding {
-        Encoding::MsgPack => {
-            let mut cursor = bytes;
-            let value = rmpv::decode::read_value_with_max_depth(&mut cursor, MAX_DEPTH)
-                .map_err(|e| WireError::MsgPack(e.to_string()))?;
-            if !cursor.is_empty() {
-                return Err(WireError::TrailingBytes(cursor.len()));
+        Encoding::MsgPack => msgpack::read(bytes),
+        Encoding::Json => {
+            // serde_json refuses nesting beyond 128 levels on its own, which
+            // bounds the recursion of the check below.
+            let value = serde_json::from_slice::<Value>(bytes).map_err(|e| {
+                if e.to_string().starts_with("recursion limit exceeded") {
+                    WireError::TooDeep
+                } else {
+                    WireError::Json(e.to_string())
+                }
+            })?;
+            if depth(&value) > MAX_DEPTH {
+                return Err(WireError::TooDeep);
             }
             Ok(value)
         }
-        Encoding::Json => {
-            // serde_json refuses nesting beyond 128 levels on its own.
-            serde_json::from_slice::<Value>(bytes).map_err(|e| WireError::Json(e.to_string()))
+    }
+}
+
+/// How many arrays and maps nest inside each other at the deepest point: 0
+/// for a scalar, 1 for a flat map.
+pub fn depth(value: &Value) -> usize {
+    match value {
+        Value::Array(items) => 1 + items.iter().map(depth).max().unwrap_or(0),
+        Value::Map(entries) => {
+            1 + entries
+                .iter()
+                .map(|(k, v)| depth(k).max(depth(v)))
+                .max()
+                .unwrap_or(0)
         }
+        _ => 0,
     }
 }
 
@@ -97,15 +122,28 @@ pub fn decode(bytes: &[u8], encoding: Encoding) -> Result<Value, WireError> {
 /// came; JSON output only ever carries values that came from JSON input or
 /// that the worker built itself.
 pub fn encode(value: &Value, encoding: Encoding) -> Vec<u8> {
+    encode_with_capacity(value, encoding, 256)
+}
+
+/// Like [`encode`], with a hint of the encoded size (saves regrowing the
+/// buffer when an output is about as large as its input).
+pub fn encode_with_capacity(value: &Value, encoding: Encoding, capacity: usize) -> Vec<u8> {
     match encoding {
         Encoding::MsgPack => {
-            let mut out = Vec::with_capacity(256);
-            // Writing into a Vec cannot fail.
-            let _ = rmpv::encode::write_value(&mut out, value);
+            let mut out = Vec::with_capacity(capacity);
+            msgpack::write(&mut out, value);
             out
         }
         Encoding::Json => json::to_vec(value),
     }
+}
+
+/// A value as JSON, for printing (`explain`). Values that came from JSON map
+/// one to one; binary becomes an array of byte values, ext becomes
+/// `{"ext_type", "data"}`, non-string keys their display form and invalid
+/// UTF-8 is replaced (U+FFFD).
+pub fn to_json(value: &Value) -> serde_json::Value {
+    json::to_json(value)
 }
 
 mod json;

@@ -1,0 +1,54 @@
+//! Header values the decision sets. NATS header values cannot hold CR or LF
+//! (async-nats panics on them), so nothing taken from the input reaches a
+//! header unescaped.
+
+use crate::wire::Encoding;
+
+/// The `Nats-Msg-Id` of a decode job: `handoff-{request_id}`, with bytes that
+/// cannot stand in a header (control characters, `%`, non-ASCII) percent-encoded
+/// so that distinct request IDs keep distinct message IDs.
+pub fn msg_id(request_id: &str) -> String {
+    let mut out = String::with_capacity(8 + request_id.len());
+    out.push_str("handoff-");
+    for b in request_id.bytes() {
+        if (b' '..0x7f).contains(&b) && b != b'%' {
+            out.push(b as char);
+        } else {
+            const HEX: &[u8; 16] = b"0123456789ABCDEF";
+            out.push('%');
+            out.push(HEX[usize::from(b >> 4)] as char);
+            out.push(HEX[usize::from(b & 0xf)] as char);
+        }
+    }
+    out
+}
+
+/// A header value with control characters replaced by spaces and the length
+/// bounded, so that no input can inject a header line.
+pub(super) fn header_safe(s: &str) -> String {
+    truncate(s, 1024)
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect()
+}
+
+/// `Content-Type: application/json` for JSON outputs, nothing for MessagePack.
+pub(super) fn content_type(encoding: Encoding) -> Vec<(&'static str, String)> {
+    encoding
+        .content_type()
+        .map(|ct| vec![("Content-Type", ct.to_string())])
+        .unwrap_or_default()
+}
+
+/// At most `max` bytes of `s` (cut at a character boundary), with an ellipsis
+/// when something was cut.
+pub(super) fn truncate(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}
