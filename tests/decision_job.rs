@@ -199,9 +199,10 @@ fn nats_msg_id_is_handoff_dash_request_id_and_cannot_inject_a_header() {
     let cases = [
         ("req-1", "handoff-req-1"),
         ("chatcmpl-9f8e7d6c5b4a", "handoff-chatcmpl-9f8e7d6c5b4a"),
-        ("with space", "handoff-with space"),
+        ("with space", "handoff-with%20space"),
+        ("trailing ", "handoff-trailing%20"),
         ("a%b", "handoff-a%25b"),
-        ("a\r\nNats-Msg-Id: x", "handoff-a%0D%0ANats-Msg-Id: x"),
+        ("a\r\nNats-Msg-Id: x", "handoff-a%0D%0ANats-Msg-Id:%20x"),
         ("é", "handoff-%C3%A9"),
     ];
     for (request_id, msg_id) in cases {

@@ -1,9 +1,205 @@
-//! `prefill-handoff run`.
+//! `prefill-handoff run`: configuration, logging, the etcd identity, the NATS
+//! transport, the metrics server, the ID mint service and the worker loop,
+//! then an orderly shutdown (contract 5): drain, finish, flush, revoke, exit 0.
 
 use super::ConfigArgs;
+use crate::config::{Config, Mode};
+use crate::decision::Rules;
+use crate::id_service::{self, IdService};
+use crate::identity::{Identity, Lease, LeaseError, Registration};
+use crate::metrics::{self, Metrics, Readiness};
+use crate::transport::{self, Inbound, Outbound, core::CoreInbound};
+use crate::worker::{Options, Worker, shutdown::Signals};
+use anyhow::Context;
+use std::future::Future;
+use std::time::Duration;
+use tokio::sync::oneshot;
 
 pub fn run(args: ConfigArgs) -> anyhow::Result<()> {
     let config = args.load()?;
+    // Checked before anything touches the network: a bad allowlist is a
+    // config error (exit 2), not a runtime one.
+    let rules = config.rules()?;
+    let id_service = IdService::from_config(&config)?;
     super::logging::init(&config.log_format);
-    anyhow::bail!("`run` is not built yet")
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("handoff")
+        .build()
+        .context("cannot start the async runtime")?;
+    let result = runtime.block_on(serve(config, rules, id_service));
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    result
+}
+
+async fn serve(config: Config, rules: Rules, id_service: IdService) -> anyhow::Result<()> {
+    let mut signals = Signals::install().context("cannot install the SIGTERM/SIGINT handlers")?;
+    let metrics = Metrics::new();
+    let registration = Registration {
+        subjects: config.own_subjects(),
+    };
+    // Startup waits on etcd and NATS; a signal meanwhile stops it cleanly.
+    let Some(lease) = until_signal(&mut signals, Lease::start(&config, registration)).await else {
+        return Ok(());
+    };
+    let lease = match lease {
+        Ok(lease) => lease,
+        // A bad lease_ttl_secs or id_epoch is a config error: exit 2.
+        Err(LeaseError::Config(e)) => return Err(e.into()),
+        // etcd unreachable, or all 1021 slots taken: exit 1.
+        Err(e) => {
+            return Err(
+                anyhow::Error::new(e).context("cannot obtain an etcd lease and machine-ID slot")
+            );
+        }
+    };
+    let identity = lease.identity();
+    let state = identity.state();
+    tracing::info!(
+        instance_id = %crate::wire::messages::instance_id(state.lease_id.unwrap_or(0)),
+        machine_id = state.machine_id.map(|m| m.get()),
+        "identity held"
+    );
+    metrics.watch_identity(identity.watch());
+    let readiness = Readiness::new(identity.watch());
+
+    let (stop_http, http_stopped) = oneshot::channel::<()>();
+    let started = start(
+        &config,
+        rules,
+        id_service,
+        identity,
+        &metrics,
+        &readiness,
+        http_stopped,
+    );
+    let started = match until_signal(&mut signals, started).await {
+        Some(Ok(started)) => started,
+        Some(Err(e)) => {
+            lease.shutdown().await;
+            return Err(e);
+        }
+        None => {
+            lease.shutdown().await;
+            return Ok(());
+        }
+    };
+    readiness.set_consuming(true);
+    tracing::info!(
+        mode = ?config.mode,
+        subjects = %config.subjects.prefill_results,
+        queue_group = %config.queue_group,
+        max_in_flight = config.max_in_flight,
+        "consuming prefill results"
+    );
+    let draining = readiness.clone();
+    let shutdown = async move {
+        let name = signals.recv().await;
+        tracing::info!(signal = name, "shutdown requested");
+        draining.set_consuming(false);
+    };
+    let result = match started.inbound {
+        Some(inbound) => {
+            let report = started.worker.run(inbound, shutdown).await;
+            tracing::info!(
+                unfinished = report.unfinished,
+                flushed = report.flushed,
+                "worker loop stopped"
+            );
+            Ok(())
+        }
+        // Durable mode: its own pull loop (transport::jetstream).
+        None => transport::jetstream::serve(
+            started.client,
+            &config,
+            lease.identity(),
+            metrics.clone(),
+            Some(readiness.clone()),
+            shutdown,
+        )
+        .await
+        .map_err(durable_error),
+    };
+    started.id_service.abort();
+    tracing::info!("shutdown: revoking the etcd lease (frees the machine-ID slot)");
+    lease.shutdown().await;
+    let _ = stop_http.send(());
+    tracing::info!("shutdown complete");
+    result
+}
+
+/// A durable-mode start failure: a config error exits 2, anything else 1.
+fn durable_error(e: transport::jetstream::JetStreamError) -> anyhow::Error {
+    match e {
+        transport::jetstream::JetStreamError::Config(e) => e.into(),
+        other => anyhow::Error::new(other).context("cannot consume from JetStream"),
+    }
+}
+
+/// Runs `startup` unless SIGTERM or SIGINT comes first (`None`).
+async fn until_signal<T>(signals: &mut Signals, startup: impl Future<Output = T>) -> Option<T> {
+    tokio::select! {
+        result = startup => Some(result),
+        name = signals.recv() => {
+            tracing::info!(signal = name, "shutdown requested during startup");
+            None
+        }
+    }
+}
+
+/// What runs once the identity is held.
+struct Started {
+    worker: Worker,
+    /// `None` in durable mode, which pulls in `transport::jetstream`.
+    inbound: Option<Inbound>,
+    client: async_nats::Client,
+    id_service: tokio::task::JoinHandle<()>,
+}
+
+async fn start(
+    config: &Config,
+    rules: Rules,
+    id_service: IdService,
+    identity: Identity,
+    metrics: &Metrics,
+    readiness: &Readiness,
+    http_stopped: oneshot::Receiver<()>,
+) -> anyhow::Result<Started> {
+    metrics::serve(
+        &config.metrics_addr,
+        metrics.clone(),
+        readiness.clone(),
+        async move {
+            let _ = http_stopped.await;
+        },
+    )
+    .await?;
+    let client = transport::connect(&config.nats, metrics.clone(), readiness.clone()).await?;
+    let inbound = match config.mode {
+        Mode::Core => Some(Inbound::Core(
+            CoreInbound::subscribe(&client, &config.prefill_subjects(), &config.queue_group)
+                .await?,
+        )),
+        Mode::Jetstream => None,
+    };
+    let id_service = id_service::serve(
+        client.clone(),
+        id_service,
+        identity.clone(),
+        metrics.clone(),
+    )
+    .await?;
+    let worker = Worker::new(
+        rules,
+        identity,
+        metrics.clone(),
+        Outbound::new(client.clone()),
+        Options::from_config(config),
+    );
+    Ok(Started {
+        worker,
+        inbound,
+        client,
+        id_service,
+    })
 }

@@ -5,13 +5,14 @@
 use crate::wire::Encoding;
 
 /// The `Nats-Msg-Id` of a decode job: `handoff-{request_id}`, with bytes that
-/// cannot stand in a header (control characters, `%`, non-ASCII) percent-encoded
-/// so that distinct request IDs keep distinct message IDs.
+/// cannot stand in a header (control characters, `%`, non-ASCII) or that a
+/// client might trim (spaces) percent-encoded, so that distinct request IDs
+/// keep distinct message IDs.
 pub fn msg_id(request_id: &str) -> String {
     let mut out = String::with_capacity(8 + request_id.len());
     out.push_str("handoff-");
     for b in request_id.bytes() {
-        if (b' '..0x7f).contains(&b) && b != b'%' {
+        if (b'!'..0x7f).contains(&b) && b != b'%' {
             out.push(b as char);
         } else {
             const HEX: &[u8; 16] = b"0123456789ABCDEF";

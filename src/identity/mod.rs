@@ -218,6 +218,13 @@ impl IdSource for Identity {
     }
 
     fn mint(&mut self) -> Result<u64, IdentityUnavailable> {
-        self.mint_many(1).map(|(ids, _)| ids[0])
+        self.mint_in_slot().map(|(id, _)| id)
+    }
+
+    /// The ID and the slot it came from, read under one lock, so a decode
+    /// job never names a slot claimed after its ID was minted.
+    fn mint_in_slot(&mut self) -> Result<(u64, Option<MachineId>), IdentityUnavailable> {
+        self.mint_many(1)
+            .map(|(ids, machine_id)| (ids[0], Some(machine_id)))
     }
 }

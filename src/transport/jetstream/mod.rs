@@ -52,8 +52,9 @@ pub enum JetStreamError {
 /// finishes in-flight messages within `shutdown_timeout_secs`. `readiness`,
 /// when given, is marked consuming while messages are pulled.
 ///
-/// Fails at start when the consumer cannot be opened; later failures (server
-/// restarts, a deleted consumer) are retried until shutdown.
+/// Fails at start when the stream or consumer is missing (and may not be
+/// created) or incompatible; an unreachable server is waited for. Later
+/// failures (server restarts, a deleted consumer) are retried until shutdown.
 pub async fn serve(
     client: Client,
     config: &Config,
@@ -76,7 +77,10 @@ pub async fn serve(
         batch: js_config.batch,
         readiness,
     };
-    let mut consumer = puller.open().await?;
+    tokio::pin!(shutdown);
+    let Some(mut consumer) = open_at_start(&puller, shutdown.as_mut()).await? else {
+        return Ok(());
+    };
     // The server's ack wait rules the in-progress acks, whatever the config says.
     let ack_wait = consumer
         .info()
@@ -111,4 +115,25 @@ pub async fn serve(
         tracing::warn!(error = %e, "flush at shutdown failed");
     }
     Ok(())
+}
+
+/// Opens the consumer, waiting for a server that does not answer yet
+/// (`None`: shutdown came first). Missing or incompatible objects fail at once.
+async fn open_at_start(
+    puller: &consume::Puller,
+    mut shutdown: std::pin::Pin<&mut impl Future<Output = ()>>,
+) -> Result<Option<async_nats::jetstream::consumer::PullConsumer>, JetStreamError> {
+    loop {
+        match puller.open().await {
+            Ok(consumer) => return Ok(Some(consumer)),
+            Err(JetStreamError::Api(e)) => {
+                tracing::warn!(error = %e, "JetStream is not answering yet; retrying");
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    () = shutdown.as_mut() => return Ok(None),
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }

@@ -1,0 +1,194 @@
+#!/usr/bin/env python3
+"""The demo's client: publishes prefill results and prints where each went.
+
+    demo_client.py NATS_URL mixed|fenced|recovered
+
+It listens on every subject (">") while it publishes, matches each output to
+the input that caused it (decode jobs by request_id, replies by their unique
+reply subject, dead letters by their bytes) and prints one line per input.
+Anything published on a subject no input asked for is reported too.
+"""
+
+import asyncio
+import json
+import sys
+import time
+
+import msgpack
+import nats
+
+PREFILL = "llm.prefill.results"
+GEN = "llm.gen.jobs"
+DEAD = "llm.handoff.dead"
+
+
+def frame(finish_reason=None, params=None, **extra):
+    f = {"token_ids": [9906, 1917], "text": "Hello", "finish_reason": finish_reason,
+         "completion_usage": {"prompt_tokens": 42, "completion_tokens": 1}}
+    if params is not None:
+        f["disaggregated_params"] = params
+    f.update(extra)
+    return f
+
+
+def trt(**kw):
+    p = {"ctx_request_id": 1001, "request_type": "context_only",
+         "opaque_state": "q2t2LXN0YXRl", "first_gen_tokens": [1917]}
+    p.update(kw)
+    return p
+
+
+class Case:
+    def __init__(self, label, frames=None, body=None, raw=None, json_in=False,
+                 nats_reply=False, no_reply_to=False, reply_to=None):
+        """nats_reply: no reply_to in the body; the reply subject rides on the
+        NATS message instead. no_reply_to: no reply subject at all."""
+        self.label = label
+        self.slug = label.split(":")[0].strip().replace(" ", "-")
+        self.request_id = "demo-" + self.slug
+        self.reply = "llm.replies.demo." + self.slug
+        self.nats_reply = nats_reply
+        self.json_in = json_in
+        if raw is not None:
+            self.payload = raw
+            return
+        if body is None:
+            body = {"request_id": self.request_id, "frames": frames,
+                    "request": {"model": "llama-3-8b", "max_tokens": 64}}
+            if not (nats_reply or no_reply_to):
+                body["reply_to"] = reply_to or self.reply
+        self.payload = json.dumps(body).encode() if json_in else msgpack.packb(body)
+
+
+def mixed_cases():
+    return [
+        Case("trtllm-mint: TensorRT-LLM handoff, the worker mints the ID", [frame(None, trt())]),
+        Case("trtllm-keep: TensorRT-LLM handoff with the CTX ID to keep", [frame("length", trt(disagg_request_id=4242))]),
+        Case("sglang: SGLang bootstrap handoff", [frame(None, {"bootstrap_host": "10.0.0.7", "bootstrap_port": 8998, "bootstrap_room": 7})]),
+        Case("vllm: vLLM kv_transfer_params", [frame("not_finished", {"do_remote_prefill": True, "remote_engine_id": "prefill-0", "remote_block_ids": [3, 4, 5], "remote_port": 5600})]),
+        Case("opaque: unknown engine, params passed on", [frame(None, {"kv_handle": "blob-17"})]),
+        Case("eos: finished at prefill (EOS)", [frame("eos", trt())]),
+        Case("stop-json: finished (stop), JSON in and out", [frame("stop")], json_in=True),
+        Case("cancelled: cancelled during prefill", [frame("cancelled")]),
+        Case("nats-reply: no reply_to, answered on the NATS reply subject", [frame("eos")], nats_reply=True),
+        Case("no-output: frames empty", []),
+        Case("prefill-failed: first frame is an error", [{"error": "CUDA out of memory"}]),
+        Case("no-params: needs decode, no disaggregated_params", [frame(None)]),
+        Case("missing-ctx: ctx_request_id null", [frame(None, trt(ctx_request_id=None))]),
+        Case("invalid-ctx: ctx_request_id negative", [frame(None, trt(ctx_request_id=-5))]),
+        Case("invalid-type: request_type generation_only", [frame(None, trt(request_type="generation_only"))]),
+        Case("invalid-disagg: disagg_request_id 0", [frame(None, trt(disagg_request_id=0))]),
+        Case("invalid-bootstrap: bootstrap_port 0", [frame(None, {"bootstrap_host": "h", "bootstrap_port": 0, "bootstrap_room": 1})]),
+        Case("invalid-kv: remote_engine_id empty", [frame(None, {"remote_engine_id": "", "remote_block_ids": [1]})]),
+        Case("malformed: request_id missing", body={"reply_to": "llm.replies.demo.malformed", "frames": [frame("eos")]}),
+        Case("garbage: not MessagePack", raw=b"\xc1 this is not a prefill result"),
+        Case("hostile: reply_to $JS.API.STREAM.DELETE.X", [frame("eos")], reply_to="$JS.API.STREAM.DELETE.X"),
+        Case("no-reply: no reply_to, no NATS reply", [frame("eos")], no_reply_to=True),
+        Case("too-large: 1.1 MiB result", [frame("eos", padding="x" * (1100 * 1024))]),
+    ]
+
+
+def fenced_cases():
+    return [
+        Case("fenced-mint: TensorRT-LLM handoff needing an ID", [frame(None, trt())]),
+        Case("fenced-keep: TensorRT-LLM handoff with its CTX ID", [frame(None, trt(disagg_request_id=777))]),
+        Case("fenced-eos: finished at prefill", [frame("eos")]),
+    ]
+
+
+def recovered_cases():
+    return [Case("recovered-mint: TensorRT-LLM handoff needing an ID", [frame(None, trt())])]
+
+
+def describe(case, msg):
+    subject = msg.subject
+    hdrs = msg.headers or {}
+    if subject == DEAD:
+        return f"dead letter   {hdrs.get('Handoff-Error-Code')}: {hdrs.get('Handoff-Error', '')[:70]}"
+    json_out = hdrs.get("Content-Type") == "application/json"
+    out = json.loads(msg.data) if json_out else msgpack.unpackb(msg.data, raw=False)
+    enc = "json" if json_out else "msgpack"
+    if subject == GEN:
+        worker = out.get("worker", {})
+        extra = ""
+        if out.get("disagg_request_id") is not None:
+            extra = f" disagg_request_id={out['disagg_request_id']}"
+        return (f"decode job    backend={out.get('backend')}{extra} "
+                f"by machine_id={worker.get('machine_id')} ({enc})")
+    if out.get("kind") == "terminal":
+        return f"terminal      finish_reason={out['output'].get('finish_reason')!r} ({enc})"
+    if out.get("kind") == "error":
+        err = out["error"]
+        return f"error         {err['code']}: {err['message'][:70]}"
+    return f"? {out!r:.80}"
+
+
+async def main(url, mode):
+    cases = {"mixed": mixed_cases, "fenced": fenced_cases, "recovered": recovered_cases}[mode]()
+    nc = await nats.connect(url, max_reconnect_attempts=3)
+    seen = []
+
+    async def on_msg(msg):
+        if msg.subject != PREFILL:
+            seen.append(msg)
+
+    await nc.subscribe(">", cb=on_msg)
+    await nc.flush()
+    for case in cases:
+        headers = {"Content-Type": "application/json"} if case.json_in else None
+        reply = case.reply if case.nats_reply else ""
+        await nc.publish(PREFILL, case.payload, reply=reply, headers=headers)
+    await nc.flush()
+    deadline = time.monotonic() + 10
+    while len(seen) < len(cases) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.3)  # let any duplicate show
+    await nc.drain()
+
+    def owner(msg):
+        for case in cases:
+            if msg.subject == DEAD and msg.data == case.payload:
+                return case
+            if msg.subject == case.reply:
+                return case
+        if msg.subject == GEN:
+            rid = (json.loads(msg.data) if (msg.headers or {}).get("Content-Type") == "application/json"
+                   else msgpack.unpackb(msg.data, raw=False)).get("request_id")
+            for case in cases:
+                if case.request_id == rid:
+                    return case
+        return None
+
+    outputs = {}
+    strays = []
+    for msg in seen:
+        case = owner(msg)
+        if case is None:
+            strays.append(msg)
+        else:
+            outputs.setdefault(case.slug, []).append(msg)
+    width = max(len(c.label) for c in cases)
+    ok = True
+    machines = {}
+    for case in cases:
+        got = outputs.get(case.slug, [])
+        if len(got) != 1:
+            ok = False
+            print(f"  {case.label:<{width}}  !! {len(got)} outputs")
+            continue
+        msg = got[0]
+        print(f"  {case.label:<{width}}  -> {msg.subject:<36} {describe(case, msg)}")
+        if msg.subject == GEN:
+            m = msgpack.unpackb(msg.data, raw=False) if not case.json_in else json.loads(msg.data)
+            machines[m["worker"]["machine_id"]] = machines.get(m["worker"]["machine_id"], 0) + 1
+    for msg in strays:
+        ok = False
+        print(f"  !! unexpected message on {msg.subject}")
+    print(f"\n  {len(cases)} results in, {sum(len(v) for v in outputs.values())} outputs, "
+          f"{len(strays)} stray; decode jobs by machine_id: {machines}")
+    print("  every result got exactly one output" if ok else "  !! NOT every result got exactly one output")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main(sys.argv[1], sys.argv[2])))

@@ -1,0 +1,105 @@
+//! Core NATS delivery (contract 7, `core`): a queue subscription on every
+//! prefill subject, shared by all workers in the queue group. At most once: a
+//! message published while no worker listens is lost, and so is one a worker
+//! holds when it dies.
+
+use super::{Ack, Incoming, TransportError};
+use async_nats::{Client, Subscriber};
+use futures::StreamExt;
+use futures::stream::SelectAll;
+use std::time::Instant;
+
+pub struct CoreInbound {
+    client: Client,
+    subscriptions: SelectAll<Subscriber>,
+}
+
+impl CoreInbound {
+    /// Subscribes to each subject in `queue_group`.
+    pub async fn subscribe(
+        client: &Client,
+        subjects: &[String],
+        queue_group: &str,
+    ) -> Result<CoreInbound, TransportError> {
+        if subjects.is_empty() {
+            return Err(TransportError::NoSubjects);
+        }
+        let mut subscriptions = SelectAll::new();
+        for subject in subjects {
+            let subscriber = client
+                .queue_subscribe(subject.clone(), queue_group.to_string())
+                .await
+                .map_err(|e| TransportError::Subscribe {
+                    subject: subject.clone(),
+                    queue_group: queue_group.to_string(),
+                    reason: e.to_string(),
+                })?;
+            tracing::info!(%subject, %queue_group, "subscribed (core NATS queue group)");
+            subscriptions.push(subscriber);
+        }
+        Ok(CoreInbound {
+            client: client.clone(),
+            subscriptions,
+        })
+    }
+
+    /// The next message from any subscription; `None` when all are drained.
+    /// Cancel-safe: each subscription is a channel receiver.
+    pub async fn next(&mut self) -> Option<Incoming> {
+        let message = self.subscriptions.next().await?;
+        Some(Incoming {
+            subject: message.subject,
+            payload: message.payload,
+            headers: message.headers,
+            nats_reply: message.reply,
+            received_at: Instant::now(),
+            ack: Ack::Core,
+        })
+    }
+
+    /// Unsubscribes every subscription: the server routes new messages to
+    /// the queue group's other members. Messages this worker has already
+    /// received keep coming out of [`CoreInbound::next`], which then returns
+    /// `None`.
+    ///
+    /// async-nats 0.51 drops a drained subscription one poll after sending
+    /// the UNSUB, not when the server confirms it, and its `flush` does not
+    /// wait for the server; messages still on their way would be lost. So a
+    /// fence comes first: a message to this connection's own inbox, which the
+    /// server queues behind everything it has already routed here. Once it is
+    /// back, all of that is in the subscriptions' queues. What can still be
+    /// lost is what the server routes here in the moment between the fence
+    /// and the UNSUB (core NATS is at most once; JetStream mode loses nothing).
+    pub async fn drain(&mut self) {
+        match fence(&self.client).await {
+            Ok(()) => tracing::debug!("drain fence returned"),
+            Err(e) => tracing::warn!(error = %e, "no drain fence; messages in transit may be lost"),
+        }
+        for subscriber in self.subscriptions.iter_mut() {
+            if let Err(e) = subscriber.drain().await {
+                tracing::warn!(error = %e, "could not drain a subscription; the connection is closing");
+            }
+        }
+    }
+}
+
+/// Sends a message to a fresh inbox of this connection and waits for it.
+async fn fence(client: &Client) -> Result<(), String> {
+    let inbox = client.new_inbox();
+    let mut subscriber = client
+        .subscribe(inbox.clone())
+        .await
+        .map_err(|e| e.to_string())?;
+    client
+        .publish(inbox, bytes::Bytes::new())
+        .await
+        .map_err(|e| e.to_string())?;
+    match tokio::time::timeout(FENCE_TIMEOUT, subscriber.next()).await {
+        Ok(Some(_)) => Ok(()),
+        Ok(None) => Err("the connection closed".into()),
+        Err(_) => Err(format!("no answer within {FENCE_TIMEOUT:?}")),
+    }
+}
+
+/// How long the drain fence may take; the shutdown timeout bounds it too.
+const FENCE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);

@@ -1,0 +1,210 @@
+//! One prefill result, from bytes to its published output:
+//! decode → decide → publish. Settling (ack) is the caller's, from the
+//! [`Handled`] returned here.
+
+use super::Worker;
+use crate::decision::{self, DeadLetterCode, ErrorCode, Input, Outcome};
+use crate::transport::{Incoming, OutputError};
+use crate::wire::Encoding;
+use async_nats::{HeaderMap, HeaderValue};
+use bytes::Bytes;
+
+/// What happened to one result.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Handled {
+    /// Its one output is published (enqueued on the connection).
+    Published(Outcome),
+    /// No output: it needs an ID while the worker holds no slot, and the
+    /// transport will deliver it again (durable mode only).
+    Deferred(Outcome),
+    /// Its output could not be published; logged and counted.
+    Failed(Outcome),
+}
+
+/// Headers copied from every input to its output (contract 3).
+const TRACE_HEADERS: [&str; 2] = ["traceparent", "tracestate"];
+
+impl Worker {
+    pub(super) async fn handle(&self, incoming: &Incoming) -> Handled {
+        let _in_flight = self.metrics.in_flight();
+        let encoding = Encoding::from_content_type(incoming.content_type());
+        let input = Input {
+            payload: &incoming.payload,
+            encoding,
+            subject: &incoming.subject,
+            nats_reply: incoming.nats_reply.as_deref(),
+        };
+        let decision = decision::decide(input, &self.rules, &mut self.identity.clone());
+        let outcome = decision.outcome;
+        let request_id = decision.request_id.as_deref();
+        if self.options.defer_when_fenced
+            && outcome
+                == (Outcome::Error {
+                    code: ErrorCode::IdentityUnavailable,
+                })
+        {
+            tracing::debug!(?request_id, "no slot held: left for redelivery");
+            return Handled::Deferred(outcome);
+        }
+        let headers = output_headers(&decision.headers, incoming.headers.as_ref());
+        let payload = Bytes::from(decision.payload);
+        let result = self
+            .outbound
+            .publish(&decision.subject, headers, payload)
+            .await;
+        let outcome = match result {
+            Ok(()) => outcome,
+            Err(OutputError::TooLarge(why)) if !matches!(outcome, Outcome::DeadLetter { .. }) => {
+                tracing::warn!(
+                    kind = outcome.kind(),
+                    ?request_id,
+                    source = %incoming.subject,
+                    error = %why,
+                    "the output does not fit the server's max_payload; dead-lettering the input instead"
+                );
+                match self.dead_letter_too_large(incoming, outcome.kind()).await {
+                    Ok(()) => Outcome::DeadLetter {
+                        code: DeadLetterCode::TooLarge,
+                    },
+                    Err(e) => return self.failed(outcome, request_id, incoming, &e),
+                }
+            }
+            Err(e) => return self.failed(outcome, request_id, incoming, &e),
+        };
+        self.metrics.record(
+            &outcome,
+            decision.trailing_frames,
+            incoming.received_at.elapsed(),
+        );
+        log_outcome(
+            &outcome,
+            request_id,
+            &incoming.subject,
+            decision.detail.as_deref(),
+        );
+        if decision.trailing_frames > 0 {
+            tracing::debug!(
+                ?request_id,
+                trailing_frames = decision.trailing_frames,
+                "frames after the first were ignored"
+            );
+        }
+        Handled::Published(outcome)
+    }
+
+    fn failed(
+        &self,
+        outcome: Outcome,
+        request_id: Option<&str>,
+        incoming: &Incoming,
+        error: &OutputError,
+    ) -> Handled {
+        self.metrics.publish_failed();
+        tracing::error!(
+            kind = outcome.kind(),
+            ?request_id,
+            source = %incoming.subject,
+            %error,
+            "could not publish the output; this result has none"
+        );
+        Handled::Failed(outcome)
+    }
+
+    /// The input's original bytes to the dead-letter subject, because its
+    /// output would exceed the server's `max_payload`.
+    async fn dead_letter_too_large(
+        &self,
+        incoming: &Incoming,
+        kind: &str,
+    ) -> Result<(), OutputError> {
+        let why = format!(
+            "the {kind} output for this result is larger than the NATS server's max_payload, so it could not be published"
+        );
+        let set = [
+            (
+                "Handoff-Error-Code",
+                DeadLetterCode::TooLarge.as_str().to_string(),
+            ),
+            ("Handoff-Error", why),
+            ("Handoff-Source-Subject", incoming.subject.to_string()),
+        ];
+        let headers = output_headers(&set, incoming.headers.as_ref());
+        self.outbound
+            .publish(
+                &self.rules.dead_letter_subject,
+                headers,
+                incoming.payload.clone(),
+            )
+            .await
+    }
+}
+
+fn log_outcome(outcome: &Outcome, request_id: Option<&str>, source: &str, detail: Option<&str>) {
+    match outcome {
+        Outcome::Decode { backend, minted } => {
+            tracing::debug!(
+                ?request_id,
+                backend = backend.as_str(),
+                minted,
+                "decode job published"
+            );
+        }
+        Outcome::Terminal { .. } => {
+            tracing::debug!(?request_id, "terminal response published");
+        }
+        Outcome::Error { code } => {
+            tracing::info!(
+                code = code.as_str(),
+                ?request_id,
+                %source,
+                detail = ?detail,
+                "error response published"
+            );
+        }
+        Outcome::DeadLetter { code } => {
+            tracing::warn!(
+                code = code.as_str(),
+                %source,
+                detail = ?detail,
+                "dead letter published"
+            );
+        }
+    }
+}
+
+/// The output's headers: the decision's own, plus the input's trace headers.
+/// `None` when there are none, so the plain publish path is used.
+pub(super) fn output_headers(
+    set: &[(&'static str, String)],
+    input: Option<&HeaderMap>,
+) -> Option<HeaderMap> {
+    let is_trace = |name: &str| TRACE_HEADERS.iter().any(|t| name.eq_ignore_ascii_case(t));
+    let has_trace = input.is_some_and(|h| {
+        h.iter()
+            .any(|(name, _)| is_trace(AsRef::<str>::as_ref(name)))
+    });
+    if set.is_empty() && !has_trace {
+        return None;
+    }
+    let mut headers = HeaderMap::new();
+    for (name, value) in set {
+        headers.insert(*name, header_value(value));
+    }
+    if let Some(input) = input.filter(|_| has_trace) {
+        for (name, values) in input.iter() {
+            if is_trace(AsRef::<str>::as_ref(name)) {
+                for value in values {
+                    headers.append(name.clone(), value.clone());
+                }
+            }
+        }
+    }
+    Some(headers)
+}
+
+/// A header value; line breaks (which cannot stand in a header) become spaces.
+fn header_value(value: &str) -> HeaderValue {
+    value
+        .parse()
+        .unwrap_or_else(|_| HeaderValue::from(value.replace(['\r', '\n'], " ")))
+}

@@ -1,0 +1,183 @@
+//! Helpers for the worker tests: an in-process worker on a real NATS server,
+//! a collector that sees every message on the server, and a catalogue of
+//! prefill results with the output the contract requires for each.
+
+#![allow(dead_code)]
+
+pub mod cases;
+
+use async_nats::{Client, HeaderMap, Message};
+use futures::StreamExt;
+use prefill_handoff::config::Config;
+use prefill_handoff::identity::Identity;
+use prefill_handoff::ids::{DEFAULT_EPOCH_UNIX_MS, IdLayout, MachineId};
+use prefill_handoff::metrics::{Metrics, Readiness};
+use prefill_handoff::transport::{self, Inbound, Outbound, core::CoreInbound};
+use prefill_handoff::worker::{Options, Report, Stats, Worker};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+pub const PREFILL: &str = "llm.prefill.results";
+pub const GEN: &str = "llm.gen.jobs";
+pub const DEAD: &str = "llm.handoff.dead";
+
+/// The default configuration pointed at a test server.
+pub fn config(nats_url: &str) -> Config {
+    let mut config = Config::default();
+    config.nats.url = nats_url.to_string();
+    config.resolve().expect("the default config resolves")
+}
+
+/// An identity holding `machine_id` for good (no etcd).
+pub fn fixed_identity(machine_id: u16) -> Identity {
+    Identity::fixed(
+        IdLayout::Rc22,
+        DEFAULT_EPOCH_UNIX_MS,
+        MachineId::new(i128::from(machine_id)).expect("machine id in range"),
+    )
+}
+
+/// A worker running in this process, stopped by [`InProcess::stop`].
+pub struct InProcess {
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<Report>,
+    pub stats: Arc<Stats>,
+}
+
+impl InProcess {
+    /// Starts a worker and returns once the server has its subscriptions.
+    pub async fn start(config: &Config, identity: Identity) -> InProcess {
+        init_logging();
+        let readiness = Readiness::new(identity.watch());
+        let client = transport::connect(&config.nats, Metrics::new(), readiness)
+            .await
+            .expect("connect");
+        let inbound =
+            CoreInbound::subscribe(&client, &config.prefill_subjects(), &config.queue_group)
+                .await
+                .expect("subscribe");
+        client
+            .flush()
+            .await
+            .expect("the server has the subscriptions");
+        let worker = Worker::new(
+            config.rules().expect("rules"),
+            identity,
+            Metrics::new(),
+            Outbound::new(client),
+            Options::from_config(config),
+        );
+        let stats = worker.stats();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(worker.run(Inbound::Core(inbound), async move {
+            let _ = stopped.await;
+        }));
+        InProcess {
+            stop: Some(stop),
+            task,
+            stats,
+        }
+    }
+
+    /// Asks the worker to shut down and waits for its report.
+    pub async fn stop(mut self) -> Report {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        tokio::time::timeout(Duration::from_secs(30), &mut self.task)
+            .await
+            .expect("the worker stops within 30 s")
+            .expect("the worker task does not panic")
+    }
+}
+
+/// Worker logs in the test output (shown for failing tests); `RUST_LOG` filters.
+pub fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_test_writer()
+        .try_init();
+}
+
+/// A plain client for the test's side.
+pub async fn client(nats_url: &str) -> Client {
+    async_nats::connect(nats_url)
+        .await
+        .expect("test client connects")
+}
+
+/// Every message the server routes to a `>` subscription (and to `$JS.>`
+/// and `$SYS.>`, which `>` may not cover), recorded in arrival order.
+pub struct Collector {
+    seen: Arc<Mutex<Vec<Message>>>,
+    _task: JoinHandle<()>,
+}
+
+impl Collector {
+    pub async fn start(client: &Client) -> Collector {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let mut subs = futures::stream::SelectAll::new();
+        for subject in [">", "$JS.>", "$SYS.>", "$KV.>"] {
+            subs.push(client.subscribe(subject).await.expect("subscribe"));
+        }
+        client.flush().await.expect("flush");
+        let sink = Arc::clone(&seen);
+        let task = tokio::spawn(async move {
+            while let Some(message) = subs.next().await {
+                sink.lock().unwrap().push(message);
+            }
+        });
+        Collector { seen, _task: task }
+    }
+
+    /// Every message seen so far, except those on the prefill subject and
+    /// the worker's drain fence (an empty message to its own inbox).
+    pub fn outputs(&self) -> Vec<Message> {
+        self.seen
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|m| m.subject.as_str() != PREFILL)
+            .filter(|m| !(m.subject.starts_with("_INBOX.") && m.payload.is_empty()))
+            .cloned()
+            .collect()
+    }
+
+    pub fn all(&self) -> Vec<Message> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    /// Waits until at least `n` outputs were seen, then a little longer so
+    /// that duplicates would show; returns them.
+    pub async fn wait_outputs(&self, n: usize, timeout: Duration) -> Vec<Message> {
+        let deadline = Instant::now() + timeout;
+        while self.outputs().len() < n && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        self.outputs()
+    }
+}
+
+/// A header's value, by exact name.
+pub fn header<'a>(headers: Option<&'a HeaderMap>, name: &str) -> Option<&'a str> {
+    headers?.get(name).map(|v| v.as_str())
+}
+
+/// MessagePack (named fields) of a JSON value.
+pub fn msgpack(value: &serde_json::Value) -> Vec<u8> {
+    rmp_serde::to_vec_named(value).expect("encode msgpack")
+}
+
+/// A MessagePack or JSON output, as a JSON value.
+pub fn decode_output(message: &Message) -> serde_json::Value {
+    if header(message.headers.as_ref(), "Content-Type") == Some("application/json") {
+        serde_json::from_slice(&message.payload).expect("JSON output")
+    } else {
+        rmp_serde::from_slice(&message.payload).expect("MessagePack output")
+    }
+}
