@@ -74,6 +74,10 @@ fn jetstream_setup_command_exit_codes() {
         stderr(&out)
     );
 
+    let out = setup(&["--nats-url", "nats://127.0.0.1:notaport"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("nats.url"), "{}", stderr(&out));
+
     let port = common::free_port();
     let out = setup(&["--nats-url", &format!("nats://127.0.0.1:{port}")]);
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));

@@ -59,16 +59,8 @@ async fn connect(config: &Config) -> anyhow::Result<async_nats::Client> {
             .await
             .with_context(|| format!("nats.credentials_file {}", path.display()))?;
     }
-    let urls: Vec<async_nats::ServerAddr> = nats
-        .url
-        .split(',')
-        .map(str::trim)
-        .filter(|u| !u.is_empty())
-        .map(|u| {
-            u.parse()
-                .map_err(|e| ConfigError(format!("nats.url: {u:?} is not a NATS server URL: {e}")))
-        })
-        .collect::<Result<_, _>>()?;
+    let urls = crate::transport::connect::server_addrs(&nats.url)
+        .map_err(|e| ConfigError(e.to_string()))?;
     options
         .connect(urls)
         .await
