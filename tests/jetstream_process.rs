@@ -166,6 +166,73 @@ async fn jetstream_process_sigkill_of_one_of_three_workers_loses_nothing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn jetstream_process_sigterm_under_load_exits_0_and_loses_nothing() {
+    let nats = Nats::start();
+    let etcd = Etcd::start();
+    let config = config(&nats);
+    let client = async_nats::connect(nats.url()).await.expect("connect");
+    let js = async_nats::jetstream::new(client.clone());
+    setup(&js, &config).await;
+    capture_outputs(&js).await;
+    let collector = Collector::start(&client).await;
+    let mut leaving = spawn_worker(&nats, &etcd);
+    let mut staying = spawn_worker(&nats, &etcd);
+    let slots_before = slots(&etcd);
+    assert_eq!(slots_before.len(), 2);
+
+    let n = 10_000;
+    let inputs: Vec<Input> = (0..n).map(mixed).collect();
+    let publisher = {
+        let js = js.clone();
+        let inputs = inputs.clone();
+        tokio::spawn(async move { publish_all(&js, &inputs).await })
+    };
+    assert!(collector.wait_for(n / 5, Duration::from_secs(60)).await);
+    leaving.sigterm();
+    // shutdown_timeout_secs is 5; a little slack for the lease revoke.
+    assert_eq!(
+        leaving.wait_exit(Duration::from_secs(10)),
+        Some(0),
+        "{}",
+        leaving.log()
+    );
+    assert_eq!(
+        slots(&etcd).len(),
+        1,
+        "the leaving worker's slot is freed at once"
+    );
+    publisher.await.expect("publisher");
+
+    assert!(
+        wait_drained(&js, Duration::from_secs(120)).await,
+        "work queue not drained: {}",
+        queue_state(&js).await
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let gen_ids = gen_stream_request_ids(&js).await;
+    let mut outputs = stream_contents(&js, "OUTPUTS").await;
+    outputs.extend(gen_ids.into_iter().map(|request_id| Seen {
+        kind: Expect::Gen,
+        subject: GEN.into(),
+        request_id,
+        payload: Vec::new(),
+        headers: None,
+    }));
+    let dups = check_outputs(&inputs, &outputs);
+    println!(
+        "after SIGTERM under load: {} request IDs had more than one output",
+        dups.len()
+    );
+    staying.sigterm();
+    assert_eq!(
+        staying.wait_exit(Duration::from_secs(20)),
+        Some(0),
+        "{}",
+        staying.log()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn jetstream_process_nats_server_restart_mid_run_loses_nothing() {
     let mut nats = Nats::start();
     let etcd = Etcd::start();

@@ -112,9 +112,10 @@ impl Puller {
         self.client.statistics().connects.load(Ordering::Acquire)
     }
 
-    /// Pulls and handles messages until `shutdown` completes, then waits for
-    /// in-flight messages (at most `drain_timeout`; messages still unsettled
-    /// after it are redelivered by the server, nothing is lost).
+    /// Pulls and handles messages until `shutdown` completes, then finishes
+    /// the pull under way and the messages in flight, all within
+    /// `drain_timeout` of the shutdown; messages still unsettled after it are
+    /// redelivered by the server, nothing is lost.
     pub async fn run(
         &self,
         consumer: PullConsumer,
@@ -125,11 +126,12 @@ impl Puller {
         let slots = Arc::new(Semaphore::new(self.max_in_flight.max(1)));
         let mut tasks = JoinSet::new();
         let mut consumer = Some(consumer);
-        let mut stopping = false;
+        // When shutdown came, if it did: the drain ends `drain_timeout` later.
+        let mut stopped_at: Option<tokio::time::Instant> = None;
         let mut last_sweep = Instant::now();
         tokio::pin!(shutdown);
         self.set_consuming(true);
-        while !stopping {
+        while stopped_at.is_none() {
             while tasks.try_join_next().is_some() {}
             let current = match consumer.take() {
                 Some(c) => c,
@@ -139,7 +141,7 @@ impl Puller {
                             Ok(c) => c,
                             Err(e) => {
                                 warn!(error = %e, "cannot open the JetStream consumer; retrying");
-                                pause(&mut shutdown, &mut stopping).await;
+                                pause(&mut shutdown, &mut stopped_at).await;
                                 continue;
                             }
                         },
@@ -171,7 +173,7 @@ impl Puller {
                 Err(e) => {
                     warn!(error = %e, "pull request failed; reopening the consumer");
                     drop(permits);
-                    pause(&mut shutdown, &mut stopping).await;
+                    pause(&mut shutdown, &mut stopped_at).await;
                     continue;
                 }
             };
@@ -210,26 +212,32 @@ impl Puller {
                             break;
                         }
                     }
-                    () = &mut shutdown, if !stopping => {
+                    () = &mut shutdown, if stopped_at.is_none() => {
                         info!("shutdown: no new pulls; finishing the pull under way");
                         self.set_consuming(false);
-                        stopping = true;
+                        stopped_at = Some(tokio::time::Instant::now());
                     }
+                    () = sleep_until_drained(stopped_at, drain_timeout) => break,
                 }
             }
             drop(permits);
-            if healthy && received == 0 && !stopping && last_sweep.elapsed() >= SWEEP_EVERY {
+            if healthy
+                && received == 0
+                && stopped_at.is_none()
+                && last_sweep.elapsed() >= SWEEP_EVERY
+            {
                 self.sweep().await;
                 last_sweep = Instant::now();
             }
             if healthy {
                 consumer = Some(current);
-            } else if !stopping {
-                pause(&mut shutdown, &mut stopping).await;
+            } else {
+                pause(&mut shutdown, &mut stopped_at).await;
             }
         }
         self.set_consuming(false);
-        drain(tasks, drain_timeout).await;
+        let stopped_at = stopped_at.unwrap_or_else(tokio::time::Instant::now);
+        drain(tasks, stopped_at + drain_timeout).await;
     }
 }
 
@@ -241,25 +249,37 @@ async fn acquire(slots: &Arc<Semaphore>) -> OwnedSemaphorePermit {
         .expect("the semaphore is never closed")
 }
 
-/// Waits [`RETRY_PAUSE`], or less if shutdown comes first.
-async fn pause(shutdown: &mut std::pin::Pin<&mut impl Future<Output = ()>>, stopping: &mut bool) {
-    if *stopping {
+/// Waits [`RETRY_PAUSE`], or less if shutdown comes first (then noted in
+/// `stopped_at`). Returns at once when already stopping.
+async fn pause(
+    shutdown: &mut std::pin::Pin<&mut impl Future<Output = ()>>,
+    stopped_at: &mut Option<tokio::time::Instant>,
+) {
+    if stopped_at.is_some() {
         return;
     }
     tokio::select! {
         () = tokio::time::sleep(RETRY_PAUSE) => {}
-        () = shutdown.as_mut() => *stopping = true,
+        () = shutdown.as_mut() => *stopped_at = Some(tokio::time::Instant::now()),
     }
 }
 
-/// Waits for in-flight messages; aborts what is left after `timeout`.
-async fn drain(mut tasks: JoinSet<()>, timeout: Duration) {
+/// Completes `drain_timeout` after shutdown came; never before it came.
+async fn sleep_until_drained(stopped_at: Option<tokio::time::Instant>, drain_timeout: Duration) {
+    match stopped_at {
+        Some(at) => tokio::time::sleep_until(at + drain_timeout).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Waits for in-flight messages; aborts what is left at `deadline`.
+async fn drain(mut tasks: JoinSet<()>, deadline: tokio::time::Instant) {
     let left = tasks.len();
     if left > 0 {
         info!(in_flight = left, "waiting for in-flight messages");
     }
     let all = async { while tasks.join_next().await.is_some() {} };
-    if tokio::time::timeout(timeout, all).await.is_err() {
+    if tokio::time::timeout_at(deadline, all).await.is_err() {
         warn!(
             unfinished = tasks.len(),
             "shutdown timeout: abandoning in-flight messages; the server redelivers them"
