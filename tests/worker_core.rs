@@ -375,6 +375,7 @@ async fn shutdown_finishes_every_accepted_result() {
         .flat_map(|i| cases::mixed(&format!("s{i}")))
         .collect();
     cases::publish(&test, &burst).await;
+    worker_support::round_trip(&test).await;
     let report = worker.stop().await;
 
     // Everything the server routed before the stop is taken and answered.

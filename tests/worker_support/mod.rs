@@ -110,6 +110,20 @@ pub async fn client(nats_url: &str) -> Client {
         .expect("test client connects")
 }
 
+/// Returns once the server has processed everything this client published
+/// before (and so routed it to subscribers). async-nats' `flush` only writes
+/// the socket; a message to the client's own inbox comes back only after the
+/// server has handled everything sent before it.
+pub async fn round_trip(client: &Client) {
+    let inbox = client.new_inbox();
+    let mut echo = client.subscribe(inbox.clone()).await.expect("subscribe");
+    client.publish(inbox, "".into()).await.expect("publish");
+    tokio::time::timeout(Duration::from_secs(10), echo.next())
+        .await
+        .expect("the server echoes within 10 s")
+        .expect("the subscription is open");
+}
+
 /// Every message the server routes to a `>` subscription (and to `$JS.>`
 /// and `$SYS.>`, which `>` may not cover), recorded in arrival order.
 pub struct Collector {
