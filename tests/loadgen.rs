@@ -206,10 +206,8 @@ fn jetstream_publish_without_a_stream_reports_publish_errors() {
     assert!(stderr.contains("5 publishes failed"), "{stderr}");
 }
 
-#[test]
-fn against_the_worker_every_kind_gets_its_contract_output() {
-    let nats = Nats::start();
-    let etcd = Etcd::start();
+/// Starts `prefill-handoff run` in `mode` and waits until it consumes.
+fn spawn_worker(nats: &Nats, etcd: &Etcd, mode: &str) -> Worker {
     let metrics_addr = format!("127.0.0.1:{}", free_port());
     let worker = Worker::spawn(
         &[
@@ -222,6 +220,8 @@ fn against_the_worker_every_kind_gets_its_contract_output() {
             "lgtest",
             "--metrics-addr",
             &metrics_addr,
+            "--mode",
+            mode,
         ],
         &[("NO_COLOR", "1")],
     );
@@ -230,18 +230,54 @@ fn against_the_worker_every_kind_gets_its_contract_output() {
         std::time::Duration::from_secs(30),
     );
     assert!(up, "the worker did not start:\n{}", worker.log());
+    worker
+}
 
-    let mix = "trtllm=1,sglang=1,vllm=1,opaque=1,terminal=1,error=2,dead=1";
-    let (code, report, stderr) =
-        loadgen(&nats, &["--count", "800", "--mix", mix, "--timeout", "20"]);
-    assert_eq!(code, Some(0), "{report:#}\n{stderr}\n{}", worker.log());
-    assert_eq!(report["wrong_kind"], 0);
-    assert_eq!(report["duplicates"], 0);
-    // 800 messages in 8 shares: 4 shares decode, 1 terminal, 2 error, 1 dead.
+/// 800 messages in 8 shares: 4 decode, 1 terminal, 2 error, 1 dead letter.
+const EVERY_KIND: &str = "trtllm=1,sglang=1,vllm=1,opaque=1,terminal=1,error=2,dead=1";
+
+fn assert_every_kind_answered(report: &Value) {
+    assert_eq!(report["wrong_kind"], 0, "{report:#}");
+    assert_eq!(report["duplicates"], 0, "{report:#}");
     assert_eq!(report["received"]["decode"], 400);
     assert_eq!(report["received"]["terminal"], 100);
     assert_eq!(report["received"]["error"], 200);
     assert_eq!(report["received"]["dead_letter"], 100);
+}
+
+#[test]
+fn against_the_core_worker_every_kind_gets_its_contract_output() {
+    let nats = Nats::start();
+    let etcd = Etcd::start();
+    let worker = spawn_worker(&nats, &etcd, "core");
+    let (code, report, stderr) = loadgen(
+        &nats,
+        &["--count", "800", "--mix", EVERY_KIND, "--timeout", "20"],
+    );
+    assert_eq!(code, Some(0), "{report:#}\n{stderr}\n{}", worker.log());
+    assert_every_kind_answered(&report);
+}
+
+#[test]
+fn against_the_jetstream_worker_every_acked_message_gets_its_contract_output() {
+    let nats = Nats::start();
+    let etcd = Etcd::start();
+    let worker = spawn_worker(&nats, &etcd, "jetstream");
+    let (code, report, stderr) = loadgen(
+        &nats,
+        &[
+            "--count",
+            "800",
+            "--mix",
+            EVERY_KIND,
+            "--jetstream",
+            "--timeout",
+            "30",
+        ],
+    );
+    assert_eq!(code, Some(0), "{report:#}\n{stderr}\n{}", worker.log());
+    assert_eq!(report["publish_errors"], 0);
+    assert_every_kind_answered(&report);
 }
 
 #[test]
