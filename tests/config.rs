@@ -76,6 +76,7 @@ fn read(config: &Config, key: &str) -> String {
 const PRECEDENCE: &[&str] = &[
     r#"nats.url | "nats://file:4222" -> nats://file:4222 | nats://env:4222 | nats://flag:4222"#,
     r#"nats.name | "file-name" -> file-name | env-name | flag-name"#,
+    r#"nats.subscription_capacity | 10 | 20 | 30"#,
     r#"etcd.endpoints | "http://file:2379" -> http://file:2379 | http://env:2379 | http://flag:2379"#,
     r#"etcd.connect_timeout_ms | 11 | 22 | 33"#,
     r#"etcd.request_timeout_ms | 111 | 222 | 333"#,

@@ -33,6 +33,7 @@ pub(crate) const KEYS: &[(&str, Kind)] = &[
     ("nats.token", Kind::Secret),
     ("nats.credentials_file", Kind::OptStr),
     ("nats.name", Kind::Str),
+    ("nats.subscription_capacity", Kind::UInt),
     ("etcd.endpoints", Kind::Str),
     ("etcd.user", Kind::OptStr),
     ("etcd.password", Kind::Secret),

@@ -71,6 +71,9 @@ pub struct NatsConfig {
     pub credentials_file: Option<PathBuf>,
     /// Client name shown in the server's connection list.
     pub name: String,
+    /// Messages the client buffers per subscription while the worker is
+    /// behind; beyond it, core NATS drops them (slow consumer).
+    pub subscription_capacity: usize,
 }
 
 /// `Debug` hides the password and URL credentials.
@@ -151,6 +154,7 @@ impl Default for NatsConfig {
             token: None,
             credentials_file: None,
             name: "prefill-handoff".into(),
+            subscription_capacity: 262_144,
         }
     }
 }

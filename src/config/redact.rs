@@ -45,6 +45,7 @@ impl fmt::Debug for NatsConfig {
             .field("token", &hidden(&self.token))
             .field("credentials_file", &self.credentials_file)
             .field("name", &self.name)
+            .field("subscription_capacity", &self.subscription_capacity)
             .finish()
     }
 }

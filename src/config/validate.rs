@@ -291,6 +291,12 @@ fn limits(c: &Config) -> Result<(), ConfigError> {
             "at least one result must be processed at a time",
         ),
         (
+            "nats.subscription_capacity",
+            c.nats.subscription_capacity as u64,
+            1,
+            "the client needs room for at least one message",
+        ),
+        (
             "etcd.connect_timeout_ms",
             c.etcd.connect_timeout_ms,
             1,

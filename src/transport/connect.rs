@@ -21,6 +21,7 @@ pub async fn connect(
     let mut options = ConnectOptions::new()
         .name(&config.name)
         .retry_on_initial_connect()
+        .subscription_capacity(config.subscription_capacity)
         .max_reconnects(None)
         .event_callback(metrics::on_nats_event(metrics, readiness));
     match (&config.user, &config.password) {

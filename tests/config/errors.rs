@@ -68,6 +68,7 @@ const BAD: &[&str] = &[
     r#"env | HANDOFF_SHUTDOWN_TIMEOUT_SECS=0 | shutdown_timeout_secs ; at least 1"#,
     r#"env | HANDOFF_MAX_PAYLOAD_BYTES=1023 | max_payload_bytes ; at least 1024"#,
     r#"env | HANDOFF_MAX_IN_FLIGHT=0 | max_in_flight ; at least 1"#,
+    r#"env | HANDOFF_NATS__SUBSCRIPTION_CAPACITY=0 | nats.subscription_capacity ; at least 1"#,
     r#"env | HANDOFF_ETCD__CONNECT_TIMEOUT_MS=0 | etcd.connect_timeout_ms ; at least 1"#,
     r#"env | HANDOFF_ETCD__REQUEST_TIMEOUT_MS=0 | etcd.request_timeout_ms ; at least 1"#,
     r#"env | HANDOFF_JETSTREAM__ACK_WAIT_SECS=0 | jetstream.ack_wait_secs ; at least 1"#,
