@@ -37,13 +37,37 @@ impl<'a> Fields<'a> {
         if n > WIDE {
             return None;
         }
-        let mut fields = Fields {
-            entries: [(&[][..], &[][..]); WIDE],
-            len: n,
-        };
-        for slot in &mut fields.entries[..n] {
-            *slot = (spans.next()?, spans.next()?);
+        let mut fields = Fields::new();
+        for _ in 0..n {
+            fields.push(spans.next()?, spans.next()?)?;
         }
+        fields.unique()
+    }
+
+    /// The entries of a whole body, validated in the same pass (see
+    /// [`scan::validate_entries`]).
+    fn of_body(body: Span<'a>) -> Option<Fields<'a>> {
+        let mut fields = Fields::new();
+        scan::validate_entries(body, |k, v| fields.push(k, v))?;
+        fields.unique()
+    }
+
+    fn new() -> Fields<'a> {
+        Fields {
+            entries: [(&[][..], &[][..]); WIDE],
+            len: 0,
+        }
+    }
+
+    fn push(&mut self, key: Span<'a>, value: Span<'a>) -> Option<()> {
+        *self.entries.get_mut(self.len)? = (key, value);
+        self.len += 1;
+        Some(())
+    }
+
+    /// The fields, when no string key appears twice.
+    fn unique(self) -> Option<Fields<'a>> {
+        let fields = self;
         let keys = || fields.iter().filter_map(|(k, _)| scan::str_bytes(k));
         for (i, key) in keys().enumerate() {
             if keys().take(i).any(|other| other == key) {
@@ -82,13 +106,10 @@ fn utf8(raw: Span<'_>) -> Option<&str> {
 /// The decision for `input`, or `None` when the value-tree path must decide.
 pub(super) fn decide(input: Input<'_>, rules: &Rules, ids: &mut dyn IdSource) -> Option<Decision> {
     let body = input.payload;
-    if input.encoding != Encoding::MsgPack
-        || body.len() > rules.max_payload_bytes
-        || !scan::validate(body)
-    {
+    if input.encoding != Encoding::MsgPack || body.len() > rules.max_payload_bytes {
         return None;
     }
-    let top = Fields::of(body)?;
+    let top = Fields::of_body(body)?;
     let reply_to = match top.get_non_nil("reply_to") {
         Some(raw) => utf8(raw)?,
         None => input.nats_reply.filter(|_| rules.use_nats_reply)?,

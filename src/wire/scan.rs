@@ -120,9 +120,50 @@ fn container(b: &[u8], mut p: usize, values: usize, depth: usize) -> Option<usiz
         return None;
     }
     for _ in 0..values {
-        p = skip(b, p, depth + 1)?;
+        // Scalars and short strings (most of a prefill result) without a
+        // recursive call.
+        p = match *b.get(p)? {
+            0x00..=0x7f | 0xe0..=0xff | 0xc0 | 0xc2 | 0xc3 => p + 1,
+            m @ 0xa0..=0xbf => body(b, p + 1, usize::from(m & 0x1f))?,
+            _ => skip(b, p, depth + 1)?,
+        };
     }
     Some(p)
+}
+
+/// Validates a body that must be one map (as [`validate`] does) and hands
+/// each entry's key and value spans to `each`, in order; `None` when the body
+/// is not valid, not a map, or `each` declines. Returns the entry count.
+pub fn validate_entries<'a>(
+    bytes: &'a [u8],
+    mut each: impl FnMut(&'a [u8], &'a [u8]) -> Option<()>,
+) -> Option<usize> {
+    let (n, start) = container_header(bytes, 0x80, 0xde)?;
+    let mut p = start;
+    for _ in 0..n {
+        let key_end = skip(bytes, p, 1)?;
+        let end = skip(bytes, key_end, 1)?;
+        each(bytes.get(p..key_end)?, bytes.get(key_end..end)?)?;
+        p = end;
+    }
+    (p == bytes.len()).then_some(n)
+}
+
+/// A canonical container header: the entry or item count and where the
+/// first one starts.
+fn container_header(raw: &[u8], fix: u8, wide: u8) -> Option<(usize, usize)> {
+    let marker = *raw.first()?;
+    if marker & 0xf0 == fix {
+        Some((usize::from(marker & 0x0f), 1))
+    } else if marker == wide {
+        let n = be(raw, 1, 2)?;
+        (n >= 16).then_some((n, 3))
+    } else if marker == wide + 1 {
+        let n = be(raw, 1, 4)?;
+        (n > 0xffff).then_some((n, 5))
+    } else {
+        None
+    }
 }
 
 /// Whether the span is `nil`.
@@ -192,16 +233,7 @@ pub fn entries(raw: &[u8]) -> Option<(usize, Spans<'_>)> {
 }
 
 fn container_spans(raw: &[u8], fix: u8, wide: u8, per: usize) -> Option<(usize, Spans<'_>)> {
-    let marker = *raw.first()?;
-    let (n, start) = if marker & 0xf0 == fix {
-        (usize::from(marker & 0x0f), 1)
-    } else if marker == wide {
-        (be(raw, 1, 2)?, 3)
-    } else if marker == wide + 1 {
-        (be(raw, 1, 4)?, 5)
-    } else {
-        return None;
-    };
+    let (n, start) = container_header(raw, fix, wide)?;
     let spans = Spans {
         bytes: raw,
         pos: start,
