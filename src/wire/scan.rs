@@ -47,30 +47,7 @@ fn skip(b: &[u8], pos: usize, depth: usize) -> Option<usize> {
         }
         0xca => body(b, p, 4),
         0xcb => body(b, p, 8),
-        0xcc..=0xcf => {
-            let width = 1 << (marker - 0xcc);
-            let n = be(b, p, width)?;
-            let least = if width == 1 {
-                0x80
-            } else {
-                bound(width / 2) + 1
-            };
-            (n as u64 >= least).then_some(p + width)
-        }
-        0xd0..=0xd3 => {
-            let width = 1 << (marker - 0xd0);
-            let raw = be(b, p, width)? as u64;
-            // Sign-extend; a canonical signed form holds a negative number
-            // too small for the next narrower form (or a negative fixint).
-            let shift = 64 - 8 * width as u32;
-            let n = ((raw << shift) as i64) >> shift;
-            let below = if width == 1 {
-                -32
-            } else {
-                -(1i64 << (8 * width as u32 / 2 - 1))
-            };
-            (n < below).then_some(p + width)
-        }
+        0xcc..=0xd3 => int(b, p, marker),
         0xd4..=0xd8 => body(b, p, 1 + (1 << (marker - 0xd4))),
         0xd9..=0xdb => {
             let width = 1 << (marker - 0xd9);
@@ -87,6 +64,28 @@ fn skip(b: &[u8], pos: usize, depth: usize) -> Option<usize> {
             container(b, p + width, n.checked_mul(per)?, depth)
         }
     }
+}
+
+/// The end of a sized integer whose marker (0xcc to 0xd3) is just before
+/// `p`, when it is in its shortest form: an unsigned form only for a number
+/// too large for the next narrower one (or for a positive fixint), a signed
+/// form only for a negative number too small for the next narrower one.
+#[inline(always)]
+fn int(b: &[u8], p: usize, marker: u8) -> Option<usize> {
+    let width = 1usize << ((marker - 0xcc) & 3);
+    let raw = b.get(p..p.checked_add(width)?)?;
+    let canonical = match marker {
+        0xcc => raw[0] >= 0x80,
+        0xcd..=0xcf => raw[..width / 2].iter().any(|x| *x != 0),
+        0xd0 => (raw[0] as i8) < -32,
+        // Negative, and not all of the upper half plus the next bit set
+        // (which would be the sign extension of a narrower number).
+        _ => {
+            let half = &raw[..width / 2];
+            raw[0] & 0x80 != 0 && !(half.iter().all(|x| *x == 0xff) && raw[width / 2] & 0x80 != 0)
+        }
+    };
+    canonical.then_some(p + width)
 }
 
 /// Whether a length `n` written in `width` bytes would fit the next narrower
@@ -125,6 +124,7 @@ fn container(b: &[u8], mut p: usize, values: usize, depth: usize) -> Option<usiz
         p = match *b.get(p)? {
             0x00..=0x7f | 0xe0..=0xff | 0xc0 | 0xc2 | 0xc3 => p + 1,
             m @ 0xa0..=0xbf => body(b, p + 1, usize::from(m & 0x1f))?,
+            m @ 0xcc..=0xd3 => int(b, p + 1, m)?,
             _ => skip(b, p, depth + 1)?,
         };
     }
@@ -298,6 +298,63 @@ mod tests {
             let bytes = encode(&v, Encoding::MsgPack);
             assert!(validate(&bytes), "{v:?}");
             assert_eq!(decode(&bytes, Encoding::MsgPack).unwrap(), v);
+        }
+    }
+
+    #[test]
+    fn an_integer_validates_in_its_shortest_form_only() {
+        let edges: [i128; 16] = [
+            0,
+            1,
+            127,
+            128,
+            255,
+            256,
+            65535,
+            65536,
+            1 << 32,
+            -1,
+            -32,
+            -33,
+            -128,
+            -129,
+            -32768,
+            -32769,
+        ];
+        let more = [
+            i128::from(i32::MIN),
+            i128::from(i32::MIN) - 1,
+            i128::from(i64::MIN),
+        ];
+        for n in edges.into_iter().chain(more).chain([i128::from(u64::MAX)]) {
+            let value = match u64::try_from(n) {
+                Ok(u) => Value::from(u),
+                Err(_) => Value::from(n as i64),
+            };
+            let canonical = encode(&value, Encoding::MsgPack);
+            let forms: [(u8, usize); 8] = [
+                (0xcc, 1),
+                (0xcd, 2),
+                (0xce, 4),
+                (0xcf, 8),
+                (0xd0, 1),
+                (0xd1, 2),
+                (0xd2, 4),
+                (0xd3, 8),
+            ];
+            for (marker, width) in forms {
+                let fits = if marker < 0xd0 {
+                    n >= 0 && n < 1i128 << (8 * width)
+                } else {
+                    n >= -(1i128 << (8 * width - 1)) && n < 1i128 << (8 * width - 1)
+                };
+                if !fits {
+                    continue;
+                }
+                let mut bytes = vec![marker];
+                bytes.extend_from_slice(&(n as u64).to_be_bytes()[8 - width..]);
+                assert_eq!(validate(&bytes), bytes == canonical, "{n} as {marker:#x}");
+            }
         }
     }
 
