@@ -22,6 +22,7 @@
 //! - [`config`]: TOML file, `HANDOFF_*` environment and flags.
 //! - [`metrics`]: Prometheus metrics, `/healthz` and `/readyz`.
 //! - [`cli`]: the `prefill-handoff` subcommands.
+//! - [`loadgen`]: the load generator and the raw relays it is compared with.
 
 pub mod cli;
 pub mod clock;
@@ -30,6 +31,7 @@ pub mod decision;
 pub mod id_service;
 pub mod identity;
 pub mod ids;
+pub mod loadgen;
 pub mod metrics;
 pub mod transport;
 pub mod wire;

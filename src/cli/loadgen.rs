@@ -1,9 +1,143 @@
-//! `prefill-handoff loadgen`.
+//! `prefill-handoff loadgen`: publish synthetic prefill results, report what
+//! came back. Exits 0 only when every output arrived exactly once.
+
+use super::UsageError;
+use crate::loadgen::{self, Mix, Options};
+use std::time::Duration;
 
 #[derive(Debug, clap::Args)]
-pub struct LoadgenArgs {}
+pub struct LoadgenArgs {
+    /// NATS server URL(s), comma-separated.
+    #[arg(
+        long,
+        env = "HANDOFF_NATS__URL",
+        default_value = "nats://127.0.0.1:4222"
+    )]
+    pub nats_url: String,
+    /// Namespace `{ns}` for the default subject names.
+    #[arg(long, env = "HANDOFF_NAMESPACE", default_value = "llm")]
+    pub namespace: String,
+    /// Where to publish prefill results [default: {ns}.prefill.results].
+    #[arg(long)]
+    pub prefill_subject: Option<String>,
+    /// Where decode jobs arrive [default: {ns}.gen.jobs].
+    #[arg(long)]
+    pub gen_subject: Option<String>,
+    /// Where dead letters arrive [default: {ns}.handoff.dead].
+    #[arg(long)]
+    pub dead_letter_subject: Option<String>,
+    /// Measured messages to send.
+    #[arg(long, default_value_t = 10_000)]
+    pub count: usize,
+    /// Messages per second; 0 = as fast as possible.
+    #[arg(long, default_value_t = 0.0)]
+    pub rate: f64,
+    /// Kinds and weights: trtllm, sglang, vllm, opaque, terminal, error, dead.
+    #[arg(long, default_value = "trtllm=80,terminal=15,error=5")]
+    pub mix: String,
+    /// Size of TensorRT-LLM's opaque_state (MessagePack binary).
+    #[arg(long, default_value_t = 256)]
+    pub opaque_bytes: usize,
+    /// Publish through JetStream and await each stream ack (durable mode).
+    #[arg(long)]
+    pub jetstream: bool,
+    /// JetStream publishes awaiting their ack at once.
+    #[arg(long, default_value_t = 1024)]
+    pub concurrency: usize,
+    /// Messages sent and answered before the measured window (not counted).
+    #[arg(long, default_value_t = 0)]
+    pub warmup: usize,
+    /// Seconds to wait for outputs after the last publish.
+    #[arg(long, default_value_t = 10.0)]
+    pub timeout: f64,
+    /// Milliseconds to keep listening for duplicates once all outputs arrived.
+    #[arg(long, default_value_t = 250)]
+    pub linger_ms: u64,
+    /// Expect every message back unchanged on GEN (raw relay baselines).
+    #[arg(long)]
+    pub expect_relay: bool,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// No progress line on stderr.
+    #[arg(long)]
+    pub quiet: bool,
+    /// Run ID used in request IDs and the reply subject [default: random].
+    #[arg(long)]
+    pub run_id: Option<String>,
+}
 
 pub fn run(args: LoadgenArgs) -> anyhow::Result<()> {
-    let _ = args;
-    anyhow::bail!("`loadgen` is not built yet")
+    let opts = options(&args)?;
+    let runtime = tokio::runtime::Runtime::new()?;
+    let report = runtime.block_on(loadgen::run(&opts))?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!("{report}");
+    }
+    match report.failure() {
+        None => Ok(()),
+        Some(why) => anyhow::bail!("loadgen: {why}"),
+    }
+}
+
+fn options(args: &LoadgenArgs) -> Result<Options, UsageError> {
+    let usage = |s: String| UsageError(s);
+    let mix: Mix = args.mix.parse().map_err(|e| usage(format!("{e}")))?;
+    if !(args.rate >= 0.0 && args.rate.is_finite()) {
+        return Err(usage(format!(
+            "--rate {}: expected messages per second, 0 for as fast as possible",
+            args.rate
+        )));
+    }
+    if !(args.timeout >= 0.0 && args.timeout.is_finite()) {
+        return Err(usage(format!(
+            "--timeout {}: expected seconds",
+            args.timeout
+        )));
+    }
+    if args.count == 0 {
+        return Err(usage("--count 0: send at least one message".into()));
+    }
+    let valid_token = |s: &str| {
+        !s.is_empty()
+            && !s
+                .bytes()
+                .any(|b| matches!(b, b'.' | b'*' | b'>' | b' ' | b'\t' | b'\r' | b'\n'))
+    };
+    if !valid_token(&args.namespace) {
+        return Err(usage(format!(
+            "--namespace {:?}: expected one subject token (no dots, wildcards or spaces)",
+            args.namespace
+        )));
+    }
+    let run_id = args.run_id.clone().unwrap_or_else(loadgen::new_run_id);
+    if !valid_token(&run_id) {
+        return Err(usage(format!(
+            "--run-id {run_id:?}: expected one subject token (no dots, wildcards or spaces)"
+        )));
+    }
+    let mut opts = Options::new(&args.nats_url, &args.namespace, &run_id);
+    if let Some(s) = &args.prefill_subject {
+        opts.prefill_subject = s.clone();
+    }
+    if let Some(s) = &args.gen_subject {
+        opts.gen_subject = s.clone();
+    }
+    if let Some(s) = &args.dead_letter_subject {
+        opts.dead_letter_subject = s.clone();
+    }
+    opts.count = args.count;
+    opts.rate = args.rate;
+    opts.mix = mix;
+    opts.opaque_bytes = args.opaque_bytes;
+    opts.jetstream = args.jetstream;
+    opts.concurrency = args.concurrency;
+    opts.warmup = args.warmup;
+    opts.timeout = Duration::from_secs_f64(args.timeout);
+    opts.linger = Duration::from_millis(args.linger_ms);
+    opts.expect_relay = args.expect_relay;
+    opts.progress = !args.quiet;
+    Ok(opts)
 }

@@ -93,24 +93,47 @@ async fn serve(config: Config, rules: Rules, id_service: IdService) -> anyhow::R
         "consuming prefill results"
     );
     let draining = readiness.clone();
-    let report = started
-        .worker
-        .run(started.inbound, async move {
-            let name = signals.recv().await;
-            tracing::info!(signal = name, "shutdown requested");
-            draining.set_consuming(false);
-        })
-        .await;
+    let shutdown = async move {
+        let name = signals.recv().await;
+        tracing::info!(signal = name, "shutdown requested");
+        draining.set_consuming(false);
+    };
+    let result = match started.inbound {
+        Some(inbound) => {
+            let report = started.worker.run(inbound, shutdown).await;
+            tracing::info!(
+                unfinished = report.unfinished,
+                flushed = report.flushed,
+                "worker loop stopped"
+            );
+            Ok(())
+        }
+        // Durable mode: its own pull loop (transport::jetstream).
+        None => transport::jetstream::serve(
+            started.client,
+            &config,
+            lease.identity(),
+            metrics.clone(),
+            Some(readiness.clone()),
+            shutdown,
+        )
+        .await
+        .map_err(durable_error),
+    };
     started.id_service.abort();
     tracing::info!("shutdown: revoking the etcd lease (frees the machine-ID slot)");
     lease.shutdown().await;
     let _ = stop_http.send(());
-    tracing::info!(
-        unfinished = report.unfinished,
-        flushed = report.flushed,
-        "shutdown complete"
-    );
-    Ok(())
+    tracing::info!("shutdown complete");
+    result
+}
+
+/// A durable-mode start failure: a config error exits 2, anything else 1.
+fn durable_error(e: transport::jetstream::JetStreamError) -> anyhow::Error {
+    match e {
+        transport::jetstream::JetStreamError::Config(e) => e.into(),
+        other => anyhow::Error::new(other).context("cannot consume from JetStream"),
+    }
 }
 
 /// Runs `startup` unless SIGTERM or SIGINT comes first (`None`).
@@ -127,7 +150,9 @@ async fn until_signal<T>(signals: &mut Signals, startup: impl Future<Output = T>
 /// What runs once the identity is held.
 struct Started {
     worker: Worker,
-    inbound: Inbound,
+    /// `None` in durable mode, which pulls in `transport::jetstream`.
+    inbound: Option<Inbound>,
+    client: async_nats::Client,
     id_service: tokio::task::JoinHandle<()>,
 }
 
@@ -151,11 +176,11 @@ async fn start(
     .await?;
     let client = transport::connect(&config.nats, metrics.clone(), readiness.clone()).await?;
     let inbound = match config.mode {
-        Mode::Core => Inbound::Core(
+        Mode::Core => Some(Inbound::Core(
             CoreInbound::subscribe(&client, &config.prefill_subjects(), &config.queue_group)
                 .await?,
-        ),
-        Mode::Jetstream => anyhow::bail!("mode = \"jetstream\" is not built yet"),
+        )),
+        Mode::Jetstream => None,
     };
     let id_service = id_service::serve(
         client.clone(),
@@ -168,12 +193,13 @@ async fn start(
         rules,
         identity,
         metrics.clone(),
-        Outbound::new(client),
+        Outbound::new(client.clone()),
         Options::from_config(config),
     );
     Ok(Started {
         worker,
         inbound,
+        client,
         id_service,
     })
 }

@@ -1,9 +1,68 @@
-//! `prefill-handoff setup`.
+//! `prefill-handoff setup`: creates the JetStream streams and the shared
+//! consumer, or checks and updates them (idempotent). Prints one line per
+//! object: created, unchanged, or updated (with the old and new values).
 
 use super::ConfigArgs;
+use crate::config::{Config, ConfigError};
+use crate::transport::jetstream::{JetStreamError, setup};
+use anyhow::Context as _;
+use std::time::Duration;
+
+/// How long `setup` waits for the NATS server before it gives up.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub fn run(args: ConfigArgs) -> anyhow::Result<()> {
     let config = args.load()?;
     super::logging::init(&config.log_format);
-    anyhow::bail!("`setup` is not built yet")
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let report = runtime.block_on(async {
+        let client = connect(&config).await?;
+        let js = async_nats::jetstream::new(client.clone());
+        let report = setup::ensure(&js, &config).await.map_err(|e| match e {
+            // Exit code 2: the configuration asks for something impossible.
+            JetStreamError::Config(e) => anyhow::Error::new(e),
+            other => anyhow::Error::new(other),
+        })?;
+        let _ = client.flush().await;
+        anyhow::Ok(report)
+    })?;
+    print!("{report}");
+    Ok(())
+}
+
+/// Connects once, failing fast: `setup` is run by hand or by a deploy step
+/// that should learn at once that NATS is unreachable.
+async fn connect(config: &Config) -> anyhow::Result<async_nats::Client> {
+    let nats = &config.nats;
+    let mut options = async_nats::ConnectOptions::new()
+        .name(format!("{} setup", nats.name))
+        .connection_timeout(CONNECT_TIMEOUT);
+    match (&nats.user, &nats.password) {
+        (Some(user), Some(password)) => {
+            options = options.user_and_password(user.clone(), password.clone());
+        }
+        (None, None) => {}
+        _ => {
+            return Err(
+                ConfigError("nats.user and nats.password must be set together".into()).into(),
+            );
+        }
+    }
+    if let Some(token) = &nats.token {
+        options = options.token(token.clone());
+    }
+    if let Some(path) = &nats.credentials_file {
+        options = options
+            .credentials_file(path)
+            .await
+            .with_context(|| format!("nats.credentials_file {}", path.display()))?;
+    }
+    let urls = crate::transport::connect::server_addrs(&nats.url)
+        .map_err(|e| ConfigError(e.to_string()))?;
+    options
+        .connect(urls)
+        .await
+        .with_context(|| format!("cannot connect to NATS at {}", nats.url))
 }

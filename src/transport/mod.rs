@@ -7,18 +7,21 @@
 //! - [`outbound`]: publishing an output.
 //! - [`ack`]: what is done with an input once its output is out (nothing in
 //!   core mode; ack, nak or term in JetStream mode).
+//! - [`jetstream`]: the durable mode, a work-queue stream and a shared pull
+//!   consumer, with its own pull loop and confirmed publishes (`run` calls
+//!   [`jetstream::serve`] instead of the core worker loop).
 //!
-//! The worker sees every transport through [`Inbound`] and [`Incoming`], so
-//! the per-message path (decode → decide → publish → settle) is the same in
-//! every delivery mode. A new mode adds a variant to [`Inbound`] (its
-//! receiving side), one to [`Ack`] (how it settles a message), and, if its
-//! outputs need more than a core publish (decode jobs stored in the GEN
-//! stream), a path in [`Outbound`]. When to ack, nak or term is decided in
-//! one place, `worker::settle`.
+//! The core worker sees its transport through [`Inbound`] and [`Incoming`];
+//! a new at-most-once mode adds a variant to [`Inbound`] and one to [`Ack`].
+//! The durable mode is different enough to own its loop: each output must be
+//! confirmed by the server before the message is acked, slow confirmations
+//! send in-progress acks, and naks back off by delivery count. It shares the
+//! decision core, and its ack/nak/term rules live in `jetstream::settle`.
 
 pub mod ack;
 pub mod connect;
 pub mod core;
+pub mod jetstream;
 pub mod outbound;
 
 pub use ack::{Ack, Settlement};

@@ -1,0 +1,335 @@
+#!/usr/bin/env bash
+# Benchmarks prefill-handoff against its baselines, in one run, on one
+# message mix, with local servers on free loopback ports:
+#
+#   relay     examples/raw_relay        core NATS in -> bytes unchanged -> GEN
+#   core      prefill-handoff run       core mode (queue group)
+#   js-relay  examples/raw_js_relay     work-queue stream -> GEN stream, ack
+#   js        prefill-handoff run       --mode jetstream
+#   python    benches/python_baseline.py  nats-py + msgpack, same decision
+#
+# For each: peak throughput (as fast as possible, median of REPEATS runs),
+# p50/p99 latency at a fixed moderate rate (median of REPEATS runs), and the process's peak RSS
+# (VmHWM, after the paced run and at the end). Prints a table, the ratios, and a last line
+#   RESULT core_vs_relay=… js_vs_relay=… vs_python=… p99_vs_relay=… rss_mb=…
+#
+# Knobs (environment): PEAK_COUNT (50000), REPEATS (3), RATE (2000 msg/s),
+# RATE_SECS (10), WARMUP (2000), MIX (trtllm=80,terminal=15,error=5),
+# NATS_SERVER (Debian's /usr/sbin/nats-server when present), ETCD (etcd),
+# ONLY (space-separated scenario names to run, default all), KEEP_TMP=1.
+#
+# Exit status: 0 when every scenario that could run ran; 1 when one failed.
+# A scenario whose program is not built yet is skipped, not failed.
+
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+
+PEAK_COUNT=${PEAK_COUNT:-50000}
+REPEATS=${REPEATS:-3}
+RATE=${RATE:-2000}
+RATE_SECS=${RATE_SECS:-10}
+WARMUP=${WARMUP:-2000}
+MIX=${MIX:-trtllm=80,terminal=15,error=5}
+ETCD=${ETCD:-etcd}
+ONLY=${ONLY:-relay core js-relay js python}
+if [[ -z ${NATS_SERVER:-} ]]; then
+    if [[ -x /usr/sbin/nats-server ]]; then NATS_SERVER=/usr/sbin/nats-server; else NATS_SERVER=nats-server; fi
+fi
+
+log() { printf 'bench: %s\n' "$*" >&2; }
+die() { log "$*"; exit 1; }
+
+# --- dependencies -----------------------------------------------------------
+
+missing_deps() {
+    command -v "$NATS_SERVER" >/dev/null || echo nats-server
+    command -v "$ETCD" >/dev/null || echo etcd
+    command -v cargo >/dev/null || echo cargo
+    python3 -c 'import nats, msgpack' 2>/dev/null || echo "python3 nats-py msgpack"
+}
+if [[ -n $(missing_deps) ]]; then
+    if [[ -x scripts/install-deps.sh ]]; then
+        log "installing missing dependencies: $(missing_deps | tr '\n' ' ')"
+        scripts/install-deps.sh
+    fi
+    [[ -z $(missing_deps) ]] || die "missing: $(missing_deps | tr '\n' ' ')(install them, or add scripts/install-deps.sh)"
+fi
+
+# --- build ------------------------------------------------------------------
+
+log "building release binary and examples"
+cargo build --release --quiet --bin prefill-handoff --example raw_relay --example raw_js_relay
+TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
+BIN=$TARGET/release/prefill-handoff
+RELAY=$TARGET/release/examples/raw_relay
+JS_RELAY=$TARGET/release/examples/raw_js_relay
+[[ -x $BIN && -x $RELAY && -x $JS_RELAY ]] || die "build produced no binaries under $TARGET/release"
+
+# --- servers ----------------------------------------------------------------
+
+TMP=$(mktemp -d -t prefill-bench.XXXXXX)
+PIDS=()
+cleanup() {
+    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+    if [[ ${KEEP_TMP:-0} == 1 ]]; then log "kept $TMP"; else rm -rf "$TMP"; fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+wait_port() {
+    local port=$1 i
+    for i in $(seq 150); do
+        (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && return 0
+        sleep 0.1
+    done
+    return 1
+}
+
+NATS_PORT=$(free_port)
+cat >"$TMP/nats.conf" <<EOF
+listen: 127.0.0.1:$NATS_PORT
+jetstream { store_dir: "$TMP/jetstream" }
+EOF
+"$NATS_SERVER" -c "$TMP/nats.conf" >"$TMP/nats.log" 2>&1 &
+PIDS+=($!)
+wait_port "$NATS_PORT" || die "nats-server did not start (see $TMP/nats.log)"
+NATS_URL=nats://127.0.0.1:$NATS_PORT
+
+ETCD_PORT=$(free_port)
+ETCD_PEER=$(free_port)
+"$ETCD" --name bench --data-dir "$TMP/etcd" \
+    --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
+    --listen-peer-urls "http://127.0.0.1:$ETCD_PEER" --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER" \
+    --initial-cluster "bench=http://127.0.0.1:$ETCD_PEER" >"$TMP/etcd.log" 2>&1 &
+PIDS+=($!)
+wait_port "$ETCD_PORT" || die "etcd did not start (see $TMP/etcd.log)"
+ETCD_URL=http://127.0.0.1:$ETCD_PORT
+
+log "nats-server $("$NATS_SERVER" --version 2>&1 | head -1) on $NATS_PORT, etcd on $ETCD_PORT, $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+
+# --- scenarios --------------------------------------------------------------
+
+mkdir -p "$TMP/results"
+FAILED=0
+
+loadgen() { "$BIN" loadgen --nats-url "$NATS_URL" --mix "$MIX" --quiet "$@"; }
+
+# One line about a loadgen run from its JSON report (or its last error line).
+summary() {
+    python3 - "$1.json" <<'PY' 2>/dev/null || echo "no report: $(tail -n1 "$1.err")"
+import json, sys
+r = json.load(open(sys.argv[1]))
+l = r["latency_ms"]
+print(f"{r['throughput']:.0f} outputs/s, p50 {l['p50']:.2f} ms, p99 {l['p99']:.2f} ms, "
+      f"missing {r['missing']}, duplicated {r['duplicates']}, ok={r['ok']}")
+PY
+}
+
+# Waits until one message of the run's kind comes back: proves the program
+# subscribed (core NATS drops messages published before that).
+wait_answering() {
+    local pid=$1 i
+    shift
+    for i in $(seq 60); do
+        kill -0 "$pid" 2>/dev/null || return 1
+        loadgen --count 1 --timeout 1 "$@" >/dev/null 2>&1 && return 0
+    done
+    return 1
+}
+
+# All programs run side by side, each in its own namespace (idle while
+# another is measured), and the runs go round-robin over them: noise from
+# other work on the machine spreads over every scenario instead of spoiling
+# the one that happened to be measured at the time.
+declare -A PID_OF NS_OF FLAGS_OF
+STARTED=()
+
+# start NAME NAMESPACE LOADGEN-FLAGS -- COMMAND...
+start() {
+    local name=$1 ns=$2 flags=$3
+    shift 4
+    [[ " $ONLY " == *" $name "* ]] || return 0
+    local out=$TMP/results/$name
+    local plog=$TMP/$name.log
+    log "$name: starting $(basename "$1")"
+    "$@" >"$plog" 2>&1 &
+    local pid=$!
+    PIDS+=("$pid")
+    # shellcheck disable=SC2086
+    if ! wait_answering "$pid" --namespace "$ns" $flags; then
+        if grep -q "not built yet\|not supported yet\|not implemented" "$plog"; then
+            log "$name: SKIPPED: $(basename "$1") cannot do this yet on this branch: $(grep -m1 "not built yet\|not supported yet\|not implemented" "$plog" | sed 's/\x1b\[[0-9;]*m//g' | cut -c1-160)"
+            echo "skipped: not built yet" >"$out.skipped"
+        else
+            log "$name: FAILED: the program never answered; last lines of its log:"
+            tail -n 15 "$plog" >&2
+            echo "failed: never answered" >"$out.skipped"
+            FAILED=1
+        fi
+        kill "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+        return 0
+    fi
+    PID_OF[$name]=$pid
+    NS_OF[$name]=$ns
+    FLAGS_OF[$name]=$flags
+    STARTED+=("$name")
+}
+
+# measure NAME KIND(rate|peak) RUN
+measure() {
+    local name=$1 kind=$2 i=$3
+    local out=$TMP/results/$name.$kind.$i
+    local size=(--count "$PEAK_COUNT")
+    [[ $kind == rate ]] && size=(--count $((RATE * RATE_SECS)) --rate "$RATE")
+    # shellcheck disable=SC2086
+    loadgen --namespace "${NS_OF[$name]}" ${FLAGS_OF[$name]} "${size[@]}" --warmup "$WARMUP" --timeout 60 --json \
+        >"$out.json" 2>"$out.err" || true
+    if [[ $kind == rate ]]; then
+        log "$name: $RATE msg/s run $i: $(summary "$out")"
+    else
+        log "$name: peak run $i: $(summary "$out")"
+    fi
+}
+
+WORKER_ARGS=(--nats-url "$NATS_URL" --etcd-endpoints "$ETCD_URL")
+
+start relay brelay "--expect-relay" -- \
+    "$RELAY" --nats-url "$NATS_URL" --namespace brelay
+start core bcore "" -- \
+    "$BIN" run "${WORKER_ARGS[@]}" --namespace bcore --mode core --metrics-addr "127.0.0.1:$(free_port)"
+start js-relay bjsrelay "--jetstream --expect-relay" -- \
+    "$JS_RELAY" --nats-url "$NATS_URL" --namespace bjsrelay
+start js bjs "--jetstream" -- \
+    "$BIN" run "${WORKER_ARGS[@]}" --namespace bjs --mode jetstream --metrics-addr "127.0.0.1:$(free_port)"
+start python bpython "" -- \
+    python3 "$ROOT/benches/python_baseline.py" --nats-url "$NATS_URL" --namespace bpython
+
+# The paced runs first: the peak RSS after them is the steady-state
+# footprint; the bursts afterwards show what queueing a burst costs.
+for i in $(seq "$REPEATS"); do
+    for name in "${STARTED[@]}"; do measure "$name" rate "$i"; done
+done
+for name in "${STARTED[@]}"; do
+    grep VmHWM "/proc/${PID_OF[$name]}/status" | awk '{print $2}' >"$TMP/results/$name.rss_paced_kb" || true
+    awk '{print $14 + $15}' "/proc/${PID_OF[$name]}/stat" >"$TMP/results/$name.cpu_paced_ticks" || true
+done
+for i in $(seq "$REPEATS"); do
+    for name in "${STARTED[@]}"; do measure "$name" peak "$i"; done
+done
+for name in "${STARTED[@]}"; do
+    pid=${PID_OF[$name]}
+    grep VmHWM "/proc/$pid/status" | awk '{print $2}' >"$TMP/results/$name.rss_kb" || true
+    awk '{print $14 + $15}' "/proc/$pid/stat" >"$TMP/results/$name.cpu_ticks" || true
+    getconf CLK_TCK >"$TMP/results/$name.clk_tck"
+    kill -TERM "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+done
+
+# --- report -----------------------------------------------------------------
+
+python3 - "$TMP/results" "$PEAK_COUNT" "$REPEATS" "$RATE" "$RATE_SECS" "$MIX" <<'PY'
+import json, os, statistics, sys
+
+results, peak_count, repeats, rate, rate_secs, mix = sys.argv[1:]
+names = ["relay", "core", "js-relay", "js", "python"]
+labels = {
+    "relay": "raw relay (core)",
+    "core": "prefill-handoff core",
+    "js-relay": "raw relay (JetStream)",
+    "js": "prefill-handoff jetstream",
+    "python": "python baseline",
+}
+
+def load(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+def read(path):
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+rows = {}
+for n in names:
+    base = os.path.join(results, n)
+    skipped = read(base + ".skipped")
+    peaks = [load(f"{base}.peak.{i}.json") for i in range(1, int(repeats) + 1)]
+    peaks = [p for p in peaks if p]
+    lats = [load(f"{base}.rate.{i}.json") for i in range(1, int(repeats) + 1)]
+    lats = [l for l in lats if l]
+    if skipped or not peaks:
+        rows[n] = {"note": skipped or "not run"}
+        continue
+    rss = read(base + ".rss_kb")
+    rss_paced = read(base + ".rss_paced_kb")
+    clk = int(read(base + ".clk_tck") or 100)
+    ticks_paced = int(read(base + ".cpu_paced_ticks") or 0)
+    ticks_end = int(read(base + ".cpu_ticks") or 0)
+    handled_paced = sum(l["sent"] + l["warmup_received"] for l in lats)
+    handled_peak = sum(p["sent"] + p["warmup_received"] for p in peaks)
+    bad = [p for p in peaks + lats if not p["ok"]]
+    rows[n] = {
+        "peak": statistics.median(p["throughput"] for p in peaks),
+        "p50": statistics.median(l["latency_ms"]["p50"] for l in lats) if lats else None,
+        "p99": statistics.median(l["latency_ms"]["p99"] for l in lats) if lats else None,
+        "rss_mb": int(rss) / 1024 if rss else None,
+        "rss_paced_mb": int(rss_paced) / 1024 if rss_paced else None,
+        # Paced: includes start-up and the probe messages (small next to
+        # the paced runs). Burst: the CPU spent during the peak runs alone.
+        "cpu_paced_us": ticks_paced / clk * 1e6 / handled_paced if ticks_paced and handled_paced else None,
+        "cpu_burst_us": (ticks_end - ticks_paced) / clk * 1e6 / handled_peak if ticks_end and handled_peak else None,
+        "note": "; ".join(
+            f"{'peak' if p in peaks else 'rate'} run: missing {p['missing']}, dup {p['duplicates']}, wrong {p['wrong_kind']}"
+            for p in bad
+        ),
+    }
+
+def fmt(v, spec):
+    width = int(spec.split(".")[0])
+    return format(v, spec) if v is not None else "n/a".rjust(width)
+
+print()
+print(f"mix {mix}; peak = median of {repeats} runs of {peak_count} messages as fast as possible;")
+print(f"latency = median of {repeats} runs at {rate} msg/s for {rate_secs} s (run first); RSS = VmHWM after that paced run and at the end (after the bursts);")
+print("CPU = process CPU time per message handled, in the paced runs (one wakeup per message) and in the bursts (batched)")
+print()
+print(f"{'scenario':<27} {'peak out/s':>10} {'p50 ms':>7} {'p99 ms':>7} {'RSS MB paced':>12} {'RSS MB peak':>11} "
+      f"{'CPU us/msg paced':>16} {'CPU us/msg burst':>16}  note")
+for n in names:
+    r = rows[n]
+    print(f"{labels[n]:<27} {fmt(r.get('peak'), '10.0f')} {fmt(r.get('p50'), '7.2f')} {fmt(r.get('p99'), '7.2f')} "
+          f"{fmt(r.get('rss_paced_mb'), '12.1f')} {fmt(r.get('rss_mb'), '11.1f')} "
+          f"{fmt(r.get('cpu_paced_us'), '16.1f')} {fmt(r.get('cpu_burst_us'), '16.1f')}  {r.get('note', '')}")
+
+def ratio(a, b, key):
+    x, y = rows[a].get(key), rows[b].get(key)
+    return f"{x / y:.2f}" if x and y else "n/a"
+
+core_vs_relay = ratio("core", "relay", "peak")
+js_vs_relay = ratio("js", "js-relay", "peak")
+vs_python = ratio("core", "python", "peak")
+p99_vs_relay = ratio("core", "relay", "p99")
+rss = [rows[n].get("rss_mb") for n in ("core", "js") if rows[n].get("rss_mb")]
+rss_mb = f"{max(rss):.1f}" if rss else "n/a"
+paced = [rows[n].get("rss_paced_mb") for n in ("core", "js") if rows[n].get("rss_paced_mb")]
+paced_mb = f"{max(paced):.1f}" if paced else "n/a"
+print()
+print(f"core / raw relay throughput      {core_vs_relay}  (target >= 0.8)")
+print(f"jetstream / raw JS relay         {js_vs_relay}  (target >= 0.8)")
+print(f"core / python throughput         {vs_python}  (target >= 10)")
+print(f"core / raw relay p99 at {rate}/s  {p99_vs_relay}  (target <= 1.5)")
+print(f"worker peak RSS MB               {rss_mb}  (target <= 50; {paced_mb} after the paced run alone)")
+print(f"RESULT core_vs_relay={core_vs_relay} js_vs_relay={js_vs_relay} vs_python={vs_python} p99_vs_relay={p99_vs_relay} rss_mb={rss_mb}")
+PY
+
+exit "$FAILED"

@@ -1,0 +1,113 @@
+//! The load generator behind `prefill-handoff loadgen`, and the raw relays the
+//! worker's speed is compared with.
+//!
+//! A run publishes synthetic prefill results (contract 4.1) in a configurable
+//! mix, listens on the GEN, reply and dead-letter subjects, matches every
+//! output to its message by `request_id`, and reports throughput, latency and
+//! any output that is missing, duplicated or of the wrong kind.
+//!
+//! - [`mix`]: the kinds of message and the output each must produce.
+//! - [`payload`]: building the messages and their run-scoped request IDs.
+//! - [`scan`] and [`tally`]: reading outputs cheaply and matching them.
+//! - [`report`]: counts, throughput, percentiles; text and JSON.
+//! - `driver`: the network side (subscribe, pace, publish, collect).
+//! - [`relay`]: the raw core and JetStream relays (benchmark baselines).
+
+pub mod mix;
+pub mod payload;
+pub mod relay;
+pub mod report;
+pub mod scan;
+pub mod tally;
+
+mod driver;
+
+pub use mix::{Kind, Mix, OutputKind};
+pub use report::Report;
+
+use std::time::Duration;
+
+/// Everything a run needs; the CLI fills it from flags.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub nats_url: String,
+    pub prefill_subject: String,
+    pub gen_subject: String,
+    pub dead_letter_subject: String,
+    /// Where terminal and error responses come back: an allowed reply subject.
+    pub reply_subject: String,
+    /// A `reply_to` the worker must refuse, for dead-letter messages.
+    pub refused_reply_to: String,
+    /// One NATS subject token naming this run.
+    pub run_id: String,
+    pub count: usize,
+    /// Messages per second; 0 = as fast as possible.
+    pub rate: f64,
+    pub mix: Mix,
+    pub opaque_bytes: usize,
+    /// Publish through JetStream and wait for the stream's acks.
+    pub jetstream: bool,
+    /// JetStream acks outstanding at once.
+    pub concurrency: usize,
+    /// Messages sent and answered before the measured window (not counted).
+    pub warmup: usize,
+    /// How long to wait for outputs after the last publish.
+    pub timeout: Duration,
+    /// How long to keep listening for duplicates once every output arrived.
+    pub linger: Duration,
+    /// Every message must come back unchanged on GEN (a raw relay).
+    pub expect_relay: bool,
+    /// Print a progress line to stderr about once a second.
+    pub progress: bool,
+}
+
+impl Options {
+    /// Defaults for a namespace (contract 2 subject names) and a run.
+    pub fn new(nats_url: &str, ns: &str, run_id: &str) -> Options {
+        Options {
+            nats_url: nats_url.to_string(),
+            prefill_subject: format!("{ns}.prefill.results"),
+            gen_subject: format!("{ns}.gen.jobs"),
+            dead_letter_subject: format!("{ns}.handoff.dead"),
+            reply_subject: format!("{ns}.replies.loadgen.{run_id}"),
+            refused_reply_to: format!("$SYS.loadgen.{run_id}"),
+            run_id: run_id.to_string(),
+            count: 10_000,
+            rate: 0.0,
+            mix: Mix::default(),
+            opaque_bytes: 256,
+            jetstream: false,
+            concurrency: 1024,
+            warmup: 0,
+            timeout: Duration::from_secs(10),
+            linger: Duration::from_millis(250),
+            expect_relay: false,
+            progress: false,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoadgenError {
+    #[error("NATS: {0}")]
+    Nats(String),
+}
+
+/// Runs one load test. The report says whether every output arrived once.
+pub async fn run(opts: &Options) -> Result<Report, LoadgenError> {
+    driver::run(opts).await
+}
+
+/// A fresh run ID: 8 hex digits, a single subject token.
+pub fn new_run_id() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
+    h.write_u32(std::process::id());
+    format!("{:08x}", h.finish() as u32)
+}

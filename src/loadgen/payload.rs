@@ -1,0 +1,345 @@
+//! Synthetic prefill results (contract 4.1), MessagePack with named fields,
+//! shaped like what Dynamo's prefill workers emit for each backend.
+//!
+//! Every request ID carries the run and the message's sequence number, so an
+//! output can be matched to its send instant without a lookup table.
+
+use super::mix::Kind;
+use crate::wire::{self, Encoding, map::from_pairs};
+use rmpv::Value;
+
+/// The request IDs of one run: `lg-{run}-{seq}` for measured messages and
+/// `lg-{run}-w{seq}` for warm-up messages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunIds {
+    prefix: String,
+}
+
+/// Which message of a run a request ID names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tag {
+    Measured(usize),
+    Warmup(usize),
+}
+
+impl RunIds {
+    /// `run` must be a single NATS subject token (it also names the reply subject).
+    pub fn new(run: &str) -> RunIds {
+        RunIds {
+            prefix: format!("lg-{run}-"),
+        }
+    }
+
+    pub fn request_id(&self, tag: Tag) -> String {
+        match tag {
+            Tag::Measured(seq) => format!("{}{seq}", self.prefix),
+            Tag::Warmup(seq) => format!("{}w{seq}", self.prefix),
+        }
+    }
+
+    /// The message a request ID names, or `None` for IDs of other runs or
+    /// other programs.
+    pub fn parse(&self, request_id: &str) -> Option<Tag> {
+        let rest = request_id.strip_prefix(&self.prefix)?;
+        let (warmup, digits) = match rest.strip_prefix('w') {
+            Some(d) => (true, d),
+            None => (false, rest),
+        };
+        // `usize::from_str` accepts a leading '+'; our IDs never have one.
+        if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        let seq = digits.parse().ok()?;
+        Some(if warmup {
+            Tag::Warmup(seq)
+        } else {
+            Tag::Measured(seq)
+        })
+    }
+}
+
+/// What every message of a run shares.
+#[derive(Debug, Clone)]
+pub struct Template {
+    /// The allowed reply subject outputs come back on.
+    pub reply_to: String,
+    /// A reply subject the worker must refuse (for [`Kind::Dead`]).
+    pub refused_reply_to: String,
+    /// Size of TensorRT-LLM's `opaque_state` (MessagePack binary).
+    pub opaque_bytes: usize,
+}
+
+/// The encoded prefill result for one message. `nth` counts messages of the
+/// same kind (it alternates the finish reason and the error flavour).
+pub fn encode(template: &Template, kind: Kind, request_id: &str, seq: u64, nth: u64) -> Vec<u8> {
+    wire::encode(
+        &build(template, kind, request_id, seq, nth),
+        Encoding::MsgPack,
+    )
+}
+
+fn build(template: &Template, kind: Kind, request_id: &str, seq: u64, nth: u64) -> Value {
+    let token = Value::from(1000 + seq % 30000);
+    let reply_to = match kind {
+        Kind::Dead => template.refused_reply_to.as_str(),
+        _ => template.reply_to.as_str(),
+    };
+    let (finish_reason, error, params) = match kind {
+        Kind::Trtllm | Kind::Dead => (Value::Nil, None, trtllm_params(template, seq, true)),
+        Kind::Sglang => (Value::Nil, None, sglang_params(seq)),
+        Kind::Vllm => (Value::Nil, None, vllm_params(seq)),
+        Kind::Opaque => (
+            Value::Nil,
+            None,
+            from_pairs([
+                ("kv_handle", Value::from(format!("kv://pool-3/{seq:x}"))),
+                ("node", Value::from(seq % 8)),
+            ]),
+        ),
+        Kind::Terminal => {
+            const REASONS: [&str; 4] = ["stop", "eos", "cancelled", "abort"];
+            let reason = REASONS[(nth % REASONS.len() as u64) as usize];
+            (
+                Value::from(reason),
+                None,
+                trtllm_params(template, seq, true),
+            )
+        }
+        Kind::Error if nth.is_multiple_of(2) => {
+            (Value::Nil, None, trtllm_params(template, seq, false))
+        }
+        Kind::Error => (
+            Value::from("error"),
+            Some(Value::from(
+                "prefill engine failed: CUDA error: out of memory",
+            )),
+            Value::Nil,
+        ),
+    };
+    let mut frame = vec![
+        (Value::from("token_ids"), Value::Array(vec![token.clone()])),
+        (Value::from("text"), Value::from(" the")),
+        (Value::from("finish_reason"), finish_reason),
+        (
+            Value::from("completion_usage"),
+            from_pairs([
+                ("prompt_tokens", Value::from(512)),
+                ("completion_tokens", Value::from(1)),
+                ("total_tokens", Value::from(513)),
+            ]),
+        ),
+    ];
+    if let Some(error) = error {
+        frame.push((Value::from("error"), error));
+    }
+    if !params.is_nil() {
+        frame.push((Value::from("disaggregated_params"), params));
+    }
+    from_pairs([
+        ("request_id", Value::from(request_id)),
+        ("reply_to", Value::from(reply_to)),
+        ("frames", Value::Array(vec![Value::Map(frame)])),
+        ("request", request(seq)),
+    ])
+}
+
+/// TensorRT-LLM's context-only handoff; without `ctx_request_id` when
+/// `with_ctx_id` is false (the "ctx_request_id is None" failure).
+fn trtllm_params(template: &Template, seq: u64, with_ctx_id: bool) -> Value {
+    let ctx = if with_ctx_id {
+        Value::from(1_000_000 + seq)
+    } else {
+        Value::Nil
+    };
+    from_pairs([
+        ("request_type", Value::from("context_only")),
+        (
+            "first_gen_tokens",
+            Value::Array(vec![Value::from(1000 + seq % 30000)]),
+        ),
+        ("ctx_request_id", ctx),
+        (
+            "opaque_state",
+            Value::Binary(noise(seq, template.opaque_bytes)),
+        ),
+        ("draft_tokens", Value::Nil),
+    ])
+}
+
+fn sglang_params(seq: u64) -> Value {
+    from_pairs([
+        ("bootstrap_host", Value::from("10.0.0.7")),
+        ("bootstrap_port", Value::from(8998)),
+        ("bootstrap_room", Value::from(seq)),
+    ])
+}
+
+fn vllm_params(seq: u64) -> Value {
+    from_pairs([
+        ("do_remote_prefill", Value::from(true)),
+        ("remote_engine_id", Value::from("prefill-engine-0")),
+        (
+            "remote_block_ids",
+            Value::Array((0..16).map(|i| Value::from(seq * 16 + i)).collect()),
+        ),
+        ("remote_host", Value::from("10.0.0.8")),
+        ("remote_port", Value::from(5600)),
+    ])
+}
+
+/// The original request as a dispatcher would pass it on: model, a short
+/// tokenized prompt and sampling options.
+fn request(seq: u64) -> Value {
+    from_pairs([
+        ("model", Value::from("meta-llama/Llama-3.1-8B-Instruct")),
+        (
+            "token_ids",
+            Value::Array(
+                (0..32)
+                    .map(|i| Value::from((seq + i * 7919) % 128_000))
+                    .collect(),
+            ),
+        ),
+        (
+            "sampling_options",
+            from_pairs([
+                ("temperature", Value::F64(0.7)),
+                ("top_p", Value::F64(0.95)),
+            ]),
+        ),
+        (
+            "stop_conditions",
+            from_pairs([("max_tokens", Value::from(256))]),
+        ),
+    ])
+}
+
+/// Deterministic bytes that do not compress (xorshift), like a real handle.
+fn noise(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::map;
+
+    #[test]
+    fn request_ids_round_trip_and_foreign_ids_are_refused() {
+        let ids = RunIds::new("ab12");
+        for tag in [Tag::Measured(0), Tag::Measured(99_999), Tag::Warmup(7)] {
+            assert_eq!(ids.parse(&ids.request_id(tag)), Some(tag));
+        }
+        for foreign in [
+            "lg-ab13-5",
+            "lg-ab12-",
+            "lg-ab12-w",
+            "lg-ab12-+5",
+            "lg-ab12-5x",
+            "lg-ab12-x5",
+            "5",
+            "",
+            "lg-ab12-99999999999999999999999",
+        ] {
+            assert_eq!(ids.parse(foreign), None, "{foreign:?}");
+        }
+    }
+
+    fn decoded(kind: Kind, nth: u64) -> Vec<(Value, Value)> {
+        let template = Template {
+            reply_to: "llm.replies.loadgen.r".into(),
+            refused_reply_to: "$SYS.loadgen".into(),
+            opaque_bytes: 256,
+        };
+        let bytes = encode(&template, kind, "lg-r-3", 3, nth);
+        match wire::decode(&bytes, Encoding::MsgPack) {
+            Ok(Value::Map(m)) => m,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn first_frame(top: &[(Value, Value)]) -> Vec<(Value, Value)> {
+        match map::get(top, "frames") {
+            Some(Value::Array(frames)) => match &frames[0] {
+                Value::Map(m) => m.clone(),
+                other => panic!("{other:?}"),
+            },
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn trtllm_handoff_has_binary_opaque_state_of_the_asked_size() {
+        let top = decoded(Kind::Trtllm, 0);
+        assert_eq!(map::get(&top, "request_id"), Some(&Value::from("lg-r-3")));
+        let frame = first_frame(&top);
+        assert_eq!(map::get(&frame, "finish_reason"), Some(&Value::Nil));
+        let Some(Value::Map(params)) = map::get(&frame, "disaggregated_params") else {
+            panic!("no params")
+        };
+        match map::get(params, "opaque_state") {
+            Some(Value::Binary(b)) => assert_eq!(b.len(), 256),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            map::get(params, "ctx_request_id"),
+            Some(&Value::from(1_000_003u64))
+        );
+    }
+
+    #[test]
+    fn each_kind_carries_what_the_decision_reads() {
+        // (kind, nth, finish_reason, has error, ctx_request_id present, reply_to)
+        type Row = (Kind, u64, Value, bool, Option<bool>, &'static str);
+        let reply = "llm.replies.loadgen.r";
+        let rows: [Row; 6] = [
+            (
+                Kind::Terminal,
+                0,
+                Value::from("stop"),
+                false,
+                Some(true),
+                reply,
+            ),
+            (
+                Kind::Terminal,
+                1,
+                Value::from("eos"),
+                false,
+                Some(true),
+                reply,
+            ),
+            (Kind::Error, 0, Value::Nil, false, Some(false), reply),
+            (Kind::Error, 1, Value::from("error"), true, None, reply),
+            (Kind::Dead, 0, Value::Nil, false, Some(true), "$SYS.loadgen"),
+            (Kind::Sglang, 0, Value::Nil, false, None, reply),
+        ];
+        for (kind, nth, reason, has_error, ctx, reply_to) in rows {
+            let top = decoded(kind, nth);
+            let frame = first_frame(&top);
+            let label = format!("{} #{nth}", kind.as_str());
+            assert_eq!(
+                map::get(&top, "reply_to"),
+                Some(&Value::from(reply_to)),
+                "{label}"
+            );
+            assert_eq!(map::get(&frame, "finish_reason"), Some(&reason), "{label}");
+            assert_eq!(map::has(&frame, "error"), has_error, "{label}");
+            let ctx_present = match map::get(&frame, "disaggregated_params") {
+                Some(Value::Map(p)) if map::has(p, "ctx_request_id") => {
+                    Some(map::get_non_nil(p, "ctx_request_id").is_some())
+                }
+                _ => None,
+            };
+            assert_eq!(ctx_present, ctx, "{label}");
+        }
+    }
+}

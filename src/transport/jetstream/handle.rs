@@ -1,0 +1,309 @@
+//! One delivered message: decode → decide → publish → settle.
+//!
+//! The message is acked only after its output is known to have reached the
+//! server ([`Publisher`]); while waiting, in-progress acks keep the delivery
+//! from timing out. Which settlement follows is [`settle`]'s rule.
+
+use super::publish::{PublishError, Publisher};
+use super::settle::{self, Plan, Redelivery, Settle};
+use crate::decision::{self, DeadLetterCode, Decision, Input, Outcome, Rules};
+use crate::identity::Identity;
+use crate::metrics::{Metrics, NakReason};
+use crate::wire::Encoding;
+use async_nats::jetstream::{self, AckKind, message::Acker};
+use async_nats::{HeaderMap, Message};
+use bytes::Bytes;
+use std::future::Future;
+use std::time::{Duration, Instant};
+use tracing::{debug, error, info, warn};
+
+/// Input headers copied to every output (contract 3).
+const TRACE_HEADERS: [&str; 2] = ["traceparent", "tracestate"];
+
+/// Everything a delivery needs, shared by all in-flight messages.
+pub struct Handler {
+    pub publisher: Publisher,
+    pub rules: Rules,
+    pub identity: Identity,
+    pub metrics: Metrics,
+    /// Decode jobs go into the GEN stream and wait for its ack.
+    pub gen_is_stream: bool,
+    pub redelivery: Redelivery,
+    /// The consumer's ack wait: in-progress acks are sent every half of it.
+    pub ack_wait: Duration,
+}
+
+/// What happened to one delivery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Handled {
+    /// The output was published and the delivery acked or terminated.
+    Done { outcome: Outcome, settle: Settle },
+    /// Nothing was published (no identity to mint with); redelivery asked for.
+    Retry { delay: Duration },
+    /// Publishing failed; redelivery asked for.
+    PublishFailed { delay: Duration },
+    /// Neither the output nor a dead letter could ever be published:
+    /// terminated, logged as an error.
+    Unpublishable,
+}
+
+impl Handler {
+    /// Handles one delivery to the end. Never panics on the message's content.
+    pub async fn handle(&self, message: jetstream::Message, received_at: Instant) -> Handled {
+        let _in_flight = self.metrics.in_flight();
+        // The delivery count is in the ack subject; a message without one
+        // cannot come from a consumer, but counts as a first delivery.
+        let delivered = message.info().map(|i| i.delivered).unwrap_or(1);
+        if delivered > 1 {
+            self.metrics.redelivered();
+        }
+        let (message, acker) = message.split();
+        let input = Input {
+            payload: &message.payload,
+            encoding: Encoding::from_content_type(header(&message, "content-type")),
+            subject: message.subject.as_str(),
+            nats_reply: None,
+        };
+        let mut decision = decision::decide(input, &self.rules, &mut self.identity.clone());
+        let request_id = decision.request_id.clone().unwrap_or_default();
+
+        let settle = match settle::plan(&decision.outcome, delivered, &self.redelivery) {
+            Plan::Retry(delay) => {
+                debug!(
+                    request_id,
+                    delivered,
+                    delay_ms = delay.as_millis() as u64,
+                    "no machine-ID slot to mint with; asking for redelivery"
+                );
+                self.metrics.nacked(NakReason::IdentityUnavailable);
+                nak(&acker, delay).await;
+                return Handled::Retry { delay };
+            }
+            Plan::Publish(settle) => settle,
+        };
+
+        let headers = output_headers(&decision.headers, message.headers.as_ref());
+        let payload = Bytes::from(std::mem::take(&mut decision.payload));
+        let stored = self.gen_is_stream && matches!(decision.outcome, Outcome::Decode { .. });
+        let publish = async {
+            if stored {
+                self.publisher
+                    .stored(&decision.subject, headers, payload)
+                    .await
+            } else {
+                self.publisher
+                    .core(&decision.subject, headers, payload)
+                    .await
+            }
+        };
+        let (outcome, settle) = match with_progress(publish, &acker, self.ack_wait / 2).await {
+            Ok(()) => (decision.outcome.clone(), settle),
+            Err(PublishError::Permanent { code, why }) => {
+                match self
+                    .dead_letter_instead(&message, &acker, &decision, code, &why)
+                    .await
+                {
+                    Ok(code) => (Outcome::DeadLetter { code }, Settle::Term),
+                    Err(e) => return self.failed(&acker, &request_id, delivered, e).await,
+                }
+            }
+            Err(e) => return self.failed(&acker, &request_id, delivered, e).await,
+        };
+
+        self.metrics
+            .record(&outcome, decision.trailing_frames, received_at.elapsed());
+        log_outcome(&outcome, &decision, message.subject.as_str(), delivered);
+        let kind = match settle {
+            Settle::Ack => AckKind::Ack,
+            Settle::Term => AckKind::Term,
+        };
+        if let Err(e) = acker.double_ack_with(kind).await {
+            // The output is out; the message may come again and its output
+            // repeat (the GEN stream drops a repeated decode job).
+            warn!(
+                request_id,
+                error = %e,
+                "the server did not confirm the ack; the message may be redelivered"
+            );
+        }
+        Handled::Done { outcome, settle }
+    }
+
+    /// The output can never be published (too large for the server): the
+    /// input goes to the dead-letter subject instead, as it came.
+    async fn dead_letter_instead(
+        &self,
+        message: &Message,
+        acker: &Acker,
+        decision: &Decision,
+        code: DeadLetterCode,
+        why: &str,
+    ) -> Result<DeadLetterCode, PublishError> {
+        warn!(
+            kind = decision.outcome.kind(),
+            request_id = decision.request_id.as_deref().unwrap_or(""),
+            error = why,
+            "the output cannot be published; dead-lettering the input instead"
+        );
+        let set = [
+            ("Handoff-Error-Code", code.as_str().to_string()),
+            (
+                "Handoff-Error",
+                format!(
+                    "the {} output for this result could not be published: {why}",
+                    decision.outcome.kind()
+                ),
+            ),
+            ("Handoff-Source-Subject", message.subject.to_string()),
+        ];
+        let headers = output_headers(&set, message.headers.as_ref());
+        let publish = self.publisher.core(
+            &self.rules.dead_letter_subject,
+            headers,
+            message.payload.clone(),
+        );
+        with_progress(publish, acker, self.ack_wait / 2).await?;
+        Ok(code)
+    }
+
+    async fn failed(
+        &self,
+        acker: &Acker,
+        request_id: &str,
+        delivered: i64,
+        e: PublishError,
+    ) -> Handled {
+        self.metrics.publish_failed();
+        if e.is_permanent() {
+            error!(
+                request_id,
+                error = %e,
+                "neither the output nor a dead letter can be published; terminating the message"
+            );
+            if let Err(e) = acker.ack_with(AckKind::Term).await {
+                debug!(error = %e, "term not sent");
+            }
+            return Handled::Unpublishable;
+        }
+        let delay = self.redelivery.delay(delivered);
+        warn!(
+            request_id,
+            delivered,
+            last_delivery = self.redelivery.is_last(delivered),
+            error = %e,
+            "output not confirmed; asking for redelivery"
+        );
+        self.metrics.nacked(NakReason::PublishFailed);
+        nak(acker, delay).await;
+        Handled::PublishFailed { delay }
+    }
+}
+
+/// A header's first value, the name matched without regard to case.
+fn header<'a>(message: &'a Message, name: &str) -> Option<&'a str> {
+    message
+        .headers
+        .as_ref()?
+        .iter()
+        .find(|(n, _)| AsRef::<str>::as_ref(n).eq_ignore_ascii_case(name))
+        .and_then(|(_, values)| values.first())
+        .map(|v| v.as_str())
+}
+
+/// Asks for redelivery after `delay`. If the nak is lost, the ack wait
+/// expires and the message comes again anyway.
+async fn nak(acker: &Acker, delay: Duration) {
+    if let Err(e) = acker.ack_with(AckKind::Nak(Some(delay))).await {
+        debug!(error = %e, "nak not sent; the message is redelivered after the ack wait");
+    }
+}
+
+/// Runs `work`, sending an in-progress ack every `every` while it is pending.
+async fn with_progress<F: Future>(work: F, acker: &Acker, every: Duration) -> F::Output {
+    let every = every.max(Duration::from_millis(100));
+    tokio::pin!(work);
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    loop {
+        tokio::select! {
+            out = &mut work => return out,
+            _ = ticks.tick() => {
+                if let Err(e) = acker.ack_with(AckKind::Progress).await {
+                    debug!(error = %e, "in-progress ack not sent");
+                }
+            }
+        }
+    }
+}
+
+/// The given headers plus the input's trace headers (names matched without
+/// regard to case).
+pub fn output_headers(set: &[(&'static str, String)], input: Option<&HeaderMap>) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    for (name, value) in set {
+        headers.insert(*name, value.as_str());
+    }
+    let Some(input) = input else {
+        return headers;
+    };
+    for (name, values) in input.iter() {
+        let name: &str = name.as_ref();
+        if let Some(trace) = TRACE_HEADERS.iter().find(|t| name.eq_ignore_ascii_case(t))
+            && let Some(value) = values.first()
+        {
+            headers.insert(*trace, value.as_str());
+        }
+    }
+    headers
+}
+
+fn log_outcome(outcome: &Outcome, decision: &Decision, source: &str, delivered: i64) {
+    let request_id = decision.request_id.as_deref().unwrap_or("");
+    let detail = decision.detail.as_deref().unwrap_or("");
+    match outcome {
+        Outcome::DeadLetter { code } => warn!(
+            code = code.as_str(),
+            source, delivered, detail, "dead-lettered and terminated"
+        ),
+        Outcome::Error { code } => info!(
+            code = code.as_str(),
+            request_id, delivered, detail, "error response published"
+        ),
+        Outcome::Decode { .. } | Outcome::Terminal { .. } => debug!(
+            outcome = outcome.kind(),
+            request_id,
+            delivered,
+            trailing_frames = decision.trailing_frames,
+            "published"
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_headers_add_trace_headers_whatever_their_case() {
+        let mut input = HeaderMap::new();
+        input.insert("TraceParent", "00-abc-01");
+        input.insert("tracestate", "k=v");
+        input.insert("Content-Type", "application/json");
+        input.insert("Nats-Msg-Id", "from-the-producer");
+        let set = [("Nats-Msg-Id", "handoff-r1".to_string())];
+        let out = output_headers(&set, Some(&input));
+        let mut got: Vec<(String, String)> = out
+            .iter()
+            .map(|(n, v)| (n.to_string(), v[0].as_str().to_string()))
+            .collect();
+        got.sort();
+        assert_eq!(
+            got,
+            vec![
+                ("Nats-Msg-Id".into(), "handoff-r1".into()),
+                ("traceparent".into(), "00-abc-01".into()),
+                ("tracestate".into(), "k=v".into()),
+            ]
+        );
+        assert_eq!(output_headers(&set, None).iter().count(), 1);
+    }
+}

@@ -1,0 +1,130 @@
+//! Publishing an output so that the input may be acked afterwards: the
+//! publish must be known to have reached the server.
+//!
+//! - Into a stream (decode jobs, when GEN is a stream): the stream's publish
+//!   ack says the job is stored. `Nats-Msg-Id` makes a repeat a no-op.
+//! - Core NATS (replies, dead letters): there is no publish ack, so a
+//!   round trip follows the publish (see [`Publisher::core`]).
+
+use crate::decision::DeadLetterCode;
+use async_nats::jetstream::{self, message::PublishMessage};
+use async_nats::{Client, HeaderMap, RequestErrorKind};
+use bytes::Bytes;
+use std::sync::atomic::Ordering;
+
+/// Why an output is not known to have reached the server.
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    /// The output can never be published as it is (too large for the
+    /// server, or a subject the client refuses): retrying cannot help. The
+    /// code says what a dead letter of the input would be marked with.
+    #[error("{why}")]
+    Permanent { code: DeadLetterCode, why: String },
+    /// Worth retrying later: the server, the connection or the stream failed.
+    #[error("{0}")]
+    Transient(String),
+}
+
+impl PublishError {
+    pub fn is_permanent(&self) -> bool {
+        matches!(self, PublishError::Permanent { .. })
+    }
+}
+
+/// The one connection outputs go out on.
+#[derive(Clone)]
+pub struct Publisher {
+    pub client: Client,
+    pub js: jetstream::Context,
+}
+
+impl Publisher {
+    /// Publishes into a stream and waits for the stream's ack. A duplicate
+    /// (same `Nats-Msg-Id` within the window) is acked too: the job is stored.
+    pub async fn stored(
+        &self,
+        subject: &str,
+        headers: HeaderMap,
+        payload: Bytes,
+    ) -> Result<(), PublishError> {
+        use jetstream::context::PublishErrorKind as Kind;
+        let ack = self
+            .js
+            .send_publish(
+                subject.to_string(),
+                PublishMessage::build().payload(payload).headers(headers),
+            )
+            .await
+            .map_err(|e| match e.kind() {
+                Kind::MaxPayloadExceeded => PublishError::Permanent {
+                    code: DeadLetterCode::TooLarge,
+                    why: format!("the decode job is larger than the NATS server accepts: {e}"),
+                },
+                _ => PublishError::Transient(format!("publishing to {subject}: {e}")),
+            })?;
+        let ack = ack.await.map_err(|e| {
+            PublishError::Transient(format!("the GEN stream did not store the decode job: {e}"))
+        })?;
+        if ack.duplicate {
+            tracing::debug!(
+                subject,
+                sequence = ack.sequence,
+                "the GEN stream already held this decode job"
+            );
+        }
+        Ok(())
+    }
+
+    /// Publishes a core message and confirms the server received it.
+    ///
+    /// A request to a subject nobody listens on is answered by the server
+    /// itself ("no responders") after it has processed everything this
+    /// connection sent before it: the PING/PONG guarantee other NATS clients
+    /// call flush. If the connection was not re-established in between, the
+    /// publish reached the server; otherwise it may be lost, and the caller
+    /// asks for redelivery (the output may then repeat, never go missing).
+    pub async fn core(
+        &self,
+        subject: &str,
+        headers: HeaderMap,
+        payload: Bytes,
+    ) -> Result<(), PublishError> {
+        use async_nats::client::PublishErrorKind as Kind;
+        let connects = self.connects();
+        self.client
+            .publish_with_headers(subject.to_string(), headers, payload)
+            .await
+            .map_err(|e| match e.kind() {
+                Kind::MaxPayloadExceeded => PublishError::Permanent {
+                    code: DeadLetterCode::TooLarge,
+                    why: format!("the output is larger than the NATS server accepts: {e}"),
+                },
+                Kind::InvalidSubject => PublishError::Permanent {
+                    code: DeadLetterCode::ReplyToNotAllowed,
+                    why: format!("{subject:?} is not a subject NATS accepts: {e}"),
+                },
+                Kind::Send => PublishError::Transient(format!("publishing to {subject}: {e}")),
+            })?;
+        let probe = self.client.new_inbox();
+        match self.client.request(probe, Bytes::new()).await {
+            Ok(_) => {}
+            Err(e) if e.kind() == RequestErrorKind::NoResponders => {}
+            Err(e) => {
+                return Err(PublishError::Transient(format!(
+                    "the server did not confirm receipt of the output to {subject}: {e}"
+                )));
+            }
+        }
+        if self.connects() != connects {
+            return Err(PublishError::Transient(format!(
+                "the NATS connection was re-established while publishing to {subject}; the output may be lost"
+            )));
+        }
+        Ok(())
+    }
+
+    /// How many times the connection has been established so far.
+    pub fn connects(&self) -> u64 {
+        self.client.statistics().connects.load(Ordering::Acquire)
+    }
+}

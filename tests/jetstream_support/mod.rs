@@ -1,0 +1,124 @@
+//! Shared pieces of the durable-mode tests: a test configuration, workers
+//! run in the test process (library level), a mixed traffic generator
+//! (`traffic.rs`), and ways to observe outputs and the queue (`observe.rs`).
+
+#![allow(dead_code)]
+
+mod observe;
+mod traffic;
+
+pub use observe::*;
+pub use traffic::*;
+
+use crate::common::Nats;
+use async_nats::jetstream;
+use prefill_handoff::config::Config;
+use prefill_handoff::identity::Identity;
+use prefill_handoff::ids::{DEFAULT_EPOCH_UNIX_MS, IdLayout, MachineId};
+use prefill_handoff::metrics::Metrics;
+use prefill_handoff::transport::jetstream::{self as durable, JetStreamError};
+use std::time::Duration;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+pub const GEN: &str = "llm.gen.jobs";
+pub const DEAD: &str = "llm.handoff.dead";
+pub const PREFILL: &str = "llm.prefill.results";
+
+/// Short ack wait and nak delay keep redelivery tests fast.
+pub fn config(nats: &Nats) -> Config {
+    let mut config = Config::default();
+    config.nats.url = nats.url();
+    config.mode = prefill_handoff::config::Mode::Jetstream;
+    config.jetstream.ack_wait_secs = 2;
+    config.jetstream.nak_delay_ms = 100;
+    config.jetstream.max_deliver = 100;
+    config.jetstream.storage = "file".into();
+    config.max_in_flight = 64;
+    config.jetstream.batch = 32;
+    config.shutdown_timeout_secs = 5;
+    config.resolve().expect("valid test config")
+}
+
+pub fn fixed_identity(machine_id: u16) -> Identity {
+    Identity::fixed(
+        IdLayout::Rc22,
+        DEFAULT_EPOCH_UNIX_MS,
+        MachineId::new(machine_id.into()).expect("machine id"),
+    )
+}
+
+/// A worker running `serve` in this process, on its own connection.
+pub struct LibWorker {
+    task: Option<JoinHandle<Result<(), JetStreamError>>>,
+    stop: Option<oneshot::Sender<()>>,
+}
+
+impl LibWorker {
+    pub async fn start(config: &Config, identity: Identity) -> LibWorker {
+        init_logging();
+        let client = async_nats::ConnectOptions::new()
+            .retry_on_initial_connect()
+            .connect(&config.nats.url)
+            .await
+            .expect("worker connects");
+        let (stop, stopped) = oneshot::channel::<()>();
+        let config = config.clone();
+        let task = tokio::spawn(async move {
+            let shutdown = async {
+                let _ = stopped.await;
+            };
+            durable::serve(client, &config, identity, Metrics::new(), None, shutdown).await
+        });
+        LibWorker {
+            task: Some(task),
+            stop: Some(stop),
+        }
+    }
+
+    /// Graceful stop: no new pulls, in-flight messages finished.
+    pub async fn stop(mut self) -> Result<(), JetStreamError> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let task = self.task.take().expect("running");
+        tokio::time::timeout(Duration::from_secs(30), task)
+            .await
+            .expect("worker stops within 30 s")
+            .expect("worker task did not panic")
+    }
+
+    /// Like a crash: the task and everything it holds are dropped at once,
+    /// unacked messages stay unacked.
+    pub fn crash(mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+impl Drop for LibWorker {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+/// Worker logs go to the test's output, filtered by `RUST_LOG` (default: warnings).
+pub fn init_logging() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_test_writer()
+            .try_init();
+    });
+}
+
+/// Runs `setup` as an operator would before anything is published.
+pub async fn setup(js: &jetstream::Context, config: &Config) {
+    durable::setup::ensure(js, config).await.expect("setup");
+}
