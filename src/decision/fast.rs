@@ -4,7 +4,7 @@
 //!
 //! [`decide`] answers only when it is sure its answer is the one the
 //! value-tree path would give, byte for byte: a canonically encoded body
-//! (see [`wire::scan`]) whose result is a TensorRT-LLM or opaque decode
+//! (see [`scan`]) whose result is a TensorRT-LLM or opaque decode
 //! handoff or a terminal response with a string finish reason. For anything
 //! else — errors, dead letters, SGLang and vLLM handoffs, duplicate keys,
 //! maps wider than [`WIDE`] — it returns `None` before any side effect (no
