@@ -3,10 +3,10 @@
 //!
 //! `cargo bench --bench core` (add `-- --quick` for a short run).
 
-use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use criterion::{Criterion, Throughput, criterion_group};
 use prefill_handoff::clock;
 use prefill_handoff::config::Config;
-use prefill_handoff::decision::{Input, Rules, decide};
+use prefill_handoff::decision::{Decision, IdSource, Input, Rules, decide, decide_values};
 use prefill_handoff::identity::Identity;
 use prefill_handoff::ids::{DEFAULT_EPOCH_UNIX_MS, IdGenerator, IdLayout, MachineId};
 use prefill_handoff::wire::{self, Encoding, map};
@@ -79,10 +79,11 @@ fn rules() -> Rules {
         .expect("default rules")
 }
 
-fn decisions(c: &mut Criterion) {
-    let rules = rules();
-    let slot = MachineId::new(17).expect("slot");
-    let cases = [
+type DecideFn = fn(Input<'_>, &Rules, &mut dyn IdSource) -> Decision;
+
+/// The benchmarked results: name, value, encoding.
+fn cases() -> [(&'static str, Value, Encoding); 4] {
+    [
         (
             "trtllm_decode_minted_msgpack",
             typical_result(Value::from("length"), None),
@@ -104,25 +105,64 @@ fn decisions(c: &mut Criterion) {
             typical_result(Value::from("length"), None),
             Encoding::Json,
         ),
-    ];
+    ]
+}
+
+/// Each case through `decide` (in place where it applies) and through
+/// `decide_values` (value trees only, the path before the in-place one).
+fn decisions(c: &mut Criterion) {
+    let rules = rules();
+    let slot = MachineId::new(17).expect("slot");
     let mut group = c.benchmark_group("decide");
-    for (name, value, encoding) in cases {
+    for (name, value, encoding) in cases() {
         let payload = wire::encode(&value, encoding);
-        let mut identity = Identity::fixed(IdLayout::Rc22, DEFAULT_EPOCH_UNIX_MS, slot);
-        group.throughput(Throughput::Elements(1));
-        group.bench_function(format!("{name}_{}B", payload.len()), |b| {
-            b.iter(|| {
-                let input = Input {
-                    payload: black_box(&payload),
-                    encoding,
-                    subject: "llm.prefill.results",
-                    nats_reply: None,
-                };
-                black_box(decide(input, &rules, &mut identity))
-            })
-        });
+        let paths: [(&str, DecideFn); 2] = [("", decide), ("_values", decide_values)];
+        for (suffix, decide_fn) in paths {
+            let mut identity = Identity::fixed(IdLayout::Rc22, DEFAULT_EPOCH_UNIX_MS, slot);
+            group.throughput(Throughput::Elements(1));
+            group.bench_function(format!("{name}_{}B{suffix}", payload.len()), |b| {
+                b.iter(|| {
+                    let input = Input {
+                        payload: black_box(&payload),
+                        encoding,
+                        subject: "llm.prefill.results",
+                        nats_reply: None,
+                    };
+                    black_box(decide_fn(input, &rules, &mut identity))
+                })
+            });
+        }
     }
     group.finish();
+}
+
+/// `DECIDE_ITERS=N [DECIDE_PATH=values] DECIDE_CASE=name`: no criterion, just
+/// N decisions of one case, for instruction counts under
+/// `valgrind --tool=callgrind` (stable on a noisy machine, unlike time).
+fn count_instructions(iters: usize) {
+    let rules = rules();
+    let slot = MachineId::new(17).expect("slot");
+    let wanted =
+        std::env::var("DECIDE_CASE").unwrap_or_else(|_| "trtllm_decode_kept_msgpack".into());
+    let decide_fn: DecideFn = match std::env::var("DECIDE_PATH").as_deref() {
+        Ok("values") => decide_values,
+        _ => decide,
+    };
+    let (_, value, encoding) = cases()
+        .into_iter()
+        .find(|(name, _, _)| *name == wanted)
+        .expect("DECIDE_CASE names a case");
+    let payload = wire::encode(&value, encoding);
+    let mut identity = Identity::fixed(IdLayout::Rc22, DEFAULT_EPOCH_UNIX_MS, slot);
+    for _ in 0..iters {
+        let input = Input {
+            payload: black_box(&payload),
+            encoding,
+            subject: "llm.prefill.results",
+            nats_reply: None,
+        };
+        black_box(decide_fn(input, &rules, &mut identity));
+    }
 }
 
 fn ids(c: &mut Criterion) {
@@ -156,4 +196,15 @@ fn ids(c: &mut Criterion) {
 }
 
 criterion_group!(benches, decisions, ids);
-criterion_main!(benches);
+
+fn main() {
+    if let Some(iters) = std::env::var("DECIDE_ITERS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+    {
+        count_instructions(iters);
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

@@ -10,14 +10,15 @@ use crate::ids::MachineId;
 use crate::wire::map;
 use rmpv::Value;
 
-const TRTLLM_KEYS: [&str; 5] = [
+pub(super) const TRTLLM_KEYS: [&str; 5] = [
     "ctx_request_id",
     "request_type",
     "disagg_request_id",
     "opaque_state",
     "first_gen_tokens",
 ];
-const VLLM_KEYS: [&str; 3] = ["do_remote_prefill", "remote_engine_id", "remote_block_ids"];
+pub(super) const VLLM_KEYS: [&str; 3] =
+    ["do_remote_prefill", "remote_engine_id", "remote_block_ids"];
 
 /// A validated handoff, ready to be sent to decode.
 #[derive(Debug)]

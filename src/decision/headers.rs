@@ -11,8 +11,13 @@ use crate::wire::Encoding;
 pub fn msg_id(request_id: &str) -> String {
     let mut out = String::with_capacity(8 + request_id.len());
     out.push_str("handoff-");
+    let plain = |b: u8| (b'!'..0x7f).contains(&b) && b != b'%';
+    if request_id.bytes().all(plain) {
+        out.push_str(request_id);
+        return out;
+    }
     for b in request_id.bytes() {
-        if (b'!'..0x7f).contains(&b) && b != b'%' {
+        if plain(b) {
             out.push(b as char);
         } else {
             const HEX: &[u8; 16] = b"0123456789ABCDEF";

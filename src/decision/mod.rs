@@ -5,6 +5,7 @@
 //! this function plus printing; `run` is this function plus transports.
 
 pub mod codes;
+mod fast;
 mod handoff;
 mod headers;
 pub mod reply;
@@ -107,7 +108,30 @@ pub struct Decision {
 }
 
 /// Decides what to publish for one prefill result (contract 4.2 and 4.3).
+///
+/// Common MessagePack results are decided on the input's bytes in place (the
+/// `fast` module); everything else, and all JSON, through value trees
+/// ([`decide_values`]). Both give the same decision for every input.
 pub fn decide(input: Input<'_>, rules: &Rules, ids: &mut dyn IdSource) -> Decision {
+    match fast::decide(input, rules, ids) {
+        Some(decision) => decision,
+        None => decide_values(input, rules, ids),
+    }
+}
+
+/// [`decide`] on the input's bytes in place, or `None` (with no ID minted)
+/// when the input is not one of the cases handled that way.
+pub fn decide_in_place(
+    input: Input<'_>,
+    rules: &Rules,
+    ids: &mut dyn IdSource,
+) -> Option<Decision> {
+    fast::decide(input, rules, ids)
+}
+
+/// [`decide`] through value trees only: the reference the in-place path is
+/// tested against.
+pub fn decide_values(input: Input<'_>, rules: &Rules, ids: &mut dyn IdSource) -> Decision {
     if input.payload.len() > rules.max_payload_bytes {
         let why = format!(
             "the message is {} bytes; at most {} are accepted (max_payload_bytes)",

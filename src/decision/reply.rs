@@ -70,13 +70,17 @@ impl ReplyPolicy {
             return Err(Refusal::TooLong(subject.len()));
         }
         let shown = || subject.to_string();
-        if !subject
-            .split('.')
-            .all(|t| !t.is_empty() && t.bytes().all(|b| b > b' ' && b != 0x7f))
-        {
+        // One pass over the tokens: an invalid one is refused as invalid
+        // even when another is a wildcard.
+        let (mut invalid, mut wildcard) = (false, false);
+        for t in subject.as_bytes().split(|b| *b == b'.') {
+            invalid |= t.is_empty() || !t.iter().all(|b| *b > b' ' && *b != 0x7f);
+            wildcard |= t == b"*" || t == b">";
+        }
+        if invalid {
             return Err(Refusal::Invalid(shown()));
         }
-        if subject.split('.').any(|t| t == "*" || t == ">") {
+        if wildcard {
             return Err(Refusal::Wildcard(shown()));
         }
         if subject.starts_with('$') {
@@ -105,11 +109,12 @@ fn is_valid_pattern(p: &str) -> bool {
 
 /// NATS subject matching: `*` matches one token, a final `>` one or more.
 pub fn matches(pattern: &str, subject: &str) -> bool {
-    let mut subject_tokens = subject.split('.');
-    for p in pattern.split('.') {
+    let dot = |b: &u8| *b == b'.';
+    let mut subject_tokens = subject.as_bytes().split(dot);
+    for p in pattern.as_bytes().split(dot) {
         match (p, subject_tokens.next()) {
-            (">", Some(_)) => return true,
-            ("*", Some(_)) => {}
+            (b">", Some(_)) => return true,
+            (b"*", Some(_)) => {}
             (p, Some(s)) if p == s => {}
             _ => return false,
         }

@@ -8,6 +8,7 @@
 pub mod map;
 pub mod messages;
 pub mod msgpack;
+pub mod scan;
 
 use rmpv::Value;
 use thiserror::Error;

@@ -239,7 +239,20 @@ pub fn write(out: &mut Vec<u8>, value: &Value) {
     }
 }
 
-fn write_uint(out: &mut Vec<u8>, n: u64) {
+/// Appends a string's header and bytes (which need not be UTF-8), as
+/// [`write()`] writes a string value.
+pub fn write_str(out: &mut Vec<u8>, bytes: &[u8]) {
+    write_len(out, bytes.len(), Some(0xa0), [0xd9, 0xda, 0xdb]);
+    out.extend_from_slice(bytes);
+}
+
+/// Appends the header of a map of `n` entries, as [`write()`] writes it.
+pub fn write_map_len(out: &mut Vec<u8>, n: usize) {
+    write_container_len(out, n, 0x80, [0xde, 0xdf]);
+}
+
+/// Appends a non-negative integer in its shortest form, as [`write()`] does.
+pub fn write_uint(out: &mut Vec<u8>, n: u64) {
     if n < 0x80 {
         out.push(n as u8);
     } else if n <= u64::from(u8::MAX) {

@@ -1,0 +1,371 @@
+//! Zero-copy reading of MessagePack: values as byte spans of the input.
+//!
+//! [`validate`] walks a body once and accepts it only when [`super::decode`]
+//! would read it without error (same refusals: undefined marker `0xc1`,
+//! lengths past the end, nesting deeper than [`MAX_DEPTH`], trailing bytes)
+//! AND every value is already in the shortest encoding that
+//! [`super::msgpack::write`] would produce. For such a body, copying a value's
+//! bytes is exactly what decoding it and encoding it again would give, so
+//! outputs can be spliced from spans of the input. Bodies that fail either
+//! test are simply not accepted here; the caller reads them as value trees.
+//!
+//! The accessors ([`str_bytes`], [`uint`], [`entries`], [`items`]) work on
+//! spans of a validated body; on anything else they may return `None`, never
+//! panic.
+
+use super::MAX_DEPTH;
+
+/// Whether `bytes` is exactly one valid, canonically encoded value.
+pub fn validate(bytes: &[u8]) -> bool {
+    skip(bytes, 0, 0) == Some(bytes.len())
+}
+
+/// The end of the value starting at `pos`, which sits in `depth` containers.
+/// `None` when it is invalid or not in its shortest encoding.
+fn skip(b: &[u8], pos: usize, depth: usize) -> Option<usize> {
+    let marker = *b.get(pos)?;
+    let p = pos + 1;
+    match marker {
+        0x00..=0x7f | 0xe0..=0xff | 0xc0 | 0xc2 | 0xc3 => Some(p),
+        0x80..=0x8f => container(b, p, usize::from(marker & 0x0f) * 2, depth),
+        0x90..=0x9f => container(b, p, usize::from(marker & 0x0f), depth),
+        0xa0..=0xbf => body(b, p, usize::from(marker & 0x1f)),
+        0xc1 => None,
+        0xc4..=0xc6 => {
+            let width = 1 << (marker - 0xc4);
+            let n = be(b, p, width)?;
+            // bin8 for up to 255 bytes, bin16 above, bin32 above 65535.
+            (!fits_narrower(n, width)).then_some(())?;
+            body(b, p + width, n)
+        }
+        0xc7..=0xc9 => {
+            let width = 1 << (marker - 0xc7);
+            let n = be(b, p, width)?;
+            let fixed = matches!(n, 1 | 2 | 4 | 8 | 16);
+            (!fixed && !fits_narrower(n, width)).then_some(())?;
+            body(b, p + width, n + 1)
+        }
+        0xca => body(b, p, 4),
+        0xcb => body(b, p, 8),
+        0xcc..=0xd3 => int(b, p, marker),
+        0xd4..=0xd8 => body(b, p, 1 + (1 << (marker - 0xd4))),
+        0xd9..=0xdb => {
+            let width = 1 << (marker - 0xd9);
+            let n = be(b, p, width)?;
+            (n >= 32 && !fits_narrower(n, width)).then_some(())?;
+            body(b, p + width, n)
+        }
+        0xdc..=0xdf => {
+            let width = 2 << ((marker - 0xdc) & 1);
+            let n = be(b, p, width)?;
+            let least = if width == 2 { 16 } else { 0x1_0000 };
+            (n >= least).then_some(())?;
+            let per = if marker >= 0xde { 2 } else { 1 };
+            container(b, p + width, n.checked_mul(per)?, depth)
+        }
+    }
+}
+
+/// The end of a sized integer whose marker (0xcc to 0xd3) is just before
+/// `p`, when it is in its shortest form: an unsigned form only for a number
+/// too large for the next narrower one (or for a positive fixint), a signed
+/// form only for a negative number too small for the next narrower one.
+#[inline(always)]
+fn int(b: &[u8], p: usize, marker: u8) -> Option<usize> {
+    let width = 1usize << ((marker - 0xcc) & 3);
+    let raw = b.get(p..p.checked_add(width)?)?;
+    let canonical = match marker {
+        0xcc => raw[0] >= 0x80,
+        0xcd..=0xcf => raw[..width / 2].iter().any(|x| *x != 0),
+        0xd0 => (raw[0] as i8) < -32,
+        // Negative, and not all of the upper half plus the next bit set
+        // (which would be the sign extension of a narrower number).
+        _ => {
+            let half = &raw[..width / 2];
+            raw[0] & 0x80 != 0 && !(half.iter().all(|x| *x == 0xff) && raw[width / 2] & 0x80 != 0)
+        }
+    };
+    canonical.then_some(p + width)
+}
+
+/// Whether a length `n` written in `width` bytes would fit the next narrower
+/// form (never, for width 1): then the shortest encoding is not this one.
+fn fits_narrower(n: usize, width: usize) -> bool {
+    width > 1 && n as u64 <= bound(width / 2)
+}
+
+/// The largest unsigned number `width` bytes hold.
+fn bound(width: usize) -> u64 {
+    if width >= 8 {
+        u64::MAX
+    } else {
+        (1u64 << (8 * width)) - 1
+    }
+}
+
+/// A big-endian unsigned number of `width` bytes at `p`.
+fn be(b: &[u8], p: usize, width: usize) -> Option<usize> {
+    let raw = b.get(p..p.checked_add(width)?)?;
+    Some(raw.iter().fold(0usize, |n, x| (n << 8) | usize::from(*x)))
+}
+
+fn body(b: &[u8], p: usize, n: usize) -> Option<usize> {
+    let end = p.checked_add(n)?;
+    (end <= b.len()).then_some(end)
+}
+
+fn container(b: &[u8], mut p: usize, values: usize, depth: usize) -> Option<usize> {
+    if depth >= MAX_DEPTH {
+        return None;
+    }
+    for _ in 0..values {
+        // Scalars and short strings (most of a prefill result) without a
+        // recursive call.
+        p = match *b.get(p)? {
+            0x00..=0x7f | 0xe0..=0xff | 0xc0 | 0xc2 | 0xc3 => p + 1,
+            m @ 0xa0..=0xbf => body(b, p + 1, usize::from(m & 0x1f))?,
+            m @ 0xcc..=0xd3 => int(b, p + 1, m)?,
+            _ => skip(b, p, depth + 1)?,
+        };
+    }
+    Some(p)
+}
+
+/// Validates a body that must be one map (as [`validate`] does) and hands
+/// each entry's key and value spans to `each`, in order; `None` when the body
+/// is not valid, not a map, or `each` declines. Returns the entry count.
+pub fn validate_entries<'a>(
+    bytes: &'a [u8],
+    mut each: impl FnMut(&'a [u8], &'a [u8]) -> Option<()>,
+) -> Option<usize> {
+    let (n, start) = container_header(bytes, 0x80, 0xde)?;
+    let mut p = start;
+    for _ in 0..n {
+        let key_end = skip(bytes, p, 1)?;
+        let end = skip(bytes, key_end, 1)?;
+        each(bytes.get(p..key_end)?, bytes.get(key_end..end)?)?;
+        p = end;
+    }
+    (p == bytes.len()).then_some(n)
+}
+
+/// A canonical container header: the entry or item count and where the
+/// first one starts.
+fn container_header(raw: &[u8], fix: u8, wide: u8) -> Option<(usize, usize)> {
+    let marker = *raw.first()?;
+    if marker & 0xf0 == fix {
+        Some((usize::from(marker & 0x0f), 1))
+    } else if marker == wide {
+        let n = be(raw, 1, 2)?;
+        (n >= 16).then_some((n, 3))
+    } else if marker == wide + 1 {
+        let n = be(raw, 1, 4)?;
+        (n > 0xffff).then_some((n, 5))
+    } else {
+        None
+    }
+}
+
+/// Whether the span is `nil`.
+pub fn is_nil(raw: &[u8]) -> bool {
+    raw == [0xc0]
+}
+
+/// The bytes of a string value (not necessarily UTF-8).
+pub fn str_bytes(raw: &[u8]) -> Option<&[u8]> {
+    let marker = *raw.first()?;
+    let start = match marker {
+        0xa0..=0xbf => 1,
+        0xd9 => 2,
+        0xda => 3,
+        0xdb => 5,
+        _ => return None,
+    };
+    raw.get(start..)
+}
+
+/// A non-negative integer value (as `rmpv::Value::as_u64` reads it).
+pub fn uint(raw: &[u8]) -> Option<u64> {
+    let marker = *raw.first()?;
+    match marker {
+        0x00..=0x7f => Some(u64::from(marker)),
+        0xcc..=0xcf => {
+            let width = 1 << (marker - 0xcc);
+            let bytes = raw.get(1..1 + width)?;
+            Some(bytes.iter().fold(0u64, |n, x| (n << 8) | u64::from(*x)))
+        }
+        _ => None,
+    }
+}
+
+/// The span of each value inside a container span, in order.
+pub struct Spans<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+    left: usize,
+}
+
+impl<'a> Iterator for Spans<'a> {
+    type Item = &'a [u8];
+
+    fn next(&mut self) -> Option<&'a [u8]> {
+        if self.left == 0 {
+            return None;
+        }
+        // A validated body sits in at most MAX_DEPTH containers from here.
+        let end = skip(self.bytes, self.pos, 0)?;
+        let out = self.bytes.get(self.pos..end)?;
+        self.pos = end;
+        self.left -= 1;
+        Some(out)
+    }
+}
+
+/// The number of items and their spans, if the span is an array.
+pub fn items(raw: &[u8]) -> Option<(usize, Spans<'_>)> {
+    container_spans(raw, 0x90, 0xdc, 1)
+}
+
+/// The number of entries and the spans of keys and values (alternating), if
+/// the span is a map.
+pub fn entries(raw: &[u8]) -> Option<(usize, Spans<'_>)> {
+    container_spans(raw, 0x80, 0xde, 2)
+}
+
+fn container_spans(raw: &[u8], fix: u8, wide: u8, per: usize) -> Option<(usize, Spans<'_>)> {
+    let (n, start) = container_header(raw, fix, wide)?;
+    let spans = Spans {
+        bytes: raw,
+        pos: start,
+        left: n.checked_mul(per)?,
+    };
+    Some((n, spans))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::{Encoding, decode, encode};
+    use rmpv::Value;
+
+    #[test]
+    fn canonical_encodings_validate_and_others_do_not() {
+        let cases: &[(&[u8], bool)] = &[
+            (&[0x05], true),
+            (&[0xcc, 0x05], false),
+            (&[0xcc, 0x80], true),
+            (&[0xcd, 0x00, 0xff], false),
+            (&[0xcd, 0x01, 0x00], true),
+            (&[0xd0, 0x05], false),
+            (&[0xd0, 0xe0], false),
+            (&[0xd0, 0xdf], true),
+            (&[0xd1, 0xff, 0x80], false),
+            (&[0xd1, 0xff, 0x7f], true),
+            (&[0xd9, 0x01, b'a'], false),
+            (&[0xa1, b'a'], true),
+            (&[0xc7, 0x01, 0x01, 0x00], false),
+            (&[0xd4, 0x01, 0x00], true),
+            (&[0xdc, 0x00, 0x01, 0x01], false),
+            (&[0x91, 0x01], true),
+            (&[0xc1], false),
+            (&[0x91], false),
+            (&[0x01, 0x02], false),
+            (&[0xc4, 0x00], true),
+        ];
+        for (bytes, ok) in cases {
+            assert_eq!(validate(bytes), *ok, "{bytes:x?}");
+        }
+    }
+
+    #[test]
+    fn validated_bodies_reencode_to_themselves() {
+        let values = [
+            Value::from(-33),
+            Value::from(-129),
+            Value::from(-40000),
+            Value::from(i64::MIN),
+            Value::from(u64::MAX),
+            Value::from(70000),
+            Value::from("x".repeat(40)),
+            Value::from("x".repeat(300)),
+            Value::Binary(vec![1; 300]),
+            Value::Ext(3, vec![0; 3]),
+            Value::Ext(3, vec![0; 16]),
+            Value::Array((0..20).map(Value::from).collect()),
+            Value::F32(1.5),
+        ];
+        for v in values {
+            let bytes = encode(&v, Encoding::MsgPack);
+            assert!(validate(&bytes), "{v:?}");
+            assert_eq!(decode(&bytes, Encoding::MsgPack).unwrap(), v);
+        }
+    }
+
+    #[test]
+    fn an_integer_validates_in_its_shortest_form_only() {
+        let edges: [i128; 16] = [
+            0,
+            1,
+            127,
+            128,
+            255,
+            256,
+            65535,
+            65536,
+            1 << 32,
+            -1,
+            -32,
+            -33,
+            -128,
+            -129,
+            -32768,
+            -32769,
+        ];
+        let more = [
+            i128::from(i32::MIN),
+            i128::from(i32::MIN) - 1,
+            i128::from(i64::MIN),
+        ];
+        for n in edges.into_iter().chain(more).chain([i128::from(u64::MAX)]) {
+            let value = match u64::try_from(n) {
+                Ok(u) => Value::from(u),
+                Err(_) => Value::from(n as i64),
+            };
+            let canonical = encode(&value, Encoding::MsgPack);
+            let forms: [(u8, usize); 8] = [
+                (0xcc, 1),
+                (0xcd, 2),
+                (0xce, 4),
+                (0xcf, 8),
+                (0xd0, 1),
+                (0xd1, 2),
+                (0xd2, 4),
+                (0xd3, 8),
+            ];
+            for (marker, width) in forms {
+                let fits = if marker < 0xd0 {
+                    n >= 0 && n < 1i128 << (8 * width)
+                } else {
+                    n >= -(1i128 << (8 * width - 1)) && n < 1i128 << (8 * width - 1)
+                };
+                if !fits {
+                    continue;
+                }
+                let mut bytes = vec![marker];
+                bytes.extend_from_slice(&(n as u64).to_be_bytes()[8 - width..]);
+                assert_eq!(validate(&bytes), bytes == canonical, "{n} as {marker:#x}");
+            }
+        }
+    }
+
+    #[test]
+    fn depth_is_bounded_as_the_reader_bounds_it() {
+        for levels in [MAX_DEPTH - 1, MAX_DEPTH, MAX_DEPTH + 1] {
+            let mut nested = vec![0x91; levels];
+            nested.push(0x01);
+            let readable = decode(&nested, Encoding::MsgPack).is_ok();
+            assert_eq!(readable, levels <= MAX_DEPTH);
+            assert_eq!(validate(&nested), readable, "{levels} levels");
+        }
+    }
+}
