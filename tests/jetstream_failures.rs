@@ -54,23 +54,7 @@ async fn jetstream_worker_dying_mid_run_loses_nothing() {
     );
     tokio::time::sleep(Duration::from_secs(3)).await;
 
-    let gen_ids = gen_stream_request_ids(&js).await;
-    let mut outputs = stream_contents(&js, "OUTPUTS").await;
-    let gen_dups = {
-        let mut sorted = gen_ids.clone();
-        sorted.sort();
-        let before = sorted.len();
-        sorted.dedup();
-        before - sorted.len()
-    };
-    assert_eq!(gen_dups, 0, "GEN stream holds each decode job once");
-    outputs.extend(gen_ids.into_iter().map(|request_id| Seen {
-        kind: Expect::Gen,
-        subject: GEN.into(),
-        request_id,
-        payload: Vec::new(),
-        headers: None,
-    }));
+    let outputs = all_outputs(&js).await;
     let dups = check_outputs(&inputs, &outputs);
     report_duplicates("after a worker crash", &dups);
     assert_eq!(prefill_left(&js).await, 0);
@@ -111,23 +95,7 @@ async fn jetstream_nats_server_restart_mid_run_loses_nothing() {
         queue_state(&js).await
     );
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let gen_ids = gen_stream_request_ids(&js).await;
-    let mut sorted = gen_ids.clone();
-    sorted.sort();
-    sorted.dedup();
-    assert_eq!(
-        sorted.len(),
-        gen_ids.len(),
-        "GEN stream holds each decode job once"
-    );
-    let mut outputs = stream_contents(&js, "OUTPUTS").await;
-    outputs.extend(gen_ids.into_iter().map(|request_id| Seen {
-        kind: Expect::Gen,
-        subject: GEN.into(),
-        request_id,
-        payload: Vec::new(),
-        headers: None,
-    }));
+    let outputs = all_outputs(&js).await;
     let dups = check_outputs(&inputs, &outputs);
     report_duplicates("after a nats-server restart", &dups);
     // Acked messages an old server kept are swept by the idle workers.

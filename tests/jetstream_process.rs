@@ -122,23 +122,7 @@ async fn jetstream_process_sigkill_of_one_of_three_workers_loses_nothing() {
         queue_state(&js).await
     );
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let gen_ids = gen_stream_request_ids(&js).await;
-    let mut unique = gen_ids.clone();
-    unique.sort();
-    unique.dedup();
-    assert_eq!(
-        unique.len(),
-        gen_ids.len(),
-        "GEN stream holds each decode job once"
-    );
-    let mut outputs = stream_contents(&js, "OUTPUTS").await;
-    outputs.extend(gen_ids.into_iter().map(|request_id| Seen {
-        kind: Expect::Gen,
-        subject: GEN.into(),
-        request_id,
-        payload: Vec::new(),
-        headers: None,
-    }));
+    let outputs = all_outputs(&js).await;
     let dups = check_outputs(&inputs, &outputs);
     println!(
         "after SIGKILL: {} request IDs had more than one reply or dead letter",
@@ -209,15 +193,7 @@ async fn jetstream_process_sigterm_under_load_exits_0_and_loses_nothing() {
         queue_state(&js).await
     );
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let gen_ids = gen_stream_request_ids(&js).await;
-    let mut outputs = stream_contents(&js, "OUTPUTS").await;
-    outputs.extend(gen_ids.into_iter().map(|request_id| Seen {
-        kind: Expect::Gen,
-        subject: GEN.into(),
-        request_id,
-        payload: Vec::new(),
-        headers: None,
-    }));
+    let outputs = all_outputs(&js).await;
     let dups = check_outputs(&inputs, &outputs);
     println!(
         "after SIGTERM under load: {} request IDs had more than one output",
@@ -261,23 +237,7 @@ async fn jetstream_process_nats_server_restart_mid_run_loses_nothing() {
         queue_state(&js).await
     );
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let gen_ids = gen_stream_request_ids(&js).await;
-    let mut unique = gen_ids.clone();
-    unique.sort();
-    unique.dedup();
-    assert_eq!(
-        unique.len(),
-        gen_ids.len(),
-        "GEN stream holds each decode job once"
-    );
-    let mut outputs = stream_contents(&js, "OUTPUTS").await;
-    outputs.extend(gen_ids.into_iter().map(|request_id| Seen {
-        kind: Expect::Gen,
-        subject: GEN.into(),
-        request_id,
-        payload: Vec::new(),
-        headers: None,
-    }));
+    let outputs = all_outputs(&js).await;
     let dups = check_outputs(&inputs, &outputs);
     println!(
         "after a nats-server restart: {} request IDs had more than one reply or dead letter",

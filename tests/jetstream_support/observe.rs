@@ -261,3 +261,28 @@ pub async fn wait_consumed(js: &jetstream::Context, timeout: Duration) -> bool {
     }
     false
 }
+
+/// Every output of a run: the replies and dead letters captured in the
+/// `OUTPUTS` stream plus one [`Seen`] per decode job stored in the GEN
+/// stream. Asserts that the GEN stream holds each decode job once (the
+/// `Nats-Msg-Id` duplicate window at work).
+pub async fn all_outputs(js: &jetstream::Context) -> Vec<Seen> {
+    let gen_ids = gen_stream_request_ids(js).await;
+    let mut unique = gen_ids.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(
+        unique.len(),
+        gen_ids.len(),
+        "GEN stream holds each decode job once"
+    );
+    let mut outputs = stream_contents(js, "OUTPUTS").await;
+    outputs.extend(gen_ids.into_iter().map(|request_id| Seen {
+        kind: Expect::Gen,
+        subject: GEN.into(),
+        request_id,
+        payload: Vec::new(),
+        headers: None,
+    }));
+    outputs
+}
