@@ -21,6 +21,9 @@ if ! command -v cargo >/dev/null 2>&1 && [ -f "$HOME/.cargo/env" ]; then
     . "$HOME/.cargo/env"
 fi
 
+# Disk is the resource a cold build runs out of first: say what there is.
+echo "test.sh: free disk where the build goes: $(df -h . 2>/dev/null | awk 'NR==2 {print $4}')"
+
 cpus=$(nproc 2>/dev/null || echo 2)
 threads="${HANDOFF_TEST_THREADS:-$((cpus < 4 ? cpus : 4))}"
 
