@@ -168,6 +168,64 @@ async fn jetstream_poison_is_dead_lettered_once_and_terminated() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn jetstream_input_too_large_to_dead_letter_whole_goes_without_its_bytes() {
+    let max = 16 * 1024;
+    let nats = Nats::start_with_max_payload(Some(max));
+    let config = config(&nats);
+    let client = async_nats::connect(nats.url()).await.expect("connect");
+    let js = async_nats::jetstream::new(client.clone());
+    setup(&js, &config).await;
+    let collector = Collector::start(&client).await;
+    let worker = LibWorker::start(&config, fixed_identity(6)).await;
+
+    // The input fits the stream (with its traceparent header), but neither
+    // its decode job nor a dead letter of it (its bytes plus ~240 bytes of
+    // headers) fits the server.
+    let size = max - 200;
+    let mut body = serde_json::json!({"request_id": "big", "reply_to": "llm.replies.big",
+        "padding": "",
+        "frames": [{"disaggregated_params": {"ctx_request_id": 3, "opaque_state": ""}}]});
+    let room = size - serde_json::to_vec(&body).expect("json").len();
+    body["padding"] = serde_json::json!("p".repeat(room));
+    let payload = serde_json::to_vec(&body).expect("json");
+    assert_eq!(payload.len(), size);
+    let inputs = vec![Input {
+        request_id: "big".into(),
+        payload,
+        json: true,
+        expect: Expect::Dead,
+    }];
+    publish_all(&js, &inputs).await;
+    assert!(collector.wait_for(1, Duration::from_secs(20)).await);
+    // Well past the ack wait: a message not terminated would come again.
+    tokio::time::sleep(Duration::from_secs(2 * config.jetstream.ack_wait_secs + 1)).await;
+
+    let seen = collector.all();
+    assert_eq!(seen.len(), 1, "exactly one output: {seen:?}");
+    let header = |name: &str| {
+        seen[0]
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(name))
+            .map(|v| v.as_str().to_string())
+    };
+    assert_eq!(seen[0].subject, DEAD);
+    assert!(seen[0].payload.is_empty(), "sent without the input's bytes");
+    assert_eq!(header("Handoff-Error-Code").as_deref(), Some("too_large"));
+    assert_eq!(
+        header(prefill_handoff::decision::PAYLOAD_OMITTED),
+        Some(size.to_string())
+    );
+    assert_eq!(
+        consumer_counters(&js).await,
+        (0, 0, 0),
+        "terminated, never redelivered"
+    );
+    assert_eq!(prefill_left(&js).await, 0);
+    worker.stop().await.expect("stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn jetstream_fenced_worker_waits_then_mints_with_its_new_slot() {
     let nats = Nats::start();
     let config = config(&nats);

@@ -436,3 +436,46 @@ async fn the_server_stops_on_shutdown() {
         "nothing listens after shutdown"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_the_client_drops_for_a_full_buffer_are_counted() {
+    let nats = Nats::start();
+    let metrics = Metrics::new();
+    let readiness = Readiness::new(unfenced_identity().watch());
+    let server = start(&metrics, &readiness).await;
+    let addr = server.local_addr;
+    // The worker's own connection, with room for one message per subscription.
+    let config = prefill_handoff::config::NatsConfig {
+        url: nats.url(),
+        subscription_capacity: 1,
+        ..Default::default()
+    };
+    let worker_side = prefill_handoff::transport::connect(&config, metrics.clone(), readiness)
+        .await
+        .expect("connect");
+    let _never_read = worker_side
+        .subscribe("drops.test")
+        .await
+        .expect("subscribe");
+    worker_side.flush().await.expect("flush");
+    assert_eq!(
+        scrape(addr).await["handoff_nats_slow_consumer_drops_total"],
+        0.0
+    );
+
+    let publisher = async_nats::connect(nats.url()).await.expect("connect");
+    for i in 0..20u32 {
+        publisher
+            .publish("drops.test", i.to_string().into())
+            .await
+            .expect("publish");
+    }
+    publisher.flush().await.expect("flush");
+    // One message fits the buffer; the client drops the others and reports
+    // each drop it can (its event queue is bounded).
+    eventually("drops counted", || async move {
+        let dropped = scrape(addr).await["handoff_nats_slow_consumer_drops_total"];
+        (1.0..=19.0).contains(&dropped)
+    })
+    .await;
+}

@@ -312,6 +312,68 @@ async fn an_output_larger_than_the_server_accepts_dead_letters_the_input() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_input_too_large_to_dead_letter_whole_is_dead_lettered_without_its_bytes() {
+    let max = 16 * 1024;
+    let nats = Nats::start_with_max_payload(Some(max));
+    let config = config(&nats.url());
+    let worker = InProcess::start(&config, fixed_identity(5)).await;
+    let test = client(&nats.url()).await;
+    let collector = Collector::start(&test).await;
+
+    // Each input is 60 bytes short of max_payload: it fits, but neither its
+    // output nor a dead letter of it (its bytes plus ~240 bytes of headers)
+    // does. One needs a decode job; the other is a dead letter by decision
+    // (a reply subject the worker refuses).
+    let sized = |mut body: serde_json::Value, pad: &str| {
+        body[pad] = json!("");
+        // The string's length prefix grows with it (str8 -> str16): 2 bytes.
+        let room = max - 60 - msgpack(&body).len() - 2;
+        body[pad] = json!("p".repeat(room));
+        let payload = msgpack(&body);
+        assert_eq!(payload.len(), max - 60);
+        payload
+    };
+    let handoff = sized(
+        json!({"request_id": "big-handoff", "reply_to": "llm.replies.big",
+            "frames": [{"disaggregated_params": {"ctx_request_id": 3, "opaque_state": ""}}]}),
+        "padding",
+    );
+    let refused = sized(
+        json!({"request_id": "big-refused", "reply_to": "$JS.API.STREAM.DELETE.X",
+            "frames": [{"finish_reason": "eos"}]}),
+        "padding",
+    );
+    for payload in [&handoff, &refused] {
+        test.publish(PREFILL, payload.clone().into()).await.unwrap();
+    }
+    test.flush().await.unwrap();
+
+    let outputs = collector.wait_outputs(2, WAIT).await;
+    assert_eq!(outputs.len(), 2, "one output each: {outputs:?}");
+    for out in &outputs {
+        assert_eq!(out.subject.as_str(), DEAD);
+        assert_eq!(
+            header(out.headers.as_ref(), "Handoff-Error-Code"),
+            Some("too_large")
+        );
+        assert_eq!(
+            header(
+                out.headers.as_ref(),
+                prefill_handoff::decision::PAYLOAD_OMITTED
+            ),
+            Some((max - 60).to_string().as_str())
+        );
+        assert!(out.payload.is_empty(), "the bytes are left out");
+        assert_eq!(
+            header(out.headers.as_ref(), "Handoff-Source-Subject"),
+            Some(PREFILL)
+        );
+    }
+    let report = worker.stop().await;
+    assert_eq!((report.counts.published, report.counts.failed), (2, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_worker_reconnects_after_nats_restarts() {
     let mut nats = Nats::start();
     let config = config(&nats.url());

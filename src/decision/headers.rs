@@ -29,6 +29,22 @@ pub fn msg_id(request_id: &str) -> String {
     out
 }
 
+/// Header of a dead letter sent without the input's bytes, because even the
+/// input alone does not fit the server's `max_payload` once the dead letter's
+/// headers are added: how many bytes the input had.
+pub const PAYLOAD_OMITTED: &str = "Handoff-Payload-Omitted";
+
+/// A dead letter's headers for when the input's bytes cannot go with it: the
+/// same headers plus [`PAYLOAD_OMITTED`] with the input's size.
+pub fn without_payload(
+    set: &[(&'static str, String)],
+    bytes: usize,
+) -> Vec<(&'static str, String)> {
+    let mut set = set.to_vec();
+    set.push((PAYLOAD_OMITTED, bytes.to_string()));
+    set
+}
+
 /// A header value with control characters replaced by spaces and the length
 /// bounded, so that no input can inject a header line.
 pub(super) fn header_safe(s: &str) -> String {

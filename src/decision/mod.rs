@@ -13,7 +13,7 @@ mod request;
 
 pub use codes::{Backend, DeadLetterCode, ErrorCode, FinishReason};
 pub use handoff::{backend_of, describe};
-pub use headers::msg_id;
+pub use headers::{PAYLOAD_OMITTED, msg_id, without_payload};
 pub use reply::{Refusal, ReplyPolicy};
 pub use request::MAX_REQUEST_ID_BYTES;
 

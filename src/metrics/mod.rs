@@ -116,6 +116,7 @@ struct Inner {
     id_requests: [Counter; IdRequestResult::ALL.len()],
     lease_recoveries: Counter,
     nats_reconnects: Counter,
+    slow_consumer_drops: Counter,
     publish_failures: Counter,
     naks: [Counter; NakReason::ALL.len()],
     redeliveries: Counter,
@@ -233,6 +234,11 @@ impl Metrics {
                 "nats_reconnects",
                 "Times the NATS connection came back after a disconnect",
             ),
+            slow_consumer_drops: counter(
+                &mut r,
+                "nats_slow_consumer_drops",
+                "Incoming messages the NATS client dropped because the worker's subscription buffer was full (nats.subscription_capacity); each is a result that gets no output. A lower bound: the client may drop more than it reports",
+            ),
             publish_failures: counter(
                 &mut r,
                 "publish_failures",
@@ -315,6 +321,12 @@ impl Metrics {
     /// The NATS connection came back after a disconnect.
     pub fn nats_reconnected(&self) {
         self.inner.nats_reconnects.inc();
+    }
+
+    /// The NATS client dropped an incoming message: the subscription's
+    /// buffer was full.
+    pub fn slow_consumer_drop(&self) {
+        self.inner.slow_consumer_drops.inc();
     }
 
     /// An output could not be published.

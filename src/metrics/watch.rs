@@ -5,8 +5,9 @@ use super::{Metrics, Readiness};
 use crate::identity::IdentityState;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -90,6 +91,7 @@ pub fn on_nats_event(
     readiness: Readiness,
 ) -> impl Fn(async_nats::Event) -> EventFuture + Send + Sync + 'static {
     let connected_before = Arc::new(AtomicBool::new(false));
+    let slow_log = Arc::new(RateLimitedLog::default());
     move |event| {
         match &event {
             async_nats::Event::Connected => {
@@ -103,15 +105,73 @@ pub fn on_nats_event(
                 readiness.set_nats_connected(false);
                 tracing::warn!(%event, "NATS connection lost");
             }
+            async_nats::Event::SlowConsumer(_) => {
+                metrics.slow_consumer_drop();
+                if let Some(dropped) = slow_log.due(Instant::now()) {
+                    tracing::error!(
+                        dropped,
+                        "the NATS client dropped incoming results: the subscription buffer (nats.subscription_capacity) is full, so they get no output; raise the capacity, add workers, or use jetstream mode"
+                    );
+                }
+            }
             other => tracing::warn!(event = %other, "NATS event"),
         }
         Box::pin(async {})
     }
 }
 
+/// How often a slow-consumer burst is logged: one line per interval, with
+/// the count since the last line, instead of one line per dropped message.
+const SLOW_LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Counts events and says when a summary line is due.
+#[derive(Default)]
+struct RateLimitedLog {
+    /// (events not yet logged, when the last line was written)
+    state: Mutex<(u64, Option<Instant>)>,
+}
+
+impl RateLimitedLog {
+    /// Records one event; returns the count to log when a line is due (the
+    /// first event, then at most once per [`SLOW_LOG_INTERVAL`]).
+    fn due(&self, now: Instant) -> Option<u64> {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        state.0 += 1;
+        if state
+            .1
+            .is_some_and(|last| now.duration_since(last) < SLOW_LOG_INTERVAL)
+        {
+            return None;
+        }
+        let count = state.0;
+        *state = (0, Some(now));
+        Some(count)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn slow_consumer_lines_are_one_per_interval_with_the_count() {
+        let log = RateLimitedLog::default();
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        // (time of the event, what `due` answers)
+        let cases = [
+            (0, Some(1)),
+            (1, None),
+            (5_000, None),
+            (9_999, None),
+            (10_000, Some(4)),
+            (10_001, None),
+            (25_000, Some(2)),
+        ];
+        for (ms, expected) in cases {
+            assert_eq!(log.due(at(ms)), expected, "event at {ms} ms");
+        }
+    }
     use crate::ids::MachineId;
 
     fn installed(lease: i64, slot: i128) -> IdentityState {

@@ -54,7 +54,7 @@ impl Worker {
             .await;
         let outcome = match result {
             Ok(()) => outcome,
-            Err(OutputError::TooLarge(why)) if !matches!(outcome, Outcome::DeadLetter { .. }) => {
+            Err(OutputError::TooLarge(why)) => {
                 tracing::warn!(
                     kind = outcome.kind(),
                     ?request_id,
@@ -129,12 +129,30 @@ impl Worker {
             ("Handoff-Source-Subject", incoming.subject.to_string()),
         ];
         let headers = output_headers(&set, incoming.headers.as_ref());
-        self.outbound
+        let whole = self
+            .outbound
             .publish(
                 &self.rules.dead_letter_subject,
                 headers,
                 incoming.payload.clone(),
             )
+            .await;
+        let Err(OutputError::TooLarge(why)) = whole else {
+            return whole;
+        };
+        // The input fits the server, but not with the dead letter's headers
+        // added. The dead letter then goes without the input's bytes, saying
+        // how many there were, rather than the result getting no output.
+        tracing::warn!(
+            bytes = incoming.payload.len(),
+            source = %incoming.subject,
+            error = %why,
+            "the dead letter with the input's bytes does not fit either; dead-lettering without them"
+        );
+        let set = decision::without_payload(&set, incoming.payload.len());
+        let headers = output_headers(&set, incoming.headers.as_ref());
+        self.outbound
+            .publish(&self.rules.dead_letter_subject, headers, Bytes::new())
             .await
     }
 }

@@ -181,6 +181,10 @@ pub async fn publish_all(js: &jetstream::Context, inputs: &[Input]) {
 
 /// The request ID an output belongs to: from its body, or from the poison bytes.
 pub fn request_id_of(payload: &[u8], headers: Option<&HeaderMap>) -> String {
+    if payload.is_empty() {
+        // A dead letter sent without the input's bytes (they did not fit).
+        return "<bytes omitted>".to_string();
+    }
     if let Some(rest) = payload.strip_prefix(&[0xc1, 0x00][..]) {
         return String::from_utf8_lossy(rest)
             .trim_start_matches("poison:")

@@ -162,7 +162,28 @@ impl Handler {
             headers,
             message.payload.clone(),
         );
-        with_progress(publish, acker, self.ack_wait / 2).await?;
+        match with_progress(publish, acker, self.ack_wait / 2).await {
+            Err(PublishError::Permanent {
+                code: DeadLetterCode::TooLarge,
+                why,
+            }) => {
+                // The input fits the server, but not with the dead letter's
+                // headers added: the dead letter goes without its bytes,
+                // saying how many there were, rather than no output at all.
+                warn!(
+                    bytes = message.payload.len(),
+                    error = why,
+                    "the dead letter with the input's bytes does not fit either; dead-lettering without them"
+                );
+                let set = decision::without_payload(&set, message.payload.len());
+                let headers = output_headers(&set, message.headers.as_ref());
+                let publish =
+                    self.publisher
+                        .core(&self.rules.dead_letter_subject, headers, Bytes::new());
+                with_progress(publish, acker, self.ack_wait / 2).await?;
+            }
+            other => other?,
+        }
         Ok(code)
     }
 
