@@ -8,6 +8,7 @@
 
 use super::Identity;
 use super::claim::{Claimed, Settings};
+use super::floor;
 use super::keepalive::Beat;
 use crate::wire::messages::instance_id;
 use etcd_client::{WatchOptions, WatchStream};
@@ -98,6 +99,10 @@ pub(super) async fn hold(
                             // A mint saw the old validity run out just before
                             // this answer: the slot was given up; claim anew.
                             return Ended::Lost(Loss::Unreachable);
+                        }
+                        tokio::select! {
+                            _ = floor::renew(settings, claimed, identity) => {}
+                            _ = stopped(stop) => return Ended::Shutdown,
                         }
                         next_beat = Instant::now() + interval;
                         if slot_watch.is_none() {
