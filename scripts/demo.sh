@@ -100,8 +100,10 @@ start_etcd() {
 wait_port "$nats_port"
 start_etcd
 
+# The leased keys (slots and instances); the slots' persistent ID floors
+# under /llm/handoff/id-floors/ outlive the leases by design.
 etcd_keys() {
-    ETCDCTL_API=3 etcdctl --endpoints "$etcd_url" get --prefix --keys-only /llm/handoff/ | sed '/^$/d; s/^/    /'
+    ETCDCTL_API=3 etcdctl --endpoints "$etcd_url" get --prefix --keys-only /llm/handoff/ | sed '/^$/d; \#^/llm/handoff/id-floors/#d; s/^/    /'
 }
 
 # --- workers ----------------------------------------------------------------

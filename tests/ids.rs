@@ -334,3 +334,37 @@ fn next_with_waits_by_reading_the_clock_again() {
     let d = layout.decode(id).expect("decodes");
     assert_eq!((d.timestamp_ms, d.counter), (51, 0));
 }
+
+#[test]
+fn a_generator_started_above_a_floor_never_mints_at_or_below_it() {
+    for layout in LAYOUTS {
+        let mut generator = IdGenerator::above(layout, mid(12), 7000);
+        assert_eq!(generator.last_ms(), Some(7000));
+        // A clock at or behind the floor: the floor's counter counts as used
+        // up, so the generator waits for (or is told to borrow) 7001.
+        for now in [0, 6999, 7000] {
+            assert_eq!(
+                generator.try_next(now),
+                Err(Exhausted { retry_at_ms: 7001 }),
+                "{layout} at {now}"
+            );
+        }
+        let first = generator.try_next(7001).expect("above the floor");
+        let d = layout.decode(first).expect("decodes");
+        assert_eq!((d.timestamp_ms, d.counter, d.machine_id), (7001, 0, 12));
+        assert_eq!(generator.last_ms(), Some(7001));
+        // Back behind the floor: it keeps its own millisecond.
+        let second = generator.try_next(10).expect("counter left");
+        assert!(second > first);
+        assert_eq!(layout.decode(second).map(|d| d.timestamp_ms), Ok(7001));
+
+        // A clock ahead of the floor is used as it is.
+        let mut ahead = IdGenerator::above(layout, mid(12), 7000);
+        let id = ahead.try_next(9000).expect("ahead");
+        assert_eq!(
+            layout.decode(id).map(|d| (d.timestamp_ms, d.counter)),
+            Ok((9000, 0))
+        );
+    }
+    assert_eq!(IdGenerator::new(IdLayout::Rc22, mid(0)).last_ms(), None);
+}

@@ -35,6 +35,14 @@ fn spawn_worker(nats: &Nats, etcd: &Etcd, extra: &[(&str, &str)]) -> Worker {
     worker
 }
 
+/// The leased keys under `/llm/handoff/` (slot and instance keys): the
+/// slots' persistent ID floors (`id-floors/`) outlive every lease by design.
+fn leased_keys(etcd: &Etcd) -> Vec<(String, String)> {
+    let mut keys = etcd.get_prefix("/llm/handoff/");
+    keys.retain(|(key, _)| !key.starts_with("/llm/handoff/id-floors/"));
+    keys
+}
+
 /// The value of `key=` on the first log line containing `message`.
 fn log_field(log: &str, message: &str, key: &str) -> Option<String> {
     let line = log.lines().find(|l| l.contains(message))?;
@@ -100,11 +108,7 @@ async fn sigterm_under_load_answers_everything_accepted_revokes_and_exits_zero()
     let nats = Nats::start();
     let etcd = Etcd::start();
     let mut worker = spawn_worker(&nats, &etcd, &[("HANDOFF_SHUTDOWN_TIMEOUT_SECS", "5")]);
-    assert_eq!(
-        etcd.get_prefix("/llm/handoff/").len(),
-        2,
-        "slot and instance keys"
-    );
+    assert_eq!(leased_keys(&etcd).len(), 2, "slot and instance keys");
 
     let test = client(&nats.url()).await;
     let collector = Collector::start(&test).await;
@@ -146,7 +150,7 @@ async fn sigterm_under_load_answers_everything_accepted_revokes_and_exits_zero()
     let code = block_in_place(|| worker.wait_exit(Duration::from_secs(5 + 5)));
     let took = signalled.elapsed();
     // The slot and instance keys go with the revoked lease, not after its TTL.
-    let left = etcd.get_prefix("/llm/handoff/");
+    let left = leased_keys(&etcd);
     stop.store(true, Ordering::Relaxed);
     publisher.await.unwrap();
     let log = worker.log();
@@ -269,11 +273,11 @@ fn sigterm_while_waiting_for_nats_exits_zero_and_revokes() {
         "{}",
         worker.log()
     );
-    assert!(!etcd.get_prefix("/llm/handoff/").is_empty());
+    assert!(!leased_keys(&etcd).is_empty());
     std::thread::sleep(Duration::from_millis(300));
     assert!(!worker.log().contains("consuming prefill results"));
     worker.sigterm();
     let code = worker.wait_exit(Duration::from_secs(10));
     assert_eq!(code, Some(0), "{}", worker.log());
-    assert!(etcd.get_prefix("/llm/handoff/").is_empty(), "lease revoked");
+    assert!(leased_keys(&etcd).is_empty(), "lease revoked");
 }

@@ -1,10 +1,13 @@
 //! Getting a slot: connect to etcd, grant a lease, register the instance,
 //! claim the first free machine-ID slot from `lease_id % 1021` upward with
-//! one transaction per slot. Also the lease revoke used on the way out.
+//! one transaction per slot, which also reads the slot's ID floor; then
+//! reserve IDs above it (`floor.rs`). Also the lease revoke used on the way
+//! out.
 
+use super::floor;
 use super::keepalive::{Beat, KeepAlive};
 use super::registry::{InstanceRecord, Keys, probe_order};
-use super::{Identity, LeaseError};
+use super::{Identity, LeaseError, Reservation};
 use crate::config::{ConfigError, EtcdConfig};
 use crate::ids::MachineId;
 use crate::wire::messages::instance_id;
@@ -71,6 +74,8 @@ pub(super) struct Claimed {
     pub valid_until: Instant,
     /// The revision of the claim transaction: the slot key is ours as of it.
     pub revision: i64,
+    /// The ID milliseconds this holder may mint in (its floor in etcd).
+    pub reservation: Reservation,
     pub client: Client,
     pub keepalive: KeepAlive,
 }
@@ -158,13 +163,28 @@ pub(super) async fn establish(
         valid_until,
         keepalive: KeepAlive::new(client.clone(), lease_id),
     };
-    match claim.run().await {
-        Ok((machine_id, revision)) => Ok(Claimed {
+    let claimed = match claim.run().await {
+        Ok((machine_id, revision, previous_floor)) => floor::reserve_on_claim(
+            settings,
+            &client,
+            lease_id,
+            machine_id,
+            previous_floor,
+            identity,
+            ttl,
+        )
+        .await
+        .map(|reservation| (machine_id, revision, reservation)),
+        Err(e) => Err(e),
+    };
+    match claimed {
+        Ok((machine_id, revision, reservation)) => Ok(Claimed {
             lease_id,
             machine_id,
             ttl,
             valid_until: claim.valid_until,
             revision,
+            reservation,
             client,
             keepalive: claim.keepalive,
         }),
@@ -185,7 +205,9 @@ struct Claim<'a> {
 }
 
 impl Claim<'_> {
-    async fn run(&mut self) -> Result<(MachineId, i64), LeaseError> {
+    /// The slot claimed, the claim's revision and the slot's ID floor as the
+    /// claim found it.
+    async fn run(&mut self) -> Result<(MachineId, i64, Option<u64>), LeaseError> {
         let keys = &self.settings.keys;
         let hex = instance_id(self.lease_id);
         let lease_id = self.lease_id;
@@ -223,6 +245,7 @@ impl Claim<'_> {
                 .and_then([
                     TxnOp::put(slot_key.clone(), hex.clone(), leased()),
                     TxnOp::put(instance_key.clone(), record(Some(machine_id)), leased()),
+                    floor::read_op(keys, machine_id),
                 ]);
             let answer = self
                 .settings
@@ -230,7 +253,8 @@ impl Claim<'_> {
                 .await?;
             if answer.succeeded() {
                 let revision = answer.header().map_or(0, |h| h.revision());
-                return Ok((machine_id, revision));
+                let previous_floor = floor::previous(&answer, keys, machine_id);
+                return Ok((machine_id, revision, previous_floor));
             }
             debug!(lease = %hex, slot = %slot_key, "slot taken meanwhile; trying the next");
         }

@@ -6,6 +6,7 @@
 
 use super::Identity;
 use super::claim::{self, Claimed, Settings};
+use super::floor;
 use super::registry::{InstanceRecord, Keys, rfc3339};
 use super::session::{self, Ended};
 use crate::config::{Config, ConfigError};
@@ -97,7 +98,8 @@ impl Lease {
 
         let (stop, stop_rx) = watch::channel(false);
         let recoveries = Recoveries::default();
-        let shutdown_bound = settings.request_timeout() + Duration::from_secs(1);
+        // Two requests: lowering the ID floor, then the revoke.
+        let shutdown_bound = settings.request_timeout() * 2 + Duration::from_secs(1);
         let task = tokio::spawn(supervise(
             settings,
             identity.clone(),
@@ -123,8 +125,9 @@ impl Lease {
         self.recoveries.clone()
     }
 
-    /// Stops minting and the keepalive, and revokes the lease so the slot
-    /// and instance keys vanish at once. Bounded by `etcd.request_timeout_ms`
+    /// Stops minting and the keepalive, lowers the slot's ID floor to the
+    /// last minted millisecond, and revokes the lease so the slot and
+    /// instance keys vanish at once. Bounded by twice `etcd.request_timeout_ms`
     /// (plus a second): a dead etcd cannot hang shutdown.
     pub async fn shutdown(mut self) {
         self.identity.fence();
@@ -148,10 +151,11 @@ impl Drop for Lease {
 }
 
 fn install(identity: &Identity, claimed: &Claimed) {
-    identity.install(
+    identity.install_reserved(
         claimed.lease_id,
         claimed.machine_id,
-        Some(claimed.valid_until),
+        claimed.valid_until,
+        claimed.reservation,
     );
 }
 
@@ -168,6 +172,7 @@ async fn supervise(
         let loss = match session::hold(&settings, &mut claimed, &identity, &mut stop).await {
             Ended::Shutdown => {
                 identity.fence();
+                floor::settle(&settings, &claimed, &identity).await;
                 claim::revoke(&settings, &claimed.client, claimed.lease_id).await;
                 return;
             }

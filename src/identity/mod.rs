@@ -7,6 +7,13 @@
 //! and that its lease cannot have expired yet (`valid_until`), so an ID is
 //! never minted with a slot another worker may already have claimed.
 //!
+//! IDs never repeat across successive holders of a slot either (contract 6):
+//! each slot has an ID floor in etcd, the highest millisecond its holder may
+//! have minted in. A holder mints only up to the floor it has written (its
+//! reservation, [`Reservation`]), and a new holder starts above the floor it
+//! read, whatever its own clock says. Within the process, the millisecond never
+//! goes back across installs either (`high_water_ms`).
+//!
 //! The etcd side, one file per step:
 //! - `lease.rs`: [`Lease`], the API `run` uses: start, shutdown, and the
 //!   supervisor task (hold → fence on loss → recover).
@@ -14,10 +21,13 @@
 //! - `session.rs`: holding a slot: keepalive every TTL/3, the slot-key watch,
 //!   the validity deadline.
 //! - `keepalive.rs`: one keepalive round trip and the validity it proves.
+//! - `floor.rs`: the slot's ID floor in etcd: read at the claim, renewed with
+//!   every keepalive, lowered to the last minted millisecond on shutdown.
 //! - [`registry`]: key names, the instance record, probe order, the `slots`
 //!   listing (pure); `inspect.rs` reads it from etcd.
 
 mod claim;
+mod floor;
 mod inspect;
 mod keepalive;
 mod lease;
@@ -29,14 +39,15 @@ pub use lease::{Lease, LeaseError, Recoveries, Registration};
 
 use crate::clock;
 use crate::decision::{IdSource, IdentityUnavailable};
-use crate::ids::{IdGenerator, IdLayout, MachineId};
+use crate::ids::{Exhausted, IdGenerator, IdLayout, MachineId};
 use crate::wire::messages::instance_id;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
-/// How long one mint may wait for the clock when the counter is used up (or
-/// the wall clock stepped back) before it gives up with `identity_unavailable`.
+/// How long one mint may wait for the clock when the counter is used up and
+/// the next millisecond may not be borrowed (beyond the reservation) before
+/// it gives up with `identity_unavailable`.
 const MAX_MINT_WAIT: Duration = Duration::from_millis(50);
 
 /// What the identity holds right now; published on [`Identity::watch`].
@@ -46,6 +57,15 @@ pub struct IdentityState {
     pub machine_id: Option<MachineId>,
     /// True while no valid slot is held: minting is refused.
     pub fenced: bool,
+}
+
+/// The ID milliseconds a claimed slot may mint in, from its floor in etcd:
+/// above `above_ms` (the floor the previous holder left; `None` when the slot
+/// has none) and up to `until_ms` (the floor this holder has written).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reservation {
+    pub above_ms: Option<u64>,
+    pub until_ms: u64,
 }
 
 #[derive(Clone)]
@@ -67,6 +87,29 @@ struct Slot {
     /// computed from the last successful keepalive (measured from when that
     /// keepalive was sent).
     valid_until: Option<Instant>,
+    /// Minting is allowed only in milliseconds up to this one: the ID floor
+    /// written to etcd. `None`: no floor (installs without etcd).
+    reserved_until_ms: Option<u64>,
+    /// The highest millisecond a retired generator of this process minted in
+    /// (or was started above): the next generator starts above it.
+    high_water_ms: Option<u64>,
+}
+
+impl Slot {
+    /// Stops minting, remembering how far the generator got.
+    fn retire(&mut self) {
+        if let Some(last) = self.generator.take().and_then(|g| g.last_ms()) {
+            self.high_water_ms = self.high_water_ms.max(Some(last));
+        }
+        self.valid_until = None;
+        self.reserved_until_ms = None;
+    }
+
+    /// The highest millisecond minted in (or started above) by this process.
+    fn high_water_ms(&self) -> Option<u64> {
+        let current = self.generator.as_ref().and_then(IdGenerator::last_ms);
+        self.high_water_ms.max(current)
+    }
 }
 
 impl Identity {
@@ -85,6 +128,8 @@ impl Identity {
                     lease_id: None,
                     generator: None,
                     valid_until: None,
+                    reserved_until_ms: None,
+                    high_water_ms: None,
                 }),
                 state,
             }),
@@ -112,15 +157,81 @@ impl Identity {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Starts minting with a freshly claimed slot. `valid_until: None` means
-    /// the slot never expires (only for [`Identity::fixed`]).
+    /// Starts minting with a freshly claimed slot, with no ID floor to
+    /// respect beyond this process's own. `valid_until: None` means the slot
+    /// never expires (only for [`Identity::fixed`] and tests).
     pub fn install(&self, lease_id: i64, machine_id: MachineId, valid_until: Option<Instant>) {
+        self.install_with(lease_id, machine_id, valid_until, None);
+    }
+
+    /// Starts minting with a slot claimed in etcd: above the floor the
+    /// previous holder left, and up to the floor this holder has written.
+    pub fn install_reserved(
+        &self,
+        lease_id: i64,
+        machine_id: MachineId,
+        valid_until: Instant,
+        reservation: Reservation,
+    ) {
+        self.install_with(lease_id, machine_id, Some(valid_until), Some(reservation));
+    }
+
+    fn install_with(
+        &self,
+        lease_id: i64,
+        machine_id: MachineId,
+        valid_until: Option<Instant>,
+        reservation: Option<Reservation>,
+    ) {
         let mut slot = self.lock();
+        slot.retire();
+        // Never below what this process minted before, nor below what the
+        // slot's previous holder may have minted.
+        let floor = slot.high_water_ms.max(reservation.and_then(|r| r.above_ms));
+        let layout = self.inner.layout;
+        slot.generator = Some(match floor {
+            Some(floor) => IdGenerator::above(layout, machine_id, floor),
+            None => IdGenerator::new(layout, machine_id),
+        });
         slot.lease_id = Some(lease_id);
-        slot.generator = Some(IdGenerator::new(self.inner.layout, machine_id));
         slot.valid_until = valid_until;
+        slot.reserved_until_ms = reservation.map(|r| r.until_ms);
         drop(slot);
         self.publish();
+    }
+
+    /// Milliseconds since the ID epoch, by the wall clock: the `ts` of an ID
+    /// minted now (unless the generator is ahead of the clock).
+    fn now_ms(&self) -> u64 {
+        clock::since_epoch_ms(self.inner.epoch_unix_ms)
+    }
+
+    /// The highest ID millisecond this process has minted in (or started a
+    /// generator above); `None` before anything was minted or installed above
+    /// a floor.
+    pub fn high_water_ms(&self) -> Option<u64> {
+        self.lock().high_water_ms()
+    }
+
+    /// The floor to write when renewing the reservation: the clock or the
+    /// last minted millisecond, whichever is later, plus `window_ms`; never
+    /// below the reservation held now (IDs up to it may be minted meanwhile).
+    /// `None` while fenced: there is nothing to renew.
+    fn renewal_floor(&self, window_ms: u64) -> Option<u64> {
+        let now_ms = self.now_ms();
+        let slot = self.lock();
+        slot.generator.as_ref()?;
+        let wanted = now_ms.max(slot.high_water_ms().unwrap_or(0)) + window_ms;
+        Some(wanted.max(slot.reserved_until_ms.unwrap_or(0)))
+    }
+
+    /// Records a floor written to etcd: minting may go up to `until_ms`.
+    /// Never shrinks the reservation; ignored while fenced.
+    fn reserve(&self, until_ms: u64) {
+        let mut slot = self.lock();
+        if slot.generator.is_some() && slot.reserved_until_ms.is_some() {
+            slot.reserved_until_ms = slot.reserved_until_ms.max(Some(until_ms));
+        }
     }
 
     /// Records a successful keepalive: the lease is valid until `valid_until`.
@@ -134,8 +245,7 @@ impl Identity {
     /// Stops minting at once: the lease is lost or may be.
     pub fn fence(&self) {
         let mut slot = self.lock();
-        slot.generator = None;
-        slot.valid_until = None;
+        slot.retire();
         drop(slot);
         self.publish();
     }
@@ -170,6 +280,16 @@ impl Identity {
 
     /// Mints `count` IDs from the slot held now.
     pub fn mint_many(&self, count: usize) -> Result<(Vec<u64>, MachineId), IdentityUnavailable> {
+        self.mint_many_at(count, || self.now_ms())
+    }
+
+    /// [`Identity::mint_many`] with the time (milliseconds since the ID
+    /// epoch) read from `clock`.
+    fn mint_many_at(
+        &self,
+        count: usize,
+        mut clock: impl FnMut() -> u64,
+    ) -> Result<(Vec<u64>, MachineId), IdentityUnavailable> {
         let deadline = Instant::now() + MAX_MINT_WAIT;
         let mut slot = self.lock();
         let mut ids = Vec::with_capacity(count);
@@ -177,20 +297,39 @@ impl Identity {
             let now = Instant::now();
             if slot.valid_until.is_some_and(|until| now >= until) {
                 // The lease may have expired: fence before anything is minted.
-                slot.generator = None;
-                slot.valid_until = None;
+                slot.retire();
                 drop(slot);
                 self.publish();
                 return Err(IdentityUnavailable(
                     "the etcd lease may have expired; minting is fenced until a new slot is claimed".into(),
                 ));
             }
+            let reserved = slot.reserved_until_ms;
             let Some(generator) = slot.generator.as_mut() else {
                 return Err(IdentityUnavailable(
                     "no machine-ID slot is held (fenced while the etcd lease is recovered)".into(),
                 ));
             };
-            match generator.try_next(clock::since_epoch_ms(self.inner.epoch_unix_ms)) {
+            let now_ms = clock();
+            if let Some(reserved) = reserved.filter(|r| now_ms > *r) {
+                return Err(IdentityUnavailable(format!(
+                    "the clock ({now_ms} ms since the ID epoch) is past the ID floor reserved in etcd ({reserved} ms); minting resumes once the reservation is renewed"
+                )));
+            }
+            let minted = match generator.try_next(now_ms) {
+                // The generator is ahead of the clock (the previous holder's
+                // floor is ahead, or the clock stepped back) and its counter
+                // is used up there: borrow the next millisecond rather than
+                // wait for a clock that may be seconds behind. Still unique:
+                // the borrowed millisecond is within the reservation.
+                Err(Exhausted { retry_at_ms })
+                    if retry_at_ms > now_ms + 1 && reserved.is_none_or(|r| retry_at_ms <= r) =>
+                {
+                    generator.try_next(retry_at_ms)
+                }
+                other => other,
+            };
+            match minted {
                 Ok(id) => {
                     ids.push(id);
                     if ids.len() == count {
@@ -199,7 +338,7 @@ impl Identity {
                 }
                 Err(_) if now >= deadline => {
                     return Err(IdentityUnavailable(
-                        "the ID counter is used up and the clock has not advanced (did the wall clock step back?)".into(),
+                        "the ID counter is used up and the next millisecond is beyond the ID floor reserved in etcd; minting resumes once the clock moves on or the reservation is renewed".into(),
                     ));
                 }
                 Err(_) => std::thread::yield_now(),
@@ -228,3 +367,6 @@ impl IdSource for Identity {
             .map(|(ids, machine_id)| (ids[0], Some(machine_id)))
     }
 }
+
+#[cfg(test)]
+mod tests;

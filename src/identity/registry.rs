@@ -31,6 +31,18 @@ impl Keys {
         format!("{}{machine_id}", self.slots_prefix())
     }
 
+    /// `/{ns}/handoff/id-floors/`: one persistent (not leased) key per slot
+    /// that ever minted, outside the slots prefix so `slots` never lists it.
+    pub fn id_floors_prefix(&self) -> String {
+        format!("/{}/handoff/id-floors/", self.namespace)
+    }
+
+    /// `/{ns}/handoff/id-floors/{machine_id}`: the highest ID millisecond (since
+    /// `id_epoch`) the slot's holders may have minted in, as a decimal string.
+    pub fn id_floor(&self, machine_id: MachineId) -> String {
+        format!("{}{machine_id}", self.id_floors_prefix())
+    }
+
     /// `/{ns}/handoff/instances/`
     pub fn instances_prefix(&self) -> String {
         format!("/{}/handoff/instances/", self.namespace)
@@ -198,6 +210,9 @@ mod tests {
     fn key_names_follow_the_contract() {
         let keys = Keys::new("llm");
         assert_eq!(keys.slot(m(7)), "/llm/handoff/machine-ids/7");
+        assert_eq!(keys.id_floor(m(7)), "/llm/handoff/id-floors/7");
+        assert!(!keys.id_floor(m(7)).starts_with(&keys.slots_prefix()));
+        assert_eq!(keys.machine_id_of(&keys.id_floor(m(7))), None);
         assert_eq!(
             keys.instance(0x1a2b),
             "/llm/handoff/instances/0000000000001a2b"

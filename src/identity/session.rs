@@ -1,5 +1,6 @@
-//! Holding a claimed slot: keepalive every TTL/3, a watch on the slot key,
-//! and the deadline after which the lease may have expired.
+//! Holding a claimed slot: keepalive every TTL/3 (each followed by a renewal
+//! of the slot's ID floor), a watch on the slot key, and the deadline after
+//! which the lease may have expired.
 //!
 //! The slot is lost when the keepalive answers TTL 0, when no keepalive has
 //! succeeded for a whole TTL (the lease's validity runs out), or when the
@@ -8,6 +9,7 @@
 
 use super::Identity;
 use super::claim::{Claimed, Settings};
+use super::floor;
 use super::keepalive::Beat;
 use crate::wire::messages::instance_id;
 use etcd_client::{WatchOptions, WatchStream};
@@ -98,6 +100,13 @@ pub(super) async fn hold(
                             // A mint saw the old validity run out just before
                             // this answer: the slot was given up; claim anew.
                             return Ended::Lost(Loss::Unreachable);
+                        }
+                        tokio::select! {
+                            _ = floor::renew(settings, claimed, identity) => {}
+                            _ = stopped(stop) => return Ended::Shutdown,
+                            _ = tokio::time::sleep_until(claimed.valid_until.into()) => {
+                                return Ended::Lost(Loss::Unreachable);
+                            }
                         }
                         next_beat = Instant::now() + interval;
                         if slot_watch.is_none() {

@@ -33,8 +33,27 @@ impl IdGenerator {
         }
     }
 
+    /// A generator whose first ID's millisecond is above `floor_ms`: a reading
+    /// at or below the floor is treated as the floor with its counter used up
+    /// ([`Exhausted`] with `retry_at_ms: floor_ms + 1`). It continues where an
+    /// earlier holder of the slot, or an earlier generator of this process,
+    /// left off, so nothing it mints can repeat what they minted.
+    pub fn above(layout: IdLayout, machine_id: MachineId, floor_ms: u64) -> IdGenerator {
+        IdGenerator {
+            layout,
+            machine_id,
+            last: Some((floor_ms, layout.max_counter())),
+        }
+    }
+
     pub fn layout(&self) -> IdLayout {
         self.layout
+    }
+
+    /// The highest millisecond this generator has minted in (or the floor it
+    /// was started above); `None` before the first ID of [`IdGenerator::new`].
+    pub fn last_ms(&self) -> Option<u64> {
+        self.last.map(|(ms, _)| ms)
     }
 
     pub fn machine_id(&self) -> MachineId {

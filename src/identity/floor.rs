@@ -1,0 +1,212 @@
+//! The slot's ID floor in etcd: `/{ns}/handoff/id-floors/{machine_id}`, a
+//! persistent (not leased) key holding the highest ID millisecond (since
+//! `id_epoch`) the slot's holders may have minted in, as a decimal string.
+//!
+//! Why: the next holder of a slot may run on a node whose clock is behind,
+//! and would mint the IDs the previous holder minted in its last moments. So
+//! a holder reserves before it mints: it mints only up to the floor it has
+//! written, and a new holder starts above the floor it read.
+//!
+//! - Claim: the claim transaction reads the floor (atomically with taking the
+//!   slot); then the holder writes `max(floor, own high water, now) + TTL`.
+//! - Every keepalive round: the holder writes `max(now, last minted) + TTL`,
+//!   never less than what it holds. A failed write only leaves minting
+//!   bounded by the reservation already held.
+//! - Shutdown, after fencing: the exact floor, the last minted millisecond, so
+//!   the next holder is not held back by a TTL-long reservation.
+//!
+//! Every write is a transaction conditioned on the slot key still being
+//! attached to the writer's lease: a late write from a holder that lost its
+//! slot can never move the floor of the next one.
+
+use super::claim::{Claimed, Settings};
+use super::registry::Keys;
+use super::{Identity, LeaseError, Reservation};
+use crate::ids::MachineId;
+use crate::wire::messages::instance_id;
+use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp, TxnOpResponse, TxnResponse};
+use std::time::Duration;
+use tracing::{debug, info, warn};
+
+/// The read the claim transaction carries for `machine_id`'s floor.
+pub(super) fn read_op(keys: &Keys, machine_id: MachineId) -> TxnOp {
+    TxnOp::get(keys.id_floor(machine_id), None)
+}
+
+/// The floor the claim transaction read; `None` when the slot has none yet
+/// (or its value is not a decimal number of milliseconds: logged and
+/// overwritten, since only an operator writes anything else there).
+pub(super) fn previous(answer: &TxnResponse, keys: &Keys, machine_id: MachineId) -> Option<u64> {
+    let value = answer.op_responses().into_iter().find_map(|op| match op {
+        TxnOpResponse::Get(get) => get.kvs().first().map(|kv| kv.value().to_vec()),
+        _ => None,
+    })?;
+    let floor = parse(&value);
+    if floor.is_none() {
+        warn!(
+            key = %keys.id_floor(machine_id),
+            value = %String::from_utf8_lossy(&value),
+            "the ID floor is not a decimal number of milliseconds; ignoring and overwriting it"
+        );
+    }
+    floor
+}
+
+/// A floor value: decimal ASCII digits, nothing else.
+pub(super) fn parse(value: &[u8]) -> Option<u64> {
+    if value.is_empty() || value.len() > 20 || !value.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(value).ok()?.parse().ok()
+}
+
+fn window_ms(ttl: Duration) -> u64 {
+    u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Writes the first reservation of a freshly claimed slot: from above the
+/// previous floor (and this process's own high water) up to that or the
+/// clock, whichever is later, plus one TTL.
+pub(super) async fn reserve_on_claim(
+    settings: &Settings,
+    client: &Client,
+    lease_id: i64,
+    machine_id: MachineId,
+    previous: Option<u64>,
+    identity: &Identity,
+    ttl: Duration,
+) -> Result<Reservation, LeaseError> {
+    let start = previous
+        .max(identity.high_water_ms())
+        .unwrap_or(0)
+        .max(identity.now_ms());
+    let until_ms = start.saturating_add(window_ms(ttl));
+    write(settings, client, lease_id, machine_id, until_ms).await?;
+    debug!(
+        machine_id = machine_id.get(),
+        previous_floor_ms = previous,
+        reserved_until_ms = until_ms,
+        "ID floor reserved"
+    );
+    Ok(Reservation {
+        above_ms: previous,
+        until_ms,
+    })
+}
+
+/// Extends the reservation after a successful keepalive. A failure is only
+/// logged: minting stays bounded by the reservation already held.
+pub(super) async fn renew(settings: &Settings, claimed: &Claimed, identity: &Identity) {
+    let Some(until_ms) = identity.renewal_floor(window_ms(claimed.ttl)) else {
+        return;
+    };
+    let written = write(
+        settings,
+        &claimed.client,
+        claimed.lease_id,
+        claimed.machine_id,
+        until_ms,
+    )
+    .await;
+    match written {
+        Ok(()) => identity.reserve(until_ms),
+        Err(e) => warn!(
+            lease = %instance_id(claimed.lease_id),
+            machine_id = claimed.machine_id.get(),
+            error = %e,
+            "cannot renew the ID floor; minting stays bounded by the reservation held"
+        ),
+    }
+}
+
+/// On shutdown, after the identity is fenced: lowers the floor to the last
+/// millisecond minted, so the next holder starts right above it. Without a
+/// known last millisecond the reservation stays (safe, only later).
+pub(super) async fn settle(settings: &Settings, claimed: &Claimed, identity: &Identity) {
+    let Some(last_ms) = identity.high_water_ms() else {
+        return;
+    };
+    match write(
+        settings,
+        &claimed.client,
+        claimed.lease_id,
+        claimed.machine_id,
+        last_ms,
+    )
+    .await
+    {
+        Ok(()) => info!(
+            machine_id = claimed.machine_id.get(),
+            floor_ms = last_ms,
+            "ID floor set to the last minted millisecond"
+        ),
+        Err(e) => warn!(
+            machine_id = claimed.machine_id.get(),
+            error = %e,
+            "cannot lower the ID floor; the next holder starts above the reservation"
+        ),
+    }
+}
+
+/// Puts the floor, provided the slot key is still attached to `lease_id`.
+async fn write(
+    settings: &Settings,
+    client: &Client,
+    lease_id: i64,
+    machine_id: MachineId,
+    floor_ms: u64,
+) -> Result<(), LeaseError> {
+    let keys = &settings.keys;
+    let txn = Txn::new()
+        .when([Compare::lease(
+            keys.slot(machine_id),
+            CompareOp::Equal,
+            lease_id,
+        )])
+        .and_then([TxnOp::put(
+            keys.id_floor(machine_id),
+            floor_ms.to_string(),
+            None,
+        )]);
+    let answer = settings
+        .bounded("writing the ID floor", client.kv_client().txn(txn))
+        .await?;
+    if answer.succeeded() {
+        Ok(())
+    } else {
+        Err(LeaseError::Etcd(format!(
+            "the ID floor {} was not written: slot {} is no longer held by lease {}",
+            keys.id_floor(machine_id),
+            keys.slot(machine_id),
+            instance_id(lease_id)
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse;
+
+    #[test]
+    fn floor_values_are_plain_decimal_milliseconds() {
+        let cases: [(&[u8], Option<u64>); 9] = [
+            (b"0", Some(0)),
+            (b"123456789", Some(123_456_789)),
+            (b"18446744073709551615", Some(u64::MAX)),
+            (b"18446744073709551616", None),
+            (b"", None),
+            (b"-1", None),
+            (b"+1", None),
+            (b" 12", None),
+            (b"12ms", None),
+        ];
+        for (value, expected) in cases {
+            assert_eq!(
+                parse(value),
+                expected,
+                "{:?}",
+                String::from_utf8_lossy(value)
+            );
+        }
+    }
+}

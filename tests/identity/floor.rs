@@ -1,0 +1,183 @@
+//! IDs never repeat across successive holders of one slot (contract 6), even
+//! when the next holder's clock is behind: the slot's ID floor in etcd.
+//!
+//! A clock that is behind is simulated with a later `id_epoch`: a worker whose
+//! epoch is 5 s later reads a `ts` 5 s smaller, exactly like a clock 5 s
+//! behind. The only free slot steers both workers onto the same slot.
+
+use crate::common::Etcd;
+use crate::support::*;
+use prefill_handoff::clock;
+use prefill_handoff::config::Config;
+use prefill_handoff::identity::{Identity, Lease};
+use prefill_handoff::ids::{DEFAULT_EPOCH_UNIX_MS, IdLayout};
+use std::collections::HashSet;
+use std::time::Duration;
+
+const SLOT: u16 = 517;
+/// How far behind the second holder's clock is.
+const BEHIND_MS: u64 = 5_000;
+
+fn floor_key(machine_id: u16) -> String {
+    format!("/llm/handoff/id-floors/{machine_id}")
+}
+
+/// `config` for a worker whose clock is `BEHIND_MS` behind.
+fn behind(mut config: Config) -> Config {
+    config.id_epoch = "2025-01-01T00:00:05Z".into();
+    assert_eq!(
+        config.epoch_unix_ms().expect("epoch"),
+        DEFAULT_EPOCH_UNIX_MS + BEHIND_MS
+    );
+    config
+}
+
+fn ts(id: u64) -> u64 {
+    IdLayout::Rc22
+        .decode(id)
+        .expect("a minted ID decodes")
+        .timestamp_ms
+}
+
+/// Mints `rounds` batches of 300 IDs a couple of milliseconds apart, so they
+/// span several milliseconds.
+fn mint_rounds(identity: &Identity, rounds: usize) -> Vec<u64> {
+    let mut ids = Vec::new();
+    for _ in 0..rounds {
+        let (batch, machine_id) = identity
+            .mint_many(300)
+            .expect("mint while holding the slot");
+        assert_eq!(machine_id.get(), SLOT);
+        ids.extend(batch);
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    ids
+}
+
+/// Every ID of `next` lies above every ID of `previous` in time, and none
+/// repeats.
+fn assert_after(previous: &[u64], next: &[u64]) {
+    let max_previous = previous.iter().map(|id| ts(*id)).max().expect("some IDs");
+    let seen: HashSet<u64> = previous.iter().copied().collect();
+    for id in next {
+        assert!(!seen.contains(id), "ID {id} minted by both holders");
+        assert!(
+            ts(*id) > max_previous,
+            "ID {id} has ts {} but the previous holder minted up to {max_previous}",
+            ts(*id)
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_graceful_stop_a_holder_whose_clock_is_behind_starts_right_above_the_last_id() {
+    let etcd = Etcd::start();
+    let mut c = client(&etcd).await;
+    let blockers = preclaim_all_except(&mut c, &[SLOT]).await;
+
+    let a = Lease::start(&config(&etcd, TTL), registration())
+        .await
+        .expect("start A");
+    assert_eq!(held(&a.identity()).1.get(), SLOT);
+    let mut minted_a = mint_rounds(&a.identity(), 5);
+    // Held past one TTL: the keepalive rounds renew the reservation, so
+    // minting goes on.
+    tokio::time::sleep(Duration::from_secs(TTL + 1)).await;
+    minted_a.extend(mint_rounds(&a.identity(), 5));
+    let max_a = minted_a.iter().map(|id| ts(*id)).max().expect("some IDs");
+    let (floor_lease, reserved) = get(&mut c, &floor_key(SLOT)).await.expect("a floor");
+    assert_eq!(floor_lease, 0, "the floor is not attached to a lease");
+    assert!(
+        reserved.parse::<u64>().expect("decimal ms") >= max_a,
+        "the reservation {reserved} covers every ID minted (up to {max_a})"
+    );
+
+    a.shutdown().await;
+    assert_eq!(
+        get(&mut c, &floor_key(SLOT)).await,
+        Some((0, max_a.to_string())),
+        "after a graceful stop the floor is exactly the last minted millisecond"
+    );
+    assert_eq!(
+        count_prefix(&mut c, "/llm/handoff/machine-ids/").await,
+        1020,
+        "the floor is no slot: only the pre-claimed slots are listed"
+    );
+
+    let b = Lease::start(&behind(config(&etcd, TTL)), registration())
+        .await
+        .expect("start B");
+    assert_eq!(held(&b.identity()).1.get(), SLOT, "B holds A's slot");
+    // The scenario is real: B's own clock reads below what A minted.
+    assert!(clock::since_epoch_ms(DEFAULT_EPOCH_UNIX_MS + BEHIND_MS) < max_a);
+    let minted_b = mint_rounds(&b.identity(), 10);
+    assert_after(&minted_a, &minted_b);
+    assert_eq!(
+        ts(minted_b[0]),
+        max_a + 1,
+        "B starts right above A's last millisecond, not a TTL later"
+    );
+    assert!(minted_b.windows(2).all(|w| w[0] < w[1]), "B's IDs increase");
+    b.shutdown().await;
+    c.lease_revoke(blockers).await.expect("free the blockers");
+}
+
+/// A crashed holder writes nothing on the way out; a holder cut off from
+/// etcd (a zombie) even keeps minting until its fence deadline, after the
+/// next holder has claimed its slot. Neither may collide with the next holder.
+#[test]
+fn after_a_crash_and_a_lost_lease_a_holder_whose_clock_is_behind_starts_above_every_id_the_old_one_minted()
+ {
+    let runtime = || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("a tokio runtime")
+    };
+    let main = runtime();
+    let etcd = Etcd::start();
+    let mut c = main.block_on(client(&etcd));
+    main.block_on(preclaim_all_except(&mut c, &[SLOT]));
+
+    // A runs its etcd side on a runtime of its own, so the test can stop it
+    // dead: no floor write, no revoke, as if the process were gone.
+    let a_side = runtime();
+    // A generous TTL: A, cut off, still mints well after B has claimed.
+    let a = a_side
+        .block_on(Lease::start(&config(&etcd, 10), registration()))
+        .expect("start A");
+    let zombie = a.identity();
+    let (lease_a, slot) = held(&zombie);
+    assert_eq!(slot.get(), SLOT);
+    let mut minted_a = mint_rounds(&zombie, 5);
+    a_side.shutdown_background();
+    drop(a);
+
+    // The lease ends (revoked here, as if it had expired) and B, whose clock
+    // is behind, claims the slot at once.
+    main.block_on(c.lease_revoke(lease_a))
+        .expect("revoke A's lease");
+    let b = main
+        .block_on(Lease::start(&behind(config(&etcd, TTL)), registration()))
+        .expect("start B");
+    assert_eq!(held(&b.identity()).1.get(), SLOT, "B holds A's slot");
+
+    // Both mint side by side, the zombie until its fence deadline or its
+    // reservation stops it, or for 100 rounds.
+    let mut minted_b = Vec::new();
+    let mut zombie_rounds = 0;
+    while zombie_rounds < 100 {
+        let Ok((batch, _)) = zombie.mint_many(300) else {
+            break;
+        };
+        minted_a.extend(batch);
+        zombie_rounds += 1;
+        minted_b.extend(mint_rounds(&b.identity(), 1));
+    }
+    assert!(zombie_rounds > 0, "the zombie minted after B's claim");
+    minted_b.extend(mint_rounds(&b.identity(), 3));
+    assert_after(&minted_a, &minted_b);
+    assert!(minted_b.windows(2).all(|w| w[0] < w[1]), "B's IDs increase");
+    main.block_on(b.shutdown());
+}
