@@ -117,13 +117,16 @@ impl Handler {
             Settle::Ack => AckKind::Ack,
             Settle::Term => AckKind::Term,
         };
-        if let Err(e) = acker.double_ack_with(kind).await {
-            // The output is out; the message may come again and its output
-            // repeat (the GEN stream drops a repeated decode job).
+        // A plain ack, not a confirmed one: confirming would cost a round
+        // trip per message and change nothing, since a lost ack means the
+        // same either way (the message comes again and its output repeats;
+        // the GEN stream drops a repeated decode job). Shutdown flushes the
+        // connection, so acks taken before it reach the server.
+        if let Err(e) = acker.ack_with(kind).await {
             warn!(
                 request_id,
                 error = %e,
-                "the server did not confirm the ack; the message may be redelivered"
+                "the ack could not be sent; the message will be redelivered"
             );
         }
         Handled::Done { outcome, settle }
