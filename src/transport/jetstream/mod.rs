@@ -13,9 +13,12 @@
 //! - [`handle`]: one message: decide, publish, settle.
 //! - [`publish`]: outputs known to have reached the server (stream ack, or
 //!   a confirmed core publish).
+//! - [`confirm`]: one server round trip confirms every core publish enqueued
+//!   before it, shared by the handlers.
 //! - [`settle`]: the pure rules for ack, term, and nak with backoff.
 //! - [`sweep`]: removes acked messages a restarted old server kept.
 
+pub mod confirm;
 pub mod consume;
 pub mod handle;
 pub mod publish;
@@ -92,6 +95,7 @@ pub async fn serve(
         publisher: publish::Publisher {
             client: client.clone(),
             js,
+            confirmer: confirm::Confirmer::new(client.clone()),
         },
         rules,
         identity,

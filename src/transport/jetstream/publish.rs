@@ -6,9 +6,10 @@
 //! - Core NATS (replies, dead letters): there is no publish ack, so a
 //!   round trip follows the publish (see [`Publisher::core`]).
 
+use super::confirm::Confirmer;
 use crate::decision::DeadLetterCode;
 use async_nats::jetstream::{self, message::PublishMessage};
-use async_nats::{Client, HeaderMap, RequestErrorKind};
+use async_nats::{Client, HeaderMap};
 use bytes::Bytes;
 use std::sync::atomic::Ordering;
 
@@ -36,6 +37,8 @@ impl PublishError {
 pub struct Publisher {
     pub client: Client,
     pub js: jetstream::Context,
+    /// Confirms core publishes, one probe for all enqueued before it.
+    pub confirmer: Confirmer,
 }
 
 impl Publisher {
@@ -75,12 +78,9 @@ impl Publisher {
         Ok(())
     }
 
-    /// Publishes a core message and confirms the server received it.
-    ///
-    /// A request to a subject nobody listens on is answered by the server
-    /// itself ("no responders") after it has processed everything this
-    /// connection sent before it: the PING/PONG guarantee other NATS clients
-    /// call flush. If the connection was not re-established in between, the
+    /// Publishes a core message and confirms the server received it: a probe
+    /// round trip enqueued after it ([`Confirmer`], shared by concurrent
+    /// publishes). If the connection was not re-established in between, the
     /// publish reached the server; otherwise it may be lost, and the caller
     /// asks for redelivery (the output may then repeat, never go missing).
     pub async fn core(
@@ -105,15 +105,10 @@ impl Publisher {
                 },
                 Kind::Send => PublishError::Transient(format!("publishing to {subject}: {e}")),
             })?;
-        let probe = self.client.new_inbox();
-        match self.client.request(probe, Bytes::new()).await {
-            Ok(_) => {}
-            Err(e) if e.kind() == RequestErrorKind::NoResponders => {}
-            Err(e) => {
-                return Err(PublishError::Transient(format!(
-                    "the server did not confirm receipt of the output to {subject}: {e}"
-                )));
-            }
+        if let Err(e) = self.confirmer.confirm().await {
+            return Err(PublishError::Transient(format!(
+                "{e} (output to {subject})"
+            )));
         }
         if self.connects() != connects {
             return Err(PublishError::Transient(format!(

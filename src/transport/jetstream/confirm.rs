@@ -1,0 +1,134 @@
+//! Confirming that core messages reached the server, one round trip for many.
+//!
+//! A request to a subject nobody listens on is answered by the server itself
+//! ("no responders") after it has processed everything this connection sent
+//! before it: the PING/PONG guarantee other NATS clients call flush. A probe
+//! therefore confirms every publish enqueued before it, not only one.
+//!
+//! Probes are numbered in the order they are enqueued. A caller that has
+//! enqueued its publish asks for the next probe number not started yet; the
+//! first caller that finds no probe in flight sends the next one (no
+//! background task), and every caller waiting for that number or a lower one
+//! is answered by its outcome. While one probe is out, later callers gather
+//! for the next: a burst of replies costs a few round trips, not one each.
+
+use async_nats::{Client, RequestErrorKind};
+use bytes::Bytes;
+use std::sync::{Arc, Mutex, PoisonError};
+use tokio::sync::watch;
+
+/// The last probe that finished, and whether the server answered it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Finished {
+    number: u64,
+    outcome: Result<(), String>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Probes started so far; the next one gets `started + 1`.
+    started: u64,
+    /// Whether a probe is out now.
+    in_flight: bool,
+}
+
+/// Shared by every handler of one connection.
+#[derive(Clone)]
+pub struct Confirmer {
+    client: Client,
+    state: Arc<Mutex<State>>,
+    finished: Arc<watch::Sender<Finished>>,
+}
+
+impl Confirmer {
+    pub fn new(client: Client) -> Confirmer {
+        let (finished, _) = watch::channel(Finished {
+            number: 0,
+            outcome: Ok(()),
+        });
+        Confirmer {
+            client,
+            state: Arc::default(),
+            finished: Arc::new(finished),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // Every update is a plain assignment: a poisoned lock is consistent.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Waits until the server has processed everything this connection
+    /// enqueued before the call. Call it after the publish it confirms.
+    /// An error names what failed; the publish may then be lost.
+    pub async fn confirm(&self) -> Result<(), String> {
+        let mut finished = self.finished.subscribe();
+        // A probe started after this line is enqueued after the caller's
+        // publish, which is already in the connection's queue.
+        let target = self.lock().started + 1;
+        loop {
+            {
+                let last = finished.borrow_and_update();
+                if last.number >= target {
+                    return last.outcome.clone();
+                }
+            }
+            if let Some(probe) = self.start_probe() {
+                probe.run().await;
+                continue;
+            }
+            if finished.changed().await.is_err() {
+                return Err("the confirmation channel closed".into());
+            }
+        }
+    }
+
+    /// Starts the next probe unless one is out.
+    fn start_probe(&self) -> Option<Probe> {
+        let mut state = self.lock();
+        if state.in_flight {
+            return None;
+        }
+        state.in_flight = true;
+        state.started += 1;
+        Some(Probe {
+            confirmer: self.clone(),
+            number: state.started,
+            outcome: None,
+        })
+    }
+}
+
+/// One probe out. Dropped before it finished (its caller was cancelled), it
+/// still reports an outcome, so the callers waiting for it never hang.
+struct Probe {
+    confirmer: Confirmer,
+    number: u64,
+    outcome: Option<Result<(), String>>,
+}
+
+impl Probe {
+    async fn run(mut self) {
+        let client = &self.confirmer.client;
+        let inbox = client.new_inbox();
+        self.outcome = Some(match client.request(inbox, Bytes::new()).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == RequestErrorKind::NoResponders => Ok(()),
+            Err(e) => Err(format!("the server did not confirm receipt: {e}")),
+        });
+    }
+}
+
+impl Drop for Probe {
+    fn drop(&mut self) {
+        let outcome = self
+            .outcome
+            .take()
+            .unwrap_or_else(|| Err("the confirmation was cancelled".into()));
+        self.confirmer.lock().in_flight = false;
+        self.confirmer.finished.send_replace(Finished {
+            number: self.number,
+            outcome,
+        });
+    }
+}
