@@ -20,6 +20,7 @@ fn config(nats: &Nats) -> Config {
     config.nats.url = nats.url();
     config.jetstream.ack_wait_secs = 7;
     config.jetstream.max_deliver = 9;
+    config.jetstream.max_ack_pending = 300;
     config.jetstream.max_age_secs = 3600;
     config.resolve().expect("valid test config")
 }
@@ -74,6 +75,7 @@ async fn jetstream_setup_creates_streams_and_consumer_as_configured() {
     assert_eq!(c.deliver_policy, DeliverPolicy::All);
     assert_eq!(c.ack_wait, Duration::from_secs(7));
     assert_eq!(c.max_deliver, 9);
+    assert_eq!(c.max_ack_pending, 300);
     assert!(c.deliver_subject.is_none(), "a pull consumer");
 }
 
@@ -119,6 +121,7 @@ async fn jetstream_setup_updates_editable_differences_in_place() {
     config.jetstream.max_age_secs = 7200;
     config.jetstream.ack_wait_secs = 11;
     config.jetstream.duplicate_window_secs = 60;
+    config.jetstream.max_ack_pending = 4096;
     let report = setup::ensure(&js, &config).await.expect("update");
     let fields = |object: &str| -> Vec<&'static str> {
         match &report
@@ -137,7 +140,10 @@ async fn jetstream_setup_updates_editable_differences_in_place() {
         fields("stream LLM_GEN"),
         vec!["max_age", "duplicate_window"]
     );
-    assert_eq!(fields("consumer LLM_PREFILL/handoff"), vec!["ack_wait"]);
+    assert_eq!(
+        fields("consumer LLM_PREFILL/handoff"),
+        vec!["ack_wait", "max_ack_pending"]
+    );
 
     let stream = js.get_stream("LLM_PREFILL").await.expect("stream");
     let c = stream
@@ -146,6 +152,7 @@ async fn jetstream_setup_updates_editable_differences_in_place() {
         .expect("consumer")
         .config;
     assert_eq!(c.ack_wait, Duration::from_secs(11));
+    assert_eq!(c.max_ack_pending, 4096);
     let mut gen_stream = js.get_stream("LLM_GEN").await.expect("stream");
     let g = gen_stream.info().await.expect("info").config.clone();
     assert_eq!(g.duplicate_window, Duration::from_secs(60));

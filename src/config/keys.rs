@@ -55,6 +55,7 @@ pub(crate) const KEYS: &[(&str, Kind)] = &[
     ("jetstream.gen_is_stream", Kind::Bool),
     ("jetstream.ack_wait_secs", Kind::UInt),
     ("jetstream.max_deliver", Kind::Int),
+    ("jetstream.max_ack_pending", Kind::Int),
     ("jetstream.nak_delay_ms", Kind::UInt),
     ("jetstream.duplicate_window_secs", Kind::UInt),
     ("jetstream.max_age_secs", Kind::UInt),

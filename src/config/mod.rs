@@ -113,6 +113,9 @@ pub struct JetStreamConfig {
     pub gen_is_stream: bool,
     pub ack_wait_secs: u64,
     pub max_deliver: i64,
+    /// Deliveries outstanding (not yet acked) across all workers at once;
+    /// -1 for no limit.
+    pub max_ack_pending: i64,
     pub nak_delay_ms: u64,
     pub duplicate_window_secs: u64,
     pub max_age_secs: u64,
@@ -181,6 +184,7 @@ impl Default for JetStreamConfig {
             gen_is_stream: true,
             ack_wait_secs: 30,
             max_deliver: 20,
+            max_ack_pending: 1000,
             nak_delay_ms: 1000,
             duplicate_window_secs: 120,
             max_age_secs: 24 * 3600,

@@ -341,6 +341,7 @@ fn jetstream(c: &Config) -> Result<(), ConfigError> {
     }
     for (key, value) in [
         ("jetstream.max_deliver", js.max_deliver),
+        ("jetstream.max_ack_pending", js.max_ack_pending),
         ("jetstream.max_bytes", js.max_bytes),
     ] {
         if value == 0 || value < -1 {

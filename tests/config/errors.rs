@@ -75,6 +75,7 @@ const BAD: &[&str] = &[
     r#"env | HANDOFF_JETSTREAM__DUPLICATE_WINDOW_SECS=0 | jetstream.duplicate_window_secs ; at least 1"#,
     r#"env | HANDOFF_JETSTREAM__BATCH=0 | jetstream.batch ; at least 1"#,
     r#"env | HANDOFF_JETSTREAM__MAX_DELIVER=0 | jetstream.max_deliver ; -1 (unlimited)"#,
+    r#"env | HANDOFF_JETSTREAM__MAX_ACK_PENDING=-7 | jetstream.max_ack_pending ; -1 (unlimited)"#,
     r#"env | HANDOFF_JETSTREAM__MAX_BYTES=-2 | jetstream.max_bytes ; -1 (unlimited)"#,
     r#"env | HANDOFF_JETSTREAM__MAX_AGE_SECS=60 | jetstream.duplicate_window_secs ; max_age_secs"#,
     r#"env | HANDOFF_ID_EPOCH=2025-13-01T00:00:00Z | id_epoch ; RFC 3339 ; month 13"#,

@@ -120,6 +120,13 @@ pub fn consumer_mismatches(
         want.max_deliver.max(-1),
         true,
     );
+    mismatch(
+        &mut out,
+        "max_ack_pending",
+        have.max_ack_pending.max(-1),
+        want.max_ack_pending.max(-1),
+        true,
+    );
     out
 }
 
@@ -235,6 +242,7 @@ mod tests {
                 &[("ack_wait", true)],
             ),
             (|c| c.max_deliver = 3, &[("max_deliver", true)]),
+            (|c| c.max_ack_pending = 50, &[("max_ack_pending", true)]),
             (|c| c.ack_policy = AckPolicy::All, &[("ack_policy", false)]),
             (
                 |c| c.deliver_policy = DeliverPolicy::New,

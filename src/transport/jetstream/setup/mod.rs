@@ -143,6 +143,7 @@ async fn ensure_consumer(
         .map_err(|e| api_error(format!("reading consumer {stream_name}/{name}"), e))?;
     update.ack_wait = want.ack_wait;
     update.max_deliver = want.max_deliver;
+    update.max_ack_pending = want.max_ack_pending;
     stream
         .create_consumer(update)
         .await

@@ -116,7 +116,7 @@ pub fn gen_stream(config: &Config) -> Result<stream::Config, ConfigError> {
 }
 
 /// The durable pull consumer all workers share: explicit ack, deliver all,
-/// `ack_wait` and `max_deliver` from the configuration. No filter subject:
+/// `ack_wait`, `max_deliver` and `max_ack_pending` from the configuration. No filter subject:
 /// it is the only consumer the work queue allows over its subjects.
 pub fn consumer(config: &Config) -> Result<pull::Config, ConfigError> {
     let js = &config.jetstream;
@@ -139,6 +139,7 @@ pub fn consumer(config: &Config) -> Result<pull::Config, ConfigError> {
         ack_policy: AckPolicy::Explicit,
         ack_wait: Duration::from_secs(js.ack_wait_secs),
         max_deliver: js.max_deliver,
+        max_ack_pending: js.max_ack_pending,
         ..Default::default()
     })
 }
