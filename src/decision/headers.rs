@@ -2,6 +2,7 @@
 //! (async-nats panics on them), so nothing taken from the input reaches a
 //! header unescaped.
 
+use super::DeadLetterCode;
 use crate::wire::Encoding;
 
 /// The `Nats-Msg-Id` of a decode job: `handoff-{request_id}`, with bytes that
@@ -27,6 +28,21 @@ pub fn msg_id(request_id: &str) -> String {
         }
     }
     out
+}
+
+/// The headers every dead letter carries: its code, a sentence saying why,
+/// and the subject the input came from, with control characters replaced
+/// and the sentence's length bounded ([`header_safe`]).
+pub fn dead_letter_headers(
+    code: DeadLetterCode,
+    why: &str,
+    source_subject: &str,
+) -> Vec<(&'static str, String)> {
+    vec![
+        ("Handoff-Error-Code", code.as_str().to_string()),
+        ("Handoff-Error", header_safe(why)),
+        ("Handoff-Source-Subject", header_safe(source_subject)),
+    ]
 }
 
 /// Header of a dead letter sent without the input's bytes, because even the

@@ -13,13 +13,13 @@ mod request;
 
 pub use codes::{Backend, DeadLetterCode, ErrorCode, FinishReason};
 pub use handoff::{backend_of, describe};
-pub use headers::{PAYLOAD_OMITTED, msg_id, without_payload};
+pub use headers::{PAYLOAD_OMITTED, dead_letter_headers, msg_id, without_payload};
 pub use reply::{Refusal, ReplyPolicy};
 pub use request::MAX_REQUEST_ID_BYTES;
 
 use crate::ids::MachineId;
 use crate::wire::{self, Encoding, map, messages};
-use headers::{content_type, header_safe, truncate};
+use headers::{content_type, truncate};
 use request::Request;
 use rmpv::Value;
 
@@ -311,11 +311,7 @@ fn decide_request(
 /// The original bytes, unchanged, to the dead-letter subject. A JSON input
 /// keeps its `Content-Type`, so the dead letter can be replayed as it is.
 fn dead_letter(input: Input<'_>, rules: &Rules, code: DeadLetterCode, why: String) -> Decision {
-    let mut headers = vec![
-        ("Handoff-Error-Code", code.as_str().to_string()),
-        ("Handoff-Error", header_safe(&why)),
-        ("Handoff-Source-Subject", header_safe(input.subject)),
-    ];
+    let mut headers = dead_letter_headers(code, &why, input.subject);
     headers.extend(content_type(input.encoding));
     Decision {
         outcome: Outcome::DeadLetter { code },

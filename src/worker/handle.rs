@@ -120,14 +120,7 @@ impl Worker {
         let why = format!(
             "the {kind} output for this result is larger than the NATS server's max_payload, so it could not be published"
         );
-        let set = [
-            (
-                "Handoff-Error-Code",
-                DeadLetterCode::TooLarge.as_str().to_string(),
-            ),
-            ("Handoff-Error", why),
-            ("Handoff-Source-Subject", incoming.subject.to_string()),
-        ];
+        let set = decision::dead_letter_headers(DeadLetterCode::TooLarge, &why, &incoming.subject);
         let headers = output_headers(&set, incoming.headers.as_ref());
         let whole = self
             .outbound

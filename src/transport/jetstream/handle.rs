@@ -148,17 +148,14 @@ impl Handler {
             error = why,
             "the output cannot be published; dead-lettering the input instead"
         );
-        let set = [
-            ("Handoff-Error-Code", code.as_str().to_string()),
-            (
-                "Handoff-Error",
-                format!(
-                    "the {} output for this result could not be published: {why}",
-                    decision.outcome.kind()
-                ),
+        let set = decision::dead_letter_headers(
+            code,
+            &format!(
+                "the {} output for this result could not be published: {why}",
+                decision.outcome.kind()
             ),
-            ("Handoff-Source-Subject", message.subject.to_string()),
-        ];
+            &message.subject,
+        );
         let headers = output_headers(&set, message.headers.as_ref());
         let publish = self.publisher.core(
             &self.rules.dead_letter_subject,
