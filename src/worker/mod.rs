@@ -154,9 +154,7 @@ impl Worker {
                 break;
             };
             let batch = take_ready(incoming, permit, &mut inbound, &permits);
-            for _ in &batch.results {
-                worker.stats.received();
-            }
+            worker.stats.received(batch.results.len());
             let worker = Arc::clone(&worker);
             tokio::spawn(async move {
                 for incoming in batch.results {

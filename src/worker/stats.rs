@@ -26,8 +26,9 @@ pub struct Counts {
 }
 
 impl Stats {
-    pub(super) fn received(&self) {
-        self.received.fetch_add(1, Ordering::Relaxed);
+    /// `count` results taken from the transport at once.
+    pub(super) fn received(&self, count: usize) {
+        self.received.fetch_add(count as u64, Ordering::Relaxed);
     }
 
     pub(super) fn handled(&self, handled: &Handled) {
