@@ -34,6 +34,9 @@ fi
 
 profile="${DEMO_PROFILE:-dev}"
 say "building prefill-handoff ($profile profile)"
+if [ ! -d target ]; then
+    echo "demo: first build in this checkout: about 5 minutes on a fresh 2-core machine (not a hang)"
+fi
 cargo build --profile "$profile" --locked --quiet --bin prefill-handoff
 target_dir=$(cargo metadata --format-version 1 --no-deps |
     python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')

