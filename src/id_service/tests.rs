@@ -6,6 +6,11 @@ fn msgpack(value: serde_json::Value) -> Vec<u8> {
     rmp_serde::to_vec_named(&value).unwrap()
 }
 
+/// The default budget, full.
+fn budget() -> Budget {
+    Budget::new(100_000, MAX_COUNT, Instant::now())
+}
+
 #[test]
 fn request_bodies() {
     // (name, body, encoding, Ok(count) or Err(substring of the sentence))
@@ -152,7 +157,13 @@ fn answers_carry_ids_from_the_slot_in_the_request_encoding() {
         DEFAULT_EPOCH_UNIX_MS,
         MachineId::new(77).unwrap(),
     );
-    let a = answer(br#"{"count": 3}"#, Encoding::Json, &identity);
+    let a = answer(
+        br#"{"count": 3}"#,
+        Encoding::Json,
+        &identity,
+        &mut budget(),
+        Instant::now(),
+    );
     assert_eq!(a.result, IdRequestResult::Ok);
     assert_eq!(a.minted, 3);
     let body: serde_json::Value = serde_json::from_slice(&a.payload).unwrap();
@@ -165,7 +176,13 @@ fn answers_carry_ids_from_the_slot_in_the_request_encoding() {
         assert_eq!(decoded.machine_id, 77);
     }
 
-    let m = answer(&[], Encoding::MsgPack, &identity);
+    let m = answer(
+        &[],
+        Encoding::MsgPack,
+        &identity,
+        &mut budget(),
+        Instant::now(),
+    );
     let body: serde_json::Value = rmp_serde::from_slice(&m.payload).unwrap();
     assert_eq!(body["ids"].as_array().map(Vec::len), Some(1));
 }
@@ -200,7 +217,13 @@ fn refusals_are_the_contract_error_response() {
         ),
     ];
     for (identity, body, result, code) in cases {
-        let a = answer(&body, Encoding::MsgPack, identity);
+        let a = answer(
+            &body,
+            Encoding::MsgPack,
+            identity,
+            &mut budget(),
+            Instant::now(),
+        );
         assert_eq!(a.result, result);
         assert_eq!(a.minted, 0);
         let body: serde_json::Value = rmp_serde::from_slice(&a.payload).unwrap();
@@ -208,6 +231,43 @@ fn refusals_are_the_contract_error_response() {
         assert_eq!(body["kind"], "error");
         assert_eq!(body["error"]["code"], code);
         assert!(!body["error"]["message"].as_str().unwrap().is_empty());
+    }
+}
+
+#[test]
+fn beyond_the_budget_the_answer_is_rate_limited_and_mints_nothing() {
+    let identity = Identity::fixed(
+        IdLayout::Rc22,
+        DEFAULT_EPOCH_UNIX_MS,
+        MachineId::new(3).unwrap(),
+    );
+    let now = Instant::now();
+    // 10 IDs per second, at most 4 per request: the bucket holds 4.
+    let mut budget = Budget::new(10, 4, now);
+    // (count asked, result, words the message must hold)
+    let rows = [
+        (5, IdRequestResult::RateLimited, "at most 4 per request"),
+        (4, IdRequestResult::Ok, ""),
+        (1, IdRequestResult::RateLimited, "retry after 100 ms"),
+    ];
+    for (count, result, words) in rows {
+        let a = answer(
+            &msgpack(json!({ "count": count })),
+            Encoding::MsgPack,
+            &identity,
+            &mut budget,
+            now,
+        );
+        assert_eq!(a.result, result, "count {count}");
+        let body: serde_json::Value = rmp_serde::from_slice(&a.payload).unwrap();
+        if result == IdRequestResult::Ok {
+            assert_eq!(a.minted, count);
+            continue;
+        }
+        assert_eq!(a.minted, 0);
+        assert_eq!(body["error"]["code"], "rate_limited");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains(words), "{message}");
     }
 }
 
