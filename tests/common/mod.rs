@@ -304,11 +304,12 @@ impl Worker {
         let out = std::fs::File::create(dir.path().join("stdout.log")).expect("stdout file");
         let child = Command::new(env!("CARGO_BIN_EXE_prefill-handoff"))
             .args(args)
-            .envs(env.iter().copied())
+            // The test's own RUST_LOG, unless `env` sets one.
             .env(
                 "RUST_LOG",
                 std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
             )
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(log)
