@@ -271,6 +271,54 @@ fn beyond_the_budget_the_answer_is_rate_limited_and_mints_nothing() {
     }
 }
 
+/// Issue 9: clients asking for 1,024 IDs in a loop cannot take the IDs the
+/// decode jobs need. The slot's reservation reaches 10 s past the clock (the
+/// default lease TTL) and is never renewed here; 12,000 requests of 1,024 IDs
+/// (12 million IDs, 12 s of the slot's rc22 rate) arrive one per millisecond
+/// of the budget's time, while the real clock moves far less. Without the
+/// budget they would use up the reservation and the decode jobs' mints after
+/// them would fail; with it, about 1.2 million are handed out.
+#[test]
+fn a_flood_of_full_requests_leaves_the_decode_jobs_their_ids() {
+    let identity = Identity::new(IdLayout::Rc22, DEFAULT_EPOCH_UNIX_MS);
+    let now_ms = crate::clock::since_epoch_ms(DEFAULT_EPOCH_UNIX_MS);
+    identity.install_reserved(
+        1,
+        MachineId::new(9).unwrap(),
+        Instant::now() + std::time::Duration::from_secs(60),
+        crate::identity::Reservation {
+            above_ms: None,
+            until_ms: now_ms + 10_000,
+        },
+    );
+    let start = Instant::now();
+    let mut budget = Budget::new(100_000, MAX_COUNT, start);
+    let body = msgpack(json!({"count": 1024}));
+    let (mut granted, mut refused) = (0, 0);
+    for i in 0..12_000 {
+        let at = start + std::time::Duration::from_millis(i);
+        let a = answer(&body, Encoding::MsgPack, &identity, &mut budget, at);
+        match a.result {
+            IdRequestResult::Ok => granted += 1,
+            IdRequestResult::RateLimited => refused += 1,
+            // The reservation is used up: what the decode jobs then meet.
+            IdRequestResult::IdentityUnavailable => {}
+            other => panic!("request {i}: {other:?} {:?}", a.detail),
+        }
+    }
+    let mut decode = identity.clone();
+    for i in 0..1000 {
+        assert!(
+            crate::decision::IdSource::mint(&mut decode).is_ok(),
+            "decode job {i} after {granted} granted requests"
+        );
+    }
+    assert!(
+        granted > 0 && refused > 0,
+        "{granted} granted, {refused} refused"
+    );
+}
+
 #[test]
 fn result_labels_are_indexed_by_discriminant() {
     for (i, r) in IdRequestResult::ALL.iter().enumerate() {

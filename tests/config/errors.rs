@@ -188,7 +188,10 @@ fn debug_output_hides_secrets() {
     // Credentials in the NATS URL are an authentication method of their
     // own, so they are loaded apart from nats.user/nats.password.
     let in_url = [("HANDOFF_NATS__URL", "nats://alice:url-s3cret@h:4222")];
-    for c in [load(None, &env, &[]).unwrap(), load(None, &in_url, &[]).unwrap()] {
+    for c in [
+        load(None, &env, &[]).unwrap(),
+        load(None, &in_url, &[]).unwrap(),
+    ] {
         let shown = format!("{c:?} {c:#?}");
         for secret in ["hunter2", "etcd-s3cret", "url-s3cret"] {
             assert!(!shown.contains(secret), "{shown}");
