@@ -4,7 +4,7 @@
 
 use super::ConfigArgs;
 use crate::config::{Config, ConfigError};
-use crate::transport::connect::{parse_url, with_url_credentials};
+use crate::transport::connect::with_url_credentials;
 use crate::transport::jetstream::{JetStreamError, setup};
 use anyhow::Context as _;
 use std::time::Duration;
@@ -57,7 +57,7 @@ async fn connect(config: &Config) -> anyhow::Result<async_nats::Client> {
             .await
             .with_context(|| format!("nats.credentials_file {}", path.display()))?;
     }
-    let servers = parse_url(&nats.url).map_err(|e| ConfigError(e.to_string()))?;
+    let servers = crate::config::nats_url::parse(&nats.url)?;
     with_url_credentials(options, servers.credentials)
         .connect(servers.addrs)
         .await

@@ -13,7 +13,7 @@
 use super::TransportError;
 use crate::config::{NatsConfig, nats_url, redact_urls};
 use crate::metrics::{self, Metrics, Readiness};
-use async_nats::{Client, ConnectOptions, ServerAddr};
+use async_nats::{Client, ConnectOptions};
 use std::time::Duration;
 
 /// Connects to the servers in `config.url` with the configured auth and client
@@ -66,18 +66,10 @@ pub async fn connect(
 }
 
 /// `nats.url` as server addresses without credentials, and the credentials.
-/// Errors show the URL redacted.
+/// Errors name `nats.url` and show it redacted (loading has checked it
+/// already, so `run` meets none).
 pub fn parse_url(urls: &str) -> Result<nats_url::NatsServers, TransportError> {
-    nats_url::parse(urls).map_err(|e| TransportError::BadUrl {
-        url: redact_urls(urls),
-        reason: e.to_string(),
-    })
-}
-
-/// `nats.url` split on commas, each parsed as a server address without the
-/// credentials written in it.
-pub fn server_addrs(urls: &str) -> Result<Vec<ServerAddr>, TransportError> {
-    parse_url(urls).map(|s| s.addrs)
+    nats_url::parse(urls).map_err(TransportError::Url)
 }
 
 /// Credentials written in `nats.url` as connect options. Loading refuses
@@ -132,7 +124,7 @@ mod tests {
             ("nats://u:p@a:4222", Some(1)),
         ];
         for (urls, expected) in cases {
-            let got = server_addrs(urls).ok().map(|v| v.len());
+            let got = parse_url(urls).ok().map(|s| s.addrs.len());
             assert_eq!(got, *expected, "{urls:?}");
         }
     }

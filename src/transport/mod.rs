@@ -111,6 +111,9 @@ pub enum TransportError {
     BadUrl { url: String, reason: String },
     #[error("nats.url is empty; expected one or more comma-separated NATS server URLs")]
     NoUrl,
+    /// `nats.url` cannot be used (the message names the key).
+    #[error(transparent)]
+    Url(crate::config::ConfigError),
     #[error("nats.user and nats.password must be set together")]
     HalfUserPassword,
     #[error("nats.credentials_file {path:?} cannot be used: {reason}")]
