@@ -6,7 +6,8 @@
 mod decision_support;
 
 use decision_support::*;
-use prefill_handoff::decision::{DeadLetterCode, ErrorCode, Outcome};
+use prefill_handoff::config::Config;
+use prefill_handoff::decision::{DeadLetterCode, ErrorCode, Outcome, Refusal};
 use prefill_handoff::wire::Encoding;
 use rmpv::Value;
 use serde_json::{Value as Json, json};
@@ -343,5 +344,53 @@ fn dead_letter_headers_are_safe_and_name_the_source() {
     for (name, value) in &d.headers {
         assert!(!value.contains(['\r', '\n']), "{name}: {value:?}");
         assert!(value.len() <= 1100, "{name} is bounded");
+    }
+}
+
+/// Contract 4.2 and 9: the worker's own subjects are never a reply subject,
+/// even when `allowed_reply_subjects` allows everything (`>`). The rules come
+/// from the configuration, as `run` builds them, so a subject dropped from
+/// `Config::own_subjects` (or from the check) fails its row. One row per own
+/// subject: each prefill subject, a subject under a prefill wildcard, GEN,
+/// dead letter and the ID service.
+#[test]
+fn own_subjects_are_refused_even_when_every_reply_subject_is_allowed() {
+    let overrides = [
+        ("allowed_reply_subjects", ">"),
+        (
+            "subjects.prefill_results",
+            "llm.prefill.results,llm.prefill.other,llm.prefill.more.>",
+        ),
+    ]
+    .map(|(k, v)| (k.to_string(), v.to_string()));
+    let rules = Config::load_from(None, &[], &overrides)
+        .and_then(|c| c.rules())
+        .expect("the configuration is valid");
+    let rows: &[(&str, &str)] = &[
+        ("first prefill subject", "llm.prefill.results"),
+        ("second prefill subject", "llm.prefill.other"),
+        ("under the prefill wildcard", "llm.prefill.more.x"),
+        ("deeper under the prefill wildcard", "llm.prefill.more.x.y"),
+        ("GEN", "llm.gen.jobs"),
+        ("dead letter", "llm.handoff.dead"),
+        ("ID service", "llm.handoff.ids"),
+    ];
+    for (name, subject) in rows {
+        assert_eq!(
+            rules.reply_policy.check(subject),
+            Err(Refusal::OwnSubject(subject.to_string())),
+            "{name}"
+        );
+        let d = decide_bytes(
+            &msgpack(&v(with(good(), "reply_to", json!(subject)))),
+            Encoding::MsgPack,
+            &rules,
+            None,
+        );
+        check(name, &d, Expect::Dead(DeadLetterCode::ReplyToNotAllowed));
+    }
+    // The allowlist itself is in force: anything else goes.
+    for subject in ["llm.prefill", "llm.gen.jobs.x", "llm.handoff.other", "x"] {
+        assert_eq!(rules.reply_policy.check(subject), Ok(()), "{subject}");
     }
 }

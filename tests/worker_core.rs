@@ -277,6 +277,63 @@ async fn a_fenced_worker_refuses_to_mint_but_hands_off_kept_ids() {
     worker.stop().await;
 }
 
+/// Issue 9: a `tracestate` beyond the W3C sizes is not copied, so it cannot
+/// push the output over the server's `max_payload`: the result still gets its
+/// decode job (with the well-formed `traceparent`), and the drop is counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_tracestate_is_dropped_and_counted_and_the_result_gets_its_output() {
+    let max = 16 * 1024;
+    let nats = Nats::start_with_max_payload(Some(max));
+    let config = config(&nats.url());
+    let worker = InProcess::start(&config, fixed_identity(6)).await;
+    let test = client(&nats.url()).await;
+    let collector = Collector::start(&test).await;
+
+    let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let body = json!({"request_id": "ts", "reply_to": "llm.replies.ts",
+        "frames": [{"finish_reason": null, "disaggregated_params": {"ctx_request_id": 3}}]});
+    let payload = msgpack(&body);
+    // A tracestate of 250-character members, far beyond 512 bytes and 32
+    // members, that fills the input up to 100 bytes short of max_payload
+    // (the header block adds 96 bytes besides the tracestate's value). The
+    // decode job is larger than the input, so with it copied the job would
+    // not fit.
+    let target = max - payload.len() - 96 - 100;
+    let mut tracestate = String::new();
+    while tracestate.len() + 300 < target {
+        let i = tracestate.len();
+        tracestate.push_str(&format!("k{i}={},", "v".repeat(250)));
+    }
+    let last = "last=";
+    let rest = target - tracestate.len() - last.len();
+    tracestate.push_str(&format!("{last}{}", "v".repeat(rest)));
+    assert_eq!(tracestate.len(), target);
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("traceparent", traceparent);
+    headers.insert("tracestate", tracestate.as_str());
+    test.publish_with_headers(PREFILL, headers, payload.into())
+        .await
+        .expect("the input fits the server");
+    test.flush().await.unwrap();
+
+    let outputs = collector.wait_outputs(1, WAIT).await;
+    assert_eq!(outputs.len(), 1);
+    assert_eq!(outputs[0].subject.as_str(), GEN, "a decode job");
+    let headers = outputs[0].headers.as_ref();
+    assert_eq!(header(headers, "traceparent"), Some(traceparent));
+    assert_eq!(header(headers, "tracestate"), None);
+    let samples = common::prometheus_samples(&worker.metrics.encode());
+    assert_eq!(
+        samples.get("handoff_trace_headers_dropped_total{header=\"tracestate\"}"),
+        Some(&1.0)
+    );
+    assert_eq!(
+        samples.get("handoff_trace_headers_dropped_total{header=\"traceparent\"}"),
+        Some(&0.0)
+    );
+    worker.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_output_larger_than_the_server_accepts_dead_letters_the_input() {
     let max = 16 * 1024;

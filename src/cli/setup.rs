@@ -4,12 +4,10 @@
 
 use super::ConfigArgs;
 use crate::config::{Config, ConfigError};
+use crate::transport::connect::with_url_credentials;
 use crate::transport::jetstream::{JetStreamError, setup};
 use anyhow::Context as _;
 use std::time::Duration;
-
-/// How long `setup` waits for the NATS server before it gives up.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub fn run(args: ConfigArgs) -> anyhow::Result<()> {
     let config = args.load()?;
@@ -38,7 +36,7 @@ async fn connect(config: &Config) -> anyhow::Result<async_nats::Client> {
     let nats = &config.nats;
     let mut options = async_nats::ConnectOptions::new()
         .name(format!("{} setup", nats.name))
-        .connection_timeout(CONNECT_TIMEOUT);
+        .connection_timeout(Duration::from_secs(nats.connect_timeout_secs));
     match (&nats.user, &nats.password) {
         (Some(user), Some(password)) => {
             options = options.user_and_password(user.clone(), password.clone());
@@ -59,10 +57,14 @@ async fn connect(config: &Config) -> anyhow::Result<async_nats::Client> {
             .await
             .with_context(|| format!("nats.credentials_file {}", path.display()))?;
     }
-    let urls = crate::transport::connect::server_addrs(&nats.url)
-        .map_err(|e| ConfigError(e.to_string()))?;
-    options
-        .connect(urls)
+    let servers = crate::config::nats_url::parse(&nats.url)?;
+    with_url_credentials(options, servers.credentials)
+        .connect(servers.addrs)
         .await
-        .with_context(|| format!("cannot connect to NATS at {}", nats.url))
+        .with_context(|| {
+            format!(
+                "cannot connect to NATS at {}",
+                crate::config::redact_urls(&nats.url)
+            )
+        })
 }

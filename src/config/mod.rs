@@ -8,11 +8,13 @@
 //! - `load`: the layers (file, environment, flags) over that table.
 //! - `validate`: the checks `resolve()` makes after the names are derived.
 //! - `epoch`: the RFC 3339 parser for `id_epoch`.
+//! - `nats_url`: `nats.url` as server addresses and the credentials in it.
 //! - `redact`: `Debug` without secrets.
 
 mod epoch;
 mod keys;
 mod load;
+pub mod nats_url;
 mod redact;
 mod validate;
 
@@ -39,6 +41,7 @@ pub struct Config {
     /// Queue group in core mode; empty means `{ns}-handoff`.
     pub queue_group: String,
     pub jetstream: JetStreamConfig,
+    pub id_service: IdServiceConfig,
     pub allowed_reply_subjects: Vec<String>,
     pub lease_ttl_secs: u64,
     pub id_layout: IdLayout,
@@ -74,6 +77,8 @@ pub struct NatsConfig {
     /// Messages the client buffers per subscription while the worker is
     /// behind; beyond it, core NATS drops them (slow consumer).
     pub subscription_capacity: usize,
+    /// `run` exits 1 when no server of `url` answers within this at start.
+    pub connect_timeout_secs: u64,
 }
 
 /// `Debug` hides the password and URL credentials.
@@ -125,6 +130,26 @@ pub struct JetStreamConfig {
     pub batch: usize,
 }
 
+/// The ID mint service's own budget, apart from the decode jobs' minting.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct IdServiceConfig {
+    /// IDs per second the service hands out; requests beyond are refused
+    /// with `rate_limited`.
+    pub ids_per_sec: u64,
+    /// The most IDs one request may ask for (at most the contract's 1024).
+    pub max_count: u64,
+}
+
+impl Default for IdServiceConfig {
+    fn default() -> Self {
+        IdServiceConfig {
+            ids_per_sec: 100_000,
+            max_count: 1024,
+        }
+    }
+}
+
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -137,6 +162,7 @@ impl Default for Config {
             subjects: Subjects::default(),
             queue_group: String::new(),
             jetstream: JetStreamConfig::default(),
+            id_service: IdServiceConfig::default(),
             allowed_reply_subjects: Vec::new(),
             lease_ttl_secs: 10,
             id_layout: IdLayout::Rc22,
@@ -158,6 +184,7 @@ impl Default for NatsConfig {
             credentials_file: None,
             name: "prefill-handoff".into(),
             subscription_capacity: 262_144,
+            connect_timeout_secs: 10,
         }
     }
 }

@@ -238,6 +238,17 @@ fn auth(c: &Config) -> Result<(), ConfigError> {
             format!("set together with {first}; choose one NATS authentication method"),
         ));
     }
+    // Credentials written in the URL are one more method (nats_url.rs).
+    if super::nats_url::parse(&n.url)?.credentials.is_some()
+        && let [(_, other), ..] = methods[..]
+    {
+        return Err(err(
+            "nats.url",
+            format!(
+                "holds credentials (user:password@ or token@) while {other} is set too; choose one NATS authentication method"
+            ),
+        ));
+    }
     if let Some(path) = &n.credentials_file
         && !path.is_file()
     {
@@ -297,10 +308,28 @@ fn limits(c: &Config) -> Result<(), ConfigError> {
             "the client needs room for at least one message",
         ),
         (
+            "nats.connect_timeout_secs",
+            c.nats.connect_timeout_secs,
+            1,
+            "0 would give up on NATS before trying",
+        ),
+        (
             "etcd.connect_timeout_ms",
             c.etcd.connect_timeout_ms,
             1,
             "0 would never wait for etcd",
+        ),
+        (
+            "id_service.ids_per_sec",
+            c.id_service.ids_per_sec,
+            1,
+            "0 would refuse every ID request",
+        ),
+        (
+            "id_service.max_count",
+            c.id_service.max_count,
+            1,
+            "a request asks for at least one ID",
         ),
         (
             "etcd.request_timeout_ms",
@@ -317,8 +346,34 @@ fn limits(c: &Config) -> Result<(), ConfigError> {
             ));
         }
     }
+    let at_most = [
+        (
+            "id_service.max_count",
+            c.id_service.max_count,
+            crate::id_service::MAX_COUNT,
+            "the contract's largest request",
+        ),
+        (
+            "id_service.ids_per_sec",
+            c.id_service.ids_per_sec,
+            MAX_ID_SERVICE_RATE,
+            "half of what a slot mints in rc22 (1,024 IDs per millisecond), so decode jobs always keep the other half",
+        ),
+    ];
+    for (key, value, max, why) in at_most {
+        if value > max {
+            return Err(err(
+                key,
+                format!("{value} is too large; expected at most {max}: {why}"),
+            ));
+        }
+    }
     Ok(())
 }
+
+/// The ID service's largest budget: half a slot's rc22 rate (rc21 mints four
+/// times as many per millisecond, so half of rc22 is an eighth there).
+const MAX_ID_SERVICE_RATE: u64 = 512_000;
 
 fn jetstream(c: &Config) -> Result<(), ConfigError> {
     let js = &c.jetstream;

@@ -17,10 +17,13 @@ pub enum ErrorCode {
     IdentityUnavailable,
     InvalidBootstrap,
     InvalidKvTransferParams,
+    /// The ID mint service's answer beyond its budget (`id_service.*`);
+    /// the decision never gives it.
+    RateLimited,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 11] = [
+    pub const ALL: [ErrorCode; 12] = [
         ErrorCode::Malformed,
         ErrorCode::NoOutput,
         ErrorCode::PrefillFailed,
@@ -32,6 +35,7 @@ impl ErrorCode {
         ErrorCode::IdentityUnavailable,
         ErrorCode::InvalidBootstrap,
         ErrorCode::InvalidKvTransferParams,
+        ErrorCode::RateLimited,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -47,6 +51,7 @@ impl ErrorCode {
             ErrorCode::IdentityUnavailable => "identity_unavailable",
             ErrorCode::InvalidBootstrap => "invalid_bootstrap",
             ErrorCode::InvalidKvTransferParams => "invalid_kv_transfer_params",
+            ErrorCode::RateLimited => "rate_limited",
         }
     }
 }

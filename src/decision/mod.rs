@@ -10,12 +10,14 @@ mod handoff;
 mod headers;
 pub mod reply;
 mod request;
+mod trace;
 
 pub use codes::{Backend, DeadLetterCode, ErrorCode, FinishReason};
 pub use handoff::{backend_of, describe};
 pub use headers::{PAYLOAD_OMITTED, dead_letter_headers, msg_id, without_payload};
 pub use reply::{Refusal, ReplyPolicy};
 pub use request::MAX_REQUEST_ID_BYTES;
+pub use trace::{TraceHeader, TraceHeaders, trace_headers};
 
 use crate::ids::MachineId;
 use crate::wire::{self, Encoding, map, messages};

@@ -4,16 +4,21 @@
 //! slot, so they never collide with any other worker's.
 //!
 //! [`answer`] is the service without the network: request body in, reply body
-//! out. `serve.rs` subscribes in a queue group and publishes the answers.
+//! out. `budget.rs` is the service's own token bucket of IDs, so clients
+//! cannot starve the decode jobs minting from the same slot. `serve.rs`
+//! subscribes in a queue group and publishes the answers.
 
+mod budget;
 mod serve;
 
+pub use budget::{Budget, OverBudget};
 pub use serve::{IdService, IdServiceError, serve};
 
 use crate::decision::{ErrorCode, describe};
 use crate::identity::Identity;
 use crate::wire::{self, Encoding, map, messages};
 use rmpv::Value;
+use std::time::Instant;
 
 /// The most IDs one request may ask for.
 pub const MAX_COUNT: u64 = 1024;
@@ -34,15 +39,18 @@ pub enum IdRequestResult {
     NoReply,
     /// The reply subject is not an allowed reply subject: nothing was sent.
     ReplyRefused,
+    /// Beyond the service's budget (`id_service.*`): error `rate_limited` was sent.
+    RateLimited,
 }
 
 impl IdRequestResult {
-    pub const ALL: [IdRequestResult; 5] = [
+    pub const ALL: [IdRequestResult; 6] = [
         IdRequestResult::Ok,
         IdRequestResult::IdentityUnavailable,
         IdRequestResult::Malformed,
         IdRequestResult::NoReply,
         IdRequestResult::ReplyRefused,
+        IdRequestResult::RateLimited,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -52,6 +60,7 @@ impl IdRequestResult {
             IdRequestResult::Malformed => "malformed",
             IdRequestResult::NoReply => "no_reply",
             IdRequestResult::ReplyRefused => "reply_refused",
+            IdRequestResult::RateLimited => "rate_limited",
         }
     }
 }
@@ -103,9 +112,16 @@ pub fn requested_count(body: &[u8], encoding: Encoding) -> Result<usize, String>
     }
 }
 
-/// Answers one request body with IDs from `identity`, or with the contract's
-/// error response (`malformed`, `identity_unavailable`; `request_id` null).
-pub fn answer(body: &[u8], encoding: Encoding, identity: &Identity) -> Answer {
+/// Answers one request body received at `now` with IDs from `identity`,
+/// taken from `budget`, or with an error response (`malformed`,
+/// `rate_limited`, `identity_unavailable`; `request_id` null).
+pub fn answer(
+    body: &[u8],
+    encoding: Encoding,
+    identity: &Identity,
+    budget: &mut Budget,
+    now: Instant,
+) -> Answer {
     let failed = |result, code: ErrorCode, message: String| Answer {
         result,
         minted: 0,
@@ -119,6 +135,13 @@ pub fn answer(body: &[u8], encoding: Encoding, identity: &Identity) -> Answer {
         Ok(count) => count,
         Err(why) => return failed(IdRequestResult::Malformed, ErrorCode::Malformed, why),
     };
+    if let Err(over) = budget.take(count as u64, now) {
+        return failed(
+            IdRequestResult::RateLimited,
+            ErrorCode::RateLimited,
+            over.to_string(),
+        );
+    }
     match identity.mint_many(count) {
         Ok((ids, machine_id)) => Answer {
             result: IdRequestResult::Ok,

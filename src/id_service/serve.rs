@@ -1,7 +1,7 @@
 //! The NATS side of the ID mint service: a queue subscription on the ids
 //! subject, so each request is answered by exactly one worker of the fleet.
 
-use super::{IdRequestResult, answer};
+use super::{Budget, IdRequestResult, answer};
 use crate::config::{Config, ConfigError};
 use crate::decision::ReplyPolicy;
 use crate::identity::Identity;
@@ -22,6 +22,11 @@ pub struct IdService {
     /// crafted reply subject must not make the worker publish into the
     /// JetStream API, the system account or its own pipeline.
     pub reply_policy: ReplyPolicy,
+    /// The service's own budget (`id_service.ids_per_sec`), apart from the
+    /// decode jobs' minting.
+    pub ids_per_sec: u64,
+    /// The most IDs one request may take (`id_service.max_count`).
+    pub max_count: u64,
 }
 
 impl IdService {
@@ -30,6 +35,8 @@ impl IdService {
             subject: config.subjects.ids.clone(),
             queue_group: config.queue_group.clone(),
             reply_policy: config.rules()?.reply_policy,
+            ids_per_sec: config.id_service.ids_per_sec,
+            max_count: config.id_service.max_count,
         })
     }
 }
@@ -78,8 +85,14 @@ pub async fn serve(
         })?;
     tracing::info!(subject = %service.subject, queue_group = %service.queue_group, "ID mint service listening");
     Ok(tokio::spawn(async move {
+        // Owned by this one loop, which answers the requests one at a time.
+        let mut budget = Budget::new(
+            service.ids_per_sec,
+            service.max_count,
+            std::time::Instant::now(),
+        );
         while let Some(request) = requests.next().await {
-            handle(&client, &service, &identity, &metrics, request).await;
+            handle(&client, &service, &identity, &mut budget, &metrics, request).await;
         }
         tracing::info!(subject = %service.subject, "ID mint service stopped");
     }))
@@ -89,6 +102,7 @@ async fn handle(
     client: &async_nats::Client,
     service: &IdService,
     identity: &Identity,
+    budget: &mut Budget,
     metrics: &Metrics,
     request: Message,
 ) {
@@ -105,24 +119,25 @@ async fn handle(
         tracing::warn!(%refusal, "ID request not answered");
         return;
     }
-    let header = |name: &str| {
-        request
-            .headers
-            .as_ref()
-            .and_then(|h| h.get(name))
-            .map(|v| v.as_str())
-    };
-    let encoding = Encoding::from_content_type(header("Content-Type"));
-    let answer = answer(&request.payload, encoding, identity);
+    // Matched without regard to case, like a prefill result's.
+    let content_type = crate::transport::first_header(request.headers.as_ref(), "content-type");
+    let encoding = Encoding::from_content_type(content_type);
+    let answer = answer(
+        &request.payload,
+        encoding,
+        identity,
+        budget,
+        std::time::Instant::now(),
+    );
 
     let mut headers = HeaderMap::new();
     if let Some(content_type) = encoding.content_type() {
         headers.insert("Content-Type", content_type);
     }
-    for name in ["traceparent", "tracestate"] {
-        if let Some(value) = header(name) {
-            headers.insert(name, value);
-        }
+    let trace = crate::transport::trace_headers(request.headers.as_ref());
+    metrics.trace_headers_dropped(&trace.dropped);
+    for (name, value) in &trace.copy {
+        headers.insert(*name, value.as_str());
     }
     // Counted before publishing, so a requester that sees the answer sees the
     // count. Minted IDs count even when the answer is lost: they are burnt,

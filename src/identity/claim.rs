@@ -8,7 +8,7 @@ use super::floor;
 use super::keepalive::{Beat, KeepAlive};
 use super::registry::{InstanceRecord, Keys, probe_order};
 use super::{Identity, LeaseError, Reservation};
-use crate::config::{ConfigError, EtcdConfig};
+use crate::config::{ConfigError, EtcdConfig, redact_urls};
 use crate::ids::MachineId;
 use crate::wire::messages::instance_id;
 use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp};
@@ -55,11 +55,12 @@ impl Settings {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(LeaseError::Etcd(format!(
                 "{what} failed at etcd {}: {e}",
-                self.etcd.endpoints
+                redact_urls(&self.etcd.endpoints)
             ))),
             Err(_) => Err(LeaseError::Etcd(format!(
                 "{what}: etcd at {} did not answer within {} ms (etcd.request_timeout_ms)",
-                self.etcd.endpoints, self.etcd.request_timeout_ms
+                redact_urls(&self.etcd.endpoints),
+                self.etcd.request_timeout_ms
             ))),
         }
     }
@@ -112,11 +113,11 @@ pub(super) async fn connect(settings: &Settings) -> Result<Client, LeaseError> {
         Ok(Ok(client)) => Ok(client),
         Ok(Err(e)) => Err(LeaseError::Etcd(format!(
             "cannot connect to etcd at {}: {e}",
-            settings.etcd.endpoints
+            redact_urls(&settings.etcd.endpoints)
         ))),
         Err(_) => Err(LeaseError::Etcd(format!(
             "cannot connect to etcd at {} within {} ms",
-            settings.etcd.endpoints,
+            redact_urls(&settings.etcd.endpoints),
             bound.as_millis()
         ))),
     }

@@ -42,13 +42,8 @@ use crate::decision::{IdSource, IdentityUnavailable};
 use crate::ids::{Exhausted, IdGenerator, IdLayout, MachineId};
 use crate::wire::messages::instance_id;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use tokio::sync::watch;
-
-/// How long one mint may wait for the clock when the counter is used up and
-/// the next millisecond may not be borrowed (beyond the reservation) before
-/// it gives up with `identity_unavailable`.
-const MAX_MINT_WAIT: Duration = Duration::from_millis(50);
 
 /// What the identity holds right now; published on [`Identity::watch`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -290,7 +285,6 @@ impl Identity {
         count: usize,
         mut clock: impl FnMut() -> u64,
     ) -> Result<(Vec<u64>, MachineId), IdentityUnavailable> {
-        let deadline = Instant::now() + MAX_MINT_WAIT;
         let mut slot = self.lock();
         let mut ids = Vec::with_capacity(count);
         loop {
@@ -316,15 +310,16 @@ impl Identity {
                     "the clock ({now_ms} ms since the ID epoch) is past the ID floor reserved in etcd ({reserved} ms); minting resumes once the reservation is renewed"
                 )));
             }
+            // Never waits: minting runs under a std Mutex on a runtime
+            // thread, where waiting for the clock would stall every task on
+            // that thread (it used to spin up to 50 ms). When the counter is
+            // used up in the generator's millisecond, the next millisecond is
+            // taken at once, as long as it is within the reservation: still
+            // unique and increasing, and the ID service's budget
+            // (`id_service.ids_per_sec`, at most half a slot's rate) keeps
+            // the generator close to the clock.
             let minted = match generator.try_next(now_ms) {
-                // The generator is ahead of the clock (the previous holder's
-                // floor is ahead, or the clock stepped back) and its counter
-                // is used up there: borrow the next millisecond rather than
-                // wait for a clock that may be seconds behind. Still unique:
-                // the borrowed millisecond is within the reservation.
-                Err(Exhausted { retry_at_ms })
-                    if retry_at_ms > now_ms + 1 && reserved.is_none_or(|r| retry_at_ms <= r) =>
-                {
+                Err(Exhausted { retry_at_ms }) if reserved.is_none_or(|r| retry_at_ms <= r) => {
                     generator.try_next(retry_at_ms)
                 }
                 other => other,
@@ -336,12 +331,11 @@ impl Identity {
                         return Ok((ids, generator.machine_id()));
                     }
                 }
-                Err(_) if now >= deadline => {
+                Err(_) => {
                     return Err(IdentityUnavailable(
-                        "the ID counter is used up and the next millisecond is beyond the ID floor reserved in etcd; minting resumes once the clock moves on or the reservation is renewed".into(),
+                        "the ID counter is used up up to the ID floor reserved in etcd; minting resumes once the reservation is renewed".into(),
                     ));
                 }
-                Err(_) => std::thread::yield_now(),
             }
         }
     }

@@ -175,7 +175,12 @@ async fn connect(
         })
         .connect(opts.nats_url.as_str())
         .await
-        .map_err(|e| LoadgenError::Nats(format!("connect to {}: {e}", opts.nats_url)))
+        .map_err(|e| {
+            LoadgenError::Nats(format!(
+                "connect to {}: {e}",
+                crate::config::redact_urls(&opts.nats_url)
+            ))
+        })
 }
 
 fn nanos_since(origin: Instant) -> u64 {

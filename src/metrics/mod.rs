@@ -22,7 +22,7 @@ pub use readiness::{Readiness, ReadinessReport};
 pub use server::{ServeError, Server, serve};
 pub use watch::{IdentityTracker, on_nats_event};
 
-use crate::decision::{Backend, DeadLetterCode, ErrorCode, FinishReason, Outcome};
+use crate::decision::{Backend, DeadLetterCode, ErrorCode, FinishReason, Outcome, TraceHeader};
 use crate::id_service::IdRequestResult;
 use prometheus_client::encoding::prometheus_text;
 use prometheus_client::metrics::counter::Counter;
@@ -120,6 +120,7 @@ struct Inner {
     publish_failures: Counter,
     naks: [Counter; NakReason::ALL.len()],
     redeliveries: Counter,
+    trace_headers_dropped: [Counter; TraceHeader::ALL.len()],
     fenced: Gauge,
     machine_id: Gauge,
     in_flight: Gauge,
@@ -256,6 +257,13 @@ impl Metrics {
                 "jetstream_redeliveries",
                 "JetStream messages received that had been delivered before",
             ),
+            trace_headers_dropped: counter_family(
+                &mut r,
+                "trace_headers_dropped",
+                "Input trace headers not copied to the output because they are not well-formed W3C Trace Context or exceed its sizes (traceparent 55 characters, tracestate 512 bytes / 32 members), by header",
+                "header",
+                TraceHeader::ALL.map(TraceHeader::as_str),
+            ),
             fenced: gauge(
                 &mut r,
                 "fenced",
@@ -349,6 +357,13 @@ impl Metrics {
         self.inner.id_requests[result as usize].inc();
         if minted > 0 {
             self.inner.ids_minted[MintSource::IdService as usize].inc_by(minted as u64);
+        }
+    }
+
+    /// Trace headers of one input were dropped instead of copied.
+    pub fn trace_headers_dropped(&self, dropped: &[TraceHeader]) {
+        for header in dropped {
+            self.inner.trace_headers_dropped[*header as usize].inc();
         }
     }
 

@@ -32,6 +32,9 @@ fn label_handles_are_indexed_by_discriminant() {
     for (i, v) in MintSource::ALL.iter().enumerate() {
         assert_eq!(*v as usize, i, "{v:?}");
     }
+    for (i, v) in TraceHeader::ALL.iter().enumerate() {
+        assert_eq!(*v as usize, i, "{v:?}");
+    }
     let kinds = [
         Outcome::Decode {
             backend: Backend::Opaque,
@@ -87,6 +90,12 @@ fn every_series_exists_at_zero_from_the_start() {
     for v in NakReason::ALL {
         want.push(format!(
             "handoff_jetstream_naks_total{{reason=\"{}\"}}",
+            v.as_str()
+        ));
+    }
+    for v in TraceHeader::ALL {
+        want.push(format!(
+            "handoff_trace_headers_dropped_total{{header=\"{}\"}}",
             v.as_str()
         ));
     }

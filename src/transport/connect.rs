@@ -1,23 +1,29 @@
 //! The worker's one NATS connection.
 //!
-//! It connects in the background and keeps reconnecting forever: a worker
-//! started before its NATS server, or whose server restarts, picks up work as
-//! soon as the server is back. Connection events are logged, reconnects
-//! counted and readiness kept current by [`metrics::on_nats_event`].
+//! The first connection must come within `nats.connect_timeout_secs`, or
+//! `run` exits 1 naming the URL ([`first_connection`]). After it, the client
+//! reconnects forever: a worker whose server restarts picks up work as soon
+//! as the server is back. Connection events are logged, reconnects counted
+//! and readiness kept current by [`metrics::on_nats_event`].
+//!
+//! Credentials written in `nats.url` become connect options
+//! ([`crate::config::nats_url`]): the addresses async-nats gets, and logs,
+//! hold none, and every URL this module shows is redacted.
 
 use super::TransportError;
-use crate::config::NatsConfig;
+use crate::config::{NatsConfig, nats_url, redact_urls};
 use crate::metrics::{self, Metrics, Readiness};
-use async_nats::{Client, ConnectOptions, ServerAddr};
+use async_nats::{Client, ConnectOptions};
+use std::time::Duration;
 
 /// Connects to the servers in `config.url` with the configured auth and client
-/// name. Returns at once; the first connection is made in the background.
+/// name. Returns once connected, or fails after `config.connect_timeout_secs`.
 pub async fn connect(
     config: &NatsConfig,
     metrics: Metrics,
     readiness: Readiness,
 ) -> Result<Client, TransportError> {
-    let servers = server_addrs(&config.url)?;
+    let servers = parse_url(&config.url)?;
     let mut options = ConnectOptions::new()
         .name(&config.name)
         .retry_on_initial_connect()
@@ -34,6 +40,7 @@ pub async fn connect(
     if let Some(token) = &config.token {
         options = options.token(token.clone());
     }
+    options = with_url_credentials(options, servers.credentials);
     if let Some(path) = &config.credentials_file {
         options =
             options
@@ -44,36 +51,61 @@ pub async fn connect(
                     reason: e.to_string(),
                 })?;
     }
-    let shown = config.url.clone();
+    let shown = redact_urls(&config.url);
     let client = options
-        .connect(servers)
+        .connect(servers.addrs)
         .await
         .map_err(|e| TransportError::Connect {
-            url: shown,
+            url: shown.clone(),
             reason: e.to_string(),
         })?;
-    tracing::info!(url = %config.url, name = %config.name, "connecting to NATS (in the background, retrying until it answers)");
+    tracing::info!(url = %shown, name = %config.name, "connecting to NATS");
+    let timeout = Duration::from_secs(config.connect_timeout_secs);
+    first_connection(&client, timeout, &shown).await?;
     Ok(client)
 }
 
-/// `nats.url` split on commas, each parsed as a server address.
-pub fn server_addrs(urls: &str) -> Result<Vec<ServerAddr>, TransportError> {
-    let servers = urls
-        .split(',')
-        .map(str::trim)
-        .filter(|u| !u.is_empty())
-        .map(|url| {
-            url.parse::<ServerAddr>()
-                .map_err(|e| TransportError::BadUrl {
-                    url: url.to_string(),
-                    reason: e.to_string(),
-                })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    if servers.is_empty() {
-        return Err(TransportError::NoUrl);
+/// `nats.url` as server addresses without credentials, and the credentials.
+/// Errors name `nats.url` and show it redacted (loading has checked it
+/// already, so `run` meets none).
+pub fn parse_url(urls: &str) -> Result<nats_url::NatsServers, TransportError> {
+    nats_url::parse(urls).map_err(TransportError::Url)
+}
+
+/// Credentials written in `nats.url` as connect options. Loading refuses
+/// them together with `nats.user`, `nats.token` or `nats.credentials_file`.
+pub fn with_url_credentials(
+    options: ConnectOptions,
+    credentials: Option<nats_url::UrlCredentials>,
+) -> ConnectOptions {
+    match credentials {
+        Some(nats_url::UrlCredentials::UserPassword { user, password }) => {
+            options.user_and_password(user, password)
+        }
+        Some(nats_url::UrlCredentials::Token(token)) => options.token(token),
+        None => options,
     }
-    Ok(servers)
+}
+
+/// Waits until the client's first connection is made. The client retries in
+/// the background meanwhile (`retry_on_initial_connect`); async-nats 0.51
+/// has no way to await its state, so it is read every 20 ms.
+async fn first_connection(
+    client: &Client,
+    timeout: Duration,
+    shown_url: &str,
+) -> Result<(), TransportError> {
+    let connected = async {
+        while client.connection_state() != async_nats::connection::State::Connected {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(timeout, connected)
+        .await
+        .map_err(|_| TransportError::Unreachable {
+            url: shown_url.to_string(),
+            secs: timeout.as_secs(),
+        })
 }
 
 #[cfg(test)]
@@ -89,9 +121,10 @@ mod tests {
             ("", None),
             (" , ", None),
             ("nats://a:notaport", None),
+            ("nats://u:p@a:4222", Some(1)),
         ];
         for (urls, expected) in cases {
-            let got = server_addrs(urls).ok().map(|v| v.len());
+            let got = parse_url(urls).ok().map(|s| s.addrs.len());
             assert_eq!(got, *expected, "{urls:?}");
         }
     }

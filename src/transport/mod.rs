@@ -28,6 +28,7 @@ pub use ack::{Ack, Settlement};
 pub use connect::connect;
 pub use outbound::{Outbound, OutputError};
 
+use crate::decision::{self, TraceHeaders};
 use async_nats::{HeaderMap, Subject};
 use bytes::Bytes;
 use std::time::Instant;
@@ -52,13 +53,29 @@ impl Incoming {
     /// The value of the `Content-Type` header, if any. Header names are
     /// matched without regard to case, as HTTP and most NATS clients do.
     pub fn content_type(&self) -> Option<&str> {
-        self.headers
-            .as_ref()?
-            .iter()
-            .find(|(name, _)| AsRef::<str>::as_ref(name).eq_ignore_ascii_case("content-type"))
-            .and_then(|(_, values)| values.first())
-            .map(|v| v.as_str())
+        first_header(self.headers.as_ref(), "content-type")
     }
+}
+
+/// The first value of the header `name`, matched without regard to case.
+pub fn first_header<'a>(headers: Option<&'a HeaderMap>, name: &str) -> Option<&'a str> {
+    headers?
+        .iter()
+        .find(|(n, _)| AsRef::<str>::as_ref(n).eq_ignore_ascii_case(name))
+        .and_then(|(_, values)| values.first())
+        .map(|v| v.as_str())
+}
+
+/// The trace headers an input passes on to its outputs, by the one rule
+/// both delivery modes and the ID service share ([`decision::trace_headers`]).
+pub fn trace_headers(headers: Option<&HeaderMap>) -> TraceHeaders {
+    let Some(headers) = headers else {
+        return TraceHeaders::default();
+    };
+    decision::trace_headers(headers.iter().flat_map(|(name, values)| {
+        let name: &str = name.as_ref();
+        values.iter().map(move |value| (name, value.as_str()))
+    }))
 }
 
 /// Where prefill results come from: one variant per delivery mode.
@@ -94,12 +111,19 @@ pub enum TransportError {
     BadUrl { url: String, reason: String },
     #[error("nats.url is empty; expected one or more comma-separated NATS server URLs")]
     NoUrl,
+    /// `nats.url` cannot be used (the message names the key).
+    #[error(transparent)]
+    Url(crate::config::ConfigError),
     #[error("nats.user and nats.password must be set together")]
     HalfUserPassword,
     #[error("nats.credentials_file {path:?} cannot be used: {reason}")]
     Credentials { path: String, reason: String },
     #[error("cannot connect to NATS at {url}: {reason}")]
     Connect { url: String, reason: String },
+    #[error(
+        "cannot connect to NATS at {url}: no server answered within {secs} s (nats.connect_timeout_secs); check that nats-server runs there and is reachable"
+    )]
+    Unreachable { url: String, secs: u64 },
     #[error("subjects.prefill_results is empty; the worker needs at least one subject to consume")]
     NoSubjects,
     #[error("cannot subscribe to {subject:?} (queue group {queue_group:?}): {reason}")]

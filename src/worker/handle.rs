@@ -3,8 +3,8 @@
 //! [`Handled`] returned here.
 
 use super::Worker;
-use crate::decision::{self, DeadLetterCode, ErrorCode, Input, Outcome};
-use crate::transport::{Incoming, OutputError};
+use crate::decision::{self, DeadLetterCode, ErrorCode, Input, Outcome, TraceHeaders};
+use crate::transport::{self, Incoming, OutputError};
 use crate::wire::Encoding;
 use async_nats::{HeaderMap, HeaderValue};
 use bytes::Bytes;
@@ -20,9 +20,6 @@ pub enum Handled {
     /// Its output could not be published; logged and counted.
     Failed(Outcome),
 }
-
-/// Headers copied from every input to its output (contract 3).
-const TRACE_HEADERS: [&str; 2] = ["traceparent", "tracestate"];
 
 impl Worker {
     pub(super) async fn handle(&self, incoming: &Incoming) -> Handled {
@@ -46,7 +43,9 @@ impl Worker {
             tracing::debug!(?request_id, "no slot held: left for redelivery");
             return Handled::Deferred(outcome);
         }
-        let headers = output_headers(&decision.headers, incoming.headers.as_ref());
+        let trace = transport::trace_headers(incoming.headers.as_ref());
+        self.metrics.trace_headers_dropped(&trace.dropped);
+        let headers = output_headers(&decision.headers, &trace);
         let payload = Bytes::from(decision.payload);
         let result = self
             .outbound
@@ -62,7 +61,10 @@ impl Worker {
                     error = %why,
                     "the output does not fit the server's max_payload; dead-lettering the input instead"
                 );
-                match self.dead_letter_too_large(incoming, outcome.kind()).await {
+                match self
+                    .dead_letter_too_large(incoming, &trace, outcome.kind())
+                    .await
+                {
                     Ok(()) => Outcome::DeadLetter {
                         code: DeadLetterCode::TooLarge,
                     },
@@ -115,13 +117,14 @@ impl Worker {
     async fn dead_letter_too_large(
         &self,
         incoming: &Incoming,
+        trace: &TraceHeaders,
         kind: &str,
     ) -> Result<(), OutputError> {
         let why = format!(
             "the {kind} output for this result is larger than the NATS server's max_payload, so it could not be published"
         );
         let set = decision::dead_letter_headers(DeadLetterCode::TooLarge, &why, &incoming.subject);
-        let headers = output_headers(&set, incoming.headers.as_ref());
+        let headers = output_headers(&set, trace);
         let whole = self
             .outbound
             .publish(
@@ -143,7 +146,7 @@ impl Worker {
             "the dead letter with the input's bytes does not fit either; dead-lettering without them"
         );
         let set = decision::without_payload(&set, incoming.payload.len());
-        let headers = output_headers(&set, incoming.headers.as_ref());
+        let headers = output_headers(&set, trace);
         self.outbound
             .publish(&self.rules.dead_letter_subject, headers, Bytes::new())
             .await
@@ -183,32 +186,19 @@ fn log_outcome(outcome: &Outcome, request_id: Option<&str>, source: &str, detail
     }
 }
 
-/// The output's headers: the decision's own, plus the input's trace headers.
-/// `None` when there are none, so the plain publish path is used.
+/// The output's headers: the decision's own, plus the input's trace headers
+/// that passed [`decision::trace_headers`]. `None` when there are none, so
+/// the plain publish path is used.
 pub(super) fn output_headers(
     set: &[(&'static str, String)],
-    input: Option<&HeaderMap>,
+    trace: &TraceHeaders,
 ) -> Option<HeaderMap> {
-    let is_trace = |name: &str| TRACE_HEADERS.iter().any(|t| name.eq_ignore_ascii_case(t));
-    let has_trace = input.is_some_and(|h| {
-        h.iter()
-            .any(|(name, _)| is_trace(AsRef::<str>::as_ref(name)))
-    });
-    if set.is_empty() && !has_trace {
+    if set.is_empty() && trace.is_empty() {
         return None;
     }
     let mut headers = HeaderMap::new();
-    for (name, value) in set {
+    for (name, value) in set.iter().chain(&trace.copy) {
         headers.insert(*name, header_value(value));
-    }
-    if let Some(input) = input.filter(|_| has_trace) {
-        for (name, values) in input.iter() {
-            if is_trace(AsRef::<str>::as_ref(name)) {
-                for value in values {
-                    headers.append(name.clone(), value.clone());
-                }
-            }
-        }
     }
     Some(headers)
 }

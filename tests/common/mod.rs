@@ -70,6 +70,8 @@ pub struct Nats {
     dir: tempfile::TempDir,
     child: Option<Child>,
     max_payload: Option<usize>,
+    /// `(user, password)` every client must present.
+    user: Option<(String, String)>,
 }
 
 impl Nats {
@@ -85,6 +87,21 @@ impl Nats {
             dir: tempfile::tempdir().expect("tempdir"),
             child: None,
             max_payload,
+            user: None,
+        };
+        nats.spawn();
+        nats
+    }
+
+    /// Starts a server that accepts only clients authenticating as `user`
+    /// with `password`.
+    pub fn start_with_user(user: &str, password: &str) -> Nats {
+        let mut nats = Nats {
+            port: free_port(),
+            dir: tempfile::tempdir().expect("tempdir"),
+            child: None,
+            max_payload: None,
+            user: Some((user.to_string(), password.to_string())),
         };
         nats.spawn();
         nats
@@ -100,6 +117,11 @@ impl Nats {
         );
         if let Some(max) = self.max_payload {
             text.push_str(&format!("max_payload: {max}\n"));
+        }
+        if let Some((user, password)) = &self.user {
+            text.push_str(&format!(
+                "authorization {{ user: {user:?}, password: {password:?} }}\n"
+            ));
         }
         std::fs::write(&conf, text).expect("write nats.conf");
         let log = std::fs::File::create(self.dir.path().join("nats.log")).expect("log file");
@@ -118,8 +140,18 @@ impl Nats {
         );
     }
 
+    /// The URL without credentials.
     pub fn url(&self) -> String {
         format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// The URL with the server's user and password written in it
+    /// (`nats://user:password@host:port`), or [`Nats::url`] when it has none.
+    pub fn url_with_user(&self) -> String {
+        match &self.user {
+            Some((user, password)) => format!("nats://{user}:{password}@127.0.0.1:{}", self.port),
+            None => self.url(),
+        }
     }
 
     /// SIGKILL: the server dies at once; its store directory is kept.
@@ -258,7 +290,7 @@ impl Drop for Etcd {
 }
 
 /// The worker binary (or any other subcommand) as a child process, with its
-/// stderr captured to a file the test can read.
+/// stderr and stdout captured to files the test can read.
 pub struct Worker {
     child: Option<Child>,
     dir: tempfile::TempDir,
@@ -269,15 +301,17 @@ impl Worker {
     pub fn spawn(args: &[&str], env: &[(&str, &str)]) -> Worker {
         let dir = tempfile::tempdir().expect("tempdir");
         let log = std::fs::File::create(dir.path().join("worker.log")).expect("log file");
+        let out = std::fs::File::create(dir.path().join("stdout.log")).expect("stdout file");
         let child = Command::new(env!("CARGO_BIN_EXE_prefill-handoff"))
             .args(args)
-            .envs(env.iter().copied())
+            // The test's own RUST_LOG, unless `env` sets one.
             .env(
                 "RUST_LOG",
                 std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
             )
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            .stdout(out)
             .stderr(log)
             .spawn()
             .expect("start prefill-handoff");
@@ -293,6 +327,11 @@ impl Worker {
 
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("worker.log")).unwrap_or_default()
+    }
+
+    /// Everything the process wrote to stdout.
+    pub fn stdout(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("stdout.log")).unwrap_or_default()
     }
 
     /// Waits until the log contains `needle`.

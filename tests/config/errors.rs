@@ -96,6 +96,18 @@ const BAD: &[&str] = &[
     r#"file | [nats]\npassword = 31415926 | nats.password ; secret | 31415926"#,
     r#"file | [nats]\npassword = "unterminated-s3cret | config file ; line 2 | unterminated-s3cret"#,
     r#"env | HANDOFF_NATS__URL=nats://u:hunter2@h:4222,,x | nats.url ; u:<redacted>@h | hunter2"#,
+    // Credentials in the URL are one authentication method, the same in every URL.
+    r#"env | HANDOFF_NATS__URL=nats://u:hunter2@h:4222 & HANDOFF_NATS__USER=a & HANDOFF_NATS__PASSWORD=pw2 | nats.url ; holds credentials ; nats.user/nats.password ; one NATS authentication method | hunter2 ; pw2"#,
+    r#"env | HANDOFF_NATS__URL=nats://s3cr3t-t0ken@h:4222 & HANDOFF_NATS__TOKEN=t2 | nats.url ; nats.token | s3cr3t-t0ken"#,
+    r#"env | HANDOFF_NATS__URL=nats://u:hunter2@a:4222,nats://u:0th3r-pw@b:4222 | nats.url ; differ ; u:<redacted>@b | hunter2 ; 0th3r-pw"#,
+    r#"env | HANDOFF_NATS__URL=nats://u:hunter2@a:notaport | nats.url ; u:<redacted>@a | hunter2"#,
+    r#"env | HANDOFF_NATS__URL=http://a:4222 | nats.url ; scheme"#,
+    // The ID service's budget.
+    r#"env | HANDOFF_ID_SERVICE__IDS_PER_SEC=0 | id_service.ids_per_sec ; at least 1"#,
+    r#"env | HANDOFF_ID_SERVICE__IDS_PER_SEC=512001 | id_service.ids_per_sec ; at most 512000 ; decode jobs"#,
+    r#"env | HANDOFF_ID_SERVICE__MAX_COUNT=0 | id_service.max_count ; at least 1"#,
+    r#"env | HANDOFF_ID_SERVICE__MAX_COUNT=1025 | id_service.max_count ; at most 1024"#,
+    r#"env | HANDOFF_NATS__CONNECT_TIMEOUT_SECS=0 | nats.connect_timeout_secs ; at least 1"#,
 ];
 
 fn pairs(text: &str) -> Vec<(&str, &str)> {
@@ -167,22 +179,28 @@ fn a_later_setting_of_the_same_key_wins_within_a_layer() {
 #[test]
 fn debug_output_hides_secrets() {
     let env = [
-        ("HANDOFF_NATS__URL", "nats://alice:hunter2@h:4222"),
         ("HANDOFF_NATS__USER", "alice"),
         ("HANDOFF_NATS__PASSWORD", "hunter2"),
         ("HANDOFF_ETCD__ENDPOINTS", "http://root:etcd-s3cret@e:2379"),
         ("HANDOFF_ETCD__USER", "root"),
         ("HANDOFF_ETCD__PASSWORD", "etcd-s3cret"),
     ];
-    let c = load(None, &env, &[]).unwrap();
-    let shown = format!("{c:?} {c:#?}");
-    for secret in ["hunter2", "etcd-s3cret"] {
-        assert!(!shown.contains(secret), "{shown}");
+    // Credentials in the NATS URL are an authentication method of their
+    // own, so they are loaded apart from nats.user/nats.password.
+    let in_url = [("HANDOFF_NATS__URL", "nats://alice:url-s3cret@h:4222")];
+    for c in [
+        load(None, &env, &[]).unwrap(),
+        load(None, &in_url, &[]).unwrap(),
+    ] {
+        let shown = format!("{c:?} {c:#?}");
+        for secret in ["hunter2", "etcd-s3cret", "url-s3cret"] {
+            assert!(!shown.contains(secret), "{shown}");
+        }
+        assert!(
+            shown.contains("alice") && shown.contains("<redacted>"),
+            "{shown}"
+        );
     }
-    assert!(
-        shown.contains("alice") && shown.contains("<redacted>"),
-        "{shown}"
-    );
 
     let c = load(None, &[("HANDOFF_NATS__TOKEN", "t0ken-value")], &[]).unwrap();
     assert!(!format!("{c:?}").contains("t0ken-value"));

@@ -44,6 +44,8 @@ pub struct InProcess {
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<Report>,
     pub stats: Arc<Stats>,
+    /// The worker's metrics.
+    pub metrics: Metrics,
 }
 
 impl InProcess {
@@ -62,10 +64,11 @@ impl InProcess {
             .flush()
             .await
             .expect("the server has the subscriptions");
+        let metrics = Metrics::new();
         let worker = Worker::new(
             config.rules().expect("rules"),
             identity,
-            Metrics::new(),
+            metrics.clone(),
             Outbound::new(client),
             Options::from_config(config),
         );
@@ -78,6 +81,7 @@ impl InProcess {
             stop: Some(stop),
             task,
             stats,
+            metrics,
         }
     }
 

@@ -6,7 +6,7 @@
 
 use super::publish::{PublishError, Publisher};
 use super::settle::{self, Plan, Redelivery, Settle};
-use crate::decision::{self, DeadLetterCode, Decision, Input, Outcome, Rules};
+use crate::decision::{self, DeadLetterCode, Decision, Input, Outcome, Rules, TraceHeaders};
 use crate::identity::Identity;
 use crate::metrics::{Metrics, NakReason};
 use crate::wire::Encoding;
@@ -16,9 +16,6 @@ use bytes::Bytes;
 use std::future::Future;
 use std::time::{Duration, Instant};
 use tracing::{debug, error, info, warn};
-
-/// Input headers copied to every output (contract 3).
-const TRACE_HEADERS: [&str; 2] = ["traceparent", "tracestate"];
 
 /// Everything a delivery needs, shared by all in-flight messages.
 pub struct Handler {
@@ -60,7 +57,10 @@ impl Handler {
         let (message, acker) = message.split();
         let input = Input {
             payload: &message.payload,
-            encoding: Encoding::from_content_type(header(&message, "content-type")),
+            encoding: Encoding::from_content_type(crate::transport::first_header(
+                message.headers.as_ref(),
+                "content-type",
+            )),
             subject: message.subject.as_str(),
             nats_reply: None,
         };
@@ -82,7 +82,9 @@ impl Handler {
             Plan::Publish(settle) => settle,
         };
 
-        let headers = output_headers(&decision.headers, message.headers.as_ref());
+        let trace = crate::transport::trace_headers(message.headers.as_ref());
+        self.metrics.trace_headers_dropped(&trace.dropped);
+        let headers = output_headers(&decision.headers, &trace);
         let payload = Bytes::from(std::mem::take(&mut decision.payload));
         let stored = self.gen_is_stream && matches!(decision.outcome, Outcome::Decode { .. });
         let publish = async {
@@ -100,7 +102,7 @@ impl Handler {
             Ok(()) => (decision.outcome.clone(), settle),
             Err(PublishError::Permanent { code, why }) => {
                 match self
-                    .dead_letter_instead(&message, &acker, &decision, code, &why)
+                    .dead_letter_instead(&message, &trace, &acker, &decision, code, &why)
                     .await
                 {
                     Ok(code) => (Outcome::DeadLetter { code }, Settle::Term),
@@ -137,6 +139,7 @@ impl Handler {
     async fn dead_letter_instead(
         &self,
         message: &Message,
+        trace: &TraceHeaders,
         acker: &Acker,
         decision: &Decision,
         code: DeadLetterCode,
@@ -156,7 +159,7 @@ impl Handler {
             ),
             &message.subject,
         );
-        let headers = output_headers(&set, message.headers.as_ref());
+        let headers = output_headers(&set, trace);
         let publish = self.publisher.core(
             &self.rules.dead_letter_subject,
             headers,
@@ -176,7 +179,7 @@ impl Handler {
                     "the dead letter with the input's bytes does not fit either; dead-lettering without them"
                 );
                 let set = decision::without_payload(&set, message.payload.len());
-                let headers = output_headers(&set, message.headers.as_ref());
+                let headers = output_headers(&set, trace);
                 let publish =
                     self.publisher
                         .core(&self.rules.dead_letter_subject, headers, Bytes::new());
@@ -220,17 +223,6 @@ impl Handler {
     }
 }
 
-/// A header's first value, the name matched without regard to case.
-fn header<'a>(message: &'a Message, name: &str) -> Option<&'a str> {
-    message
-        .headers
-        .as_ref()?
-        .iter()
-        .find(|(n, _)| AsRef::<str>::as_ref(n).eq_ignore_ascii_case(name))
-        .and_then(|(_, values)| values.first())
-        .map(|v| v.as_str())
-}
-
 /// Asks for redelivery after `delay`. If the nak is lost, the ack wait
 /// expires and the message comes again anyway.
 async fn nak(acker: &Acker, delay: Duration) {
@@ -256,23 +248,12 @@ async fn with_progress<F: Future>(work: F, acker: &Acker, every: Duration) -> F:
     }
 }
 
-/// The given headers plus the input's trace headers (names matched without
-/// regard to case).
-pub fn output_headers(set: &[(&'static str, String)], input: Option<&HeaderMap>) -> HeaderMap {
+/// The given headers plus the input's trace headers that passed
+/// [`decision::trace_headers`].
+pub fn output_headers(set: &[(&'static str, String)], trace: &TraceHeaders) -> HeaderMap {
     let mut headers = HeaderMap::new();
-    for (name, value) in set {
+    for (name, value) in set.iter().chain(&trace.copy) {
         headers.insert(*name, value.as_str());
-    }
-    let Some(input) = input else {
-        return headers;
-    };
-    for (name, values) in input.iter() {
-        let name: &str = name.as_ref();
-        if let Some(trace) = TRACE_HEADERS.iter().find(|t| name.eq_ignore_ascii_case(t))
-            && let Some(value) = values.first()
-        {
-            headers.insert(*trace, value.as_str());
-        }
     }
     headers
 }
@@ -304,14 +285,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn output_headers_add_trace_headers_whatever_their_case() {
+    fn output_headers_add_the_trace_headers_under_their_canonical_names() {
         let mut input = HeaderMap::new();
-        input.insert("TraceParent", "00-abc-01");
+        input.insert(
+            "TraceParent",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        );
         input.insert("tracestate", "k=v");
         input.insert("Content-Type", "application/json");
         input.insert("Nats-Msg-Id", "from-the-producer");
         let set = [("Nats-Msg-Id", "handoff-r1".to_string())];
-        let out = output_headers(&set, Some(&input));
+        let trace = crate::transport::trace_headers(Some(&input));
+        let out = output_headers(&set, &trace);
         let mut got: Vec<(String, String)> = out
             .iter()
             .map(|(n, v)| (n.to_string(), v[0].as_str().to_string()))
@@ -321,10 +306,14 @@ mod tests {
             got,
             vec![
                 ("Nats-Msg-Id".into(), "handoff-r1".into()),
-                ("traceparent".into(), "00-abc-01".into()),
+                (
+                    "traceparent".into(),
+                    "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()
+                ),
                 ("tracestate".into(), "k=v".into()),
             ]
         );
-        assert_eq!(output_headers(&set, None).iter().count(), 1);
+        let none = crate::transport::trace_headers(None);
+        assert_eq!(output_headers(&set, &none).iter().count(), 1);
     }
 }
