@@ -94,6 +94,23 @@ pub(crate) struct Connection {
     statistics: Arc<Statistics>,
 }
 
+/// prefill-handoff patch: the fuzzing entry point, not part of the API.
+/// Feeds `bytes` through [`Connection::try_read_op`], the parser the
+/// connection task runs on everything the server sends, with no socket:
+/// the ops parsed until the bytes run out (a trailing incomplete op is left
+/// unparsed), or the first error.
+#[doc(hidden)]
+pub fn parse_server_ops(bytes: &[u8]) -> Result<Vec<ServerOp>, io::Error> {
+    let statistics = Arc::new(Statistics::default());
+    let mut connection = Connection::new(Box::new(io::empty()), bytes.len(), statistics);
+    connection.read_buf.extend_from_slice(bytes);
+    let mut ops = Vec::new();
+    while let Some(op) = connection.try_read_op()? {
+        ops.push(op);
+    }
+    Ok(ops)
+}
+
 /// Internal representation of the connection.
 /// Holds connection with NATS Server and communicates with `Client` via channels.
 impl Connection {

@@ -353,8 +353,11 @@ pub struct ServerInfo {
     pub jetstream: bool,
 }
 
+// prefill-handoff patch: public (hidden) so `connection::parse_server_ops`
+// can return it to a fuzz target.
+#[doc(hidden)]
 #[derive(Clone, Debug, Eq, PartialEq)]
-pub(crate) enum ServerOp {
+pub enum ServerOp {
     Ok,
     Info(Box<ServerInfo>),
     Ping,
