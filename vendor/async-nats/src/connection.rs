@@ -35,7 +35,7 @@ use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::{self, AsyncRead, AsyncReadExt, AsyncWrite};
 use tracing::trace;
 
-use crate::header::{HeaderMap, HeaderName, IntoHeaderValue};
+use crate::header::{HeaderMap, HeaderName, HeaderValue, HEADER_BLOCK_ERROR};
 use crate::status::StatusCode;
 use crate::subject::Subject;
 use crate::{ClientOp, ServerError, ServerOp, Statistics};
@@ -111,6 +111,98 @@ pub fn parse_server_ops(bytes: &[u8]) -> Result<Vec<ServerOp>, io::Error> {
     Ok(ops)
 }
 
+/// prefill-handoff patch: the header block of an `HMSG`, split out of
+/// `try_read_op` so that its errors describe the message, not the
+/// connection. The errors say what was wrong; they reach whoever handles the
+/// message (see HEADER_BLOCK_ERROR).
+fn parse_header_block(
+    header: &[u8],
+) -> Result<(HeaderMap, Option<StatusCode>, Option<String>), io::Error> {
+    let invalid = |why: String| io::Error::new(io::ErrorKind::InvalidInput, why);
+    let mut lines = std::str::from_utf8(header)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "header isn't valid utf-8"))?
+        .lines()
+        .peekable();
+    let version_line = lines.next().ok_or_else(|| {
+        io::Error::new(io::ErrorKind::InvalidInput, "no header version line found")
+    })?;
+
+    let version_line_suffix = version_line
+        .strip_prefix("NATS/1.0")
+        .map(str::trim)
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "header version line does not begin with `NATS/1.0`",
+            )
+        })?;
+
+    let (status, description) = version_line_suffix
+        .split_once(' ')
+        .map(|(status, description)| (status.trim(), description.trim()))
+        .unwrap_or((version_line_suffix, ""));
+    let status = if !status.is_empty() {
+        Some(status.parse::<StatusCode>().map_err(|_| {
+            invalid(format!(
+                "could not parse status parameter {status:?} in the header version line"
+            ))
+        })?)
+    } else {
+        None
+    };
+    let description = if !description.is_empty() {
+        Some(description.to_owned())
+    } else {
+        None
+    };
+
+    let mut headers = HeaderMap::new();
+    while let Some(line) = lines.next() {
+        if line.is_empty() {
+            continue;
+        }
+
+        let (name, value) = line
+            .split_once(':')
+            .ok_or_else(|| invalid(format!("header line {line:?} has no `:`")))?;
+
+        if name.eq_ignore_ascii_case(HEADER_BLOCK_ERROR.as_ref()) {
+            // Reserved, so that only this parser can set it: a publisher
+            // sending it gets the same treatment as any malformed block.
+            return Err(invalid(format!("header name {name:?} is reserved by the client")));
+        }
+        let name = HeaderName::from_str(name)
+            .map_err(|err| invalid(format!("header name {name:?}: {err}")))?;
+
+        // Read the header value, which might have been split into multiple lines
+        // `trim_start` and `trim_end` do the same job as doing `value.trim().to_owned()` at the end, but without a reallocation
+        let mut value = value.trim_start().to_owned();
+        while let Some(v) = lines.next_if(|s| s.starts_with(char::is_whitespace)) {
+            value.push_str(v);
+        }
+        value.truncate(value.trim_end().len());
+
+        let value = HeaderValue::from_string(value)
+            .map_err(|err| invalid(format!("value of header {name}: {err}")))?;
+        headers.append(name, value);
+    }
+    Ok((headers, status, description))
+}
+
+/// prefill-handoff patch: the bytes a `MSG`/`HMSG` op needs in the read
+/// buffer (control line `len`, CRLF, payload `payload_len`, CRLF), or an
+/// error when that overflows `usize`.
+fn op_len(len: usize, payload_len: usize, op: &str) -> Result<usize, io::Error> {
+    len.checked_add(payload_len)
+        .and_then(|n| n.checked_add(4))
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{op} payload length {payload_len} overflows"),
+            )
+        })
+}
+
 /// Internal representation of the connection.
 /// Holds connection with NATS Server and communicates with `Client` via channels.
 impl Connection {
@@ -174,7 +266,12 @@ impl Connection {
         }
 
         if self.read_buf.starts_with(b"-ERR") {
-            let description = str::from_utf8(&self.read_buf[5..len])
+            // prefill-handoff patch: a bare `-ERR\r\n` (len 4) made the
+            // slice `[5..4]`, a panic.
+            let description = self.read_buf.get(5..len).ok_or_else(|| {
+                io::Error::new(io::ErrorKind::InvalidInput, "-ERR without a description")
+            })?;
+            let description = str::from_utf8(description)
                 .map_err(|err| io::Error::new(io::ErrorKind::InvalidInput, err))?
                 .trim_matches('\'')
                 .to_owned();
@@ -231,7 +328,11 @@ impl Connection {
 
             // Return early without advancing if there is not enough data read the entire
             // message
-            if len + payload_len + 4 > self.read_buf.remaining() {
+            // prefill-handoff patch: checked, since a length near usize::MAX
+            // overflowed (a panic in debug builds; in release builds the sum
+            // wrapped past this check and `split_to` panicked).
+            let needed = op_len(len, payload_len, "MSG")?;
+            if needed > self.read_buf.remaining() {
                 return Ok(None);
             }
 
@@ -339,7 +440,8 @@ impl Connection {
                 ));
             }
 
-            if len + total_len + 4 > self.read_buf.remaining() {
+            // prefill-handoff patch: checked, as for MSG.
+            if op_len(len, total_len, "HMSG")? > self.read_buf.remaining() {
                 return Ok(None);
             }
 
@@ -348,68 +450,18 @@ impl Connection {
             let payload = self.read_buf.split_to(total_len - header_len).freeze();
             self.read_buf.advance(2);
 
-            let mut lines = std::str::from_utf8(&header)
-                .map_err(|_| {
-                    io::Error::new(io::ErrorKind::InvalidInput, "header isn't valid utf-8")
-                })?
-                .lines()
-                .peekable();
-            let version_line = lines.next().ok_or_else(|| {
-                io::Error::new(io::ErrorKind::InvalidInput, "no header version line found")
-            })?;
-
-            let version_line_suffix = version_line
-                .strip_prefix("NATS/1.0")
-                .map(str::trim)
-                .ok_or_else(|| {
-                    io::Error::new(
-                        io::ErrorKind::InvalidInput,
-                        "header version line does not begin with `NATS/1.0`",
-                    )
-                })?;
-
-            let (status, description) = version_line_suffix
-                .split_once(' ')
-                .map(|(status, description)| (status.trim(), description.trim()))
-                .unwrap_or((version_line_suffix, ""));
-            let status = if !status.is_empty() {
-                Some(
-                    status
-                        .parse::<StatusCode>()
-                        .map_err(|_| std::io::Error::other("could not parse status parameter"))?,
-                )
-            } else {
-                None
-            };
-            let description = if !description.is_empty() {
-                Some(description.to_owned())
-            } else {
-                None
-            };
-
-            let mut headers = HeaderMap::new();
-            while let Some(line) = lines.next() {
-                if line.is_empty() {
-                    continue;
-                }
-
-                let (name, value) = line.split_once(':').ok_or_else(|| {
-                    io::Error::new(io::ErrorKind::InvalidInput, "no header version line found")
-                })?;
-
-                let name = HeaderName::from_str(name)
-                    .map_err(|err| io::Error::new(io::ErrorKind::InvalidInput, err))?;
-
-                // Read the header value, which might have been split into multiple lines
-                // `trim_start` and `trim_end` do the same job as doing `value.trim().to_owned()` at the end, but without a reallocation
-                let mut value = value.trim_start().to_owned();
-                while let Some(v) = lines.next_if(|s| s.starts_with(char::is_whitespace)) {
-                    value.push_str(v);
-                }
-                value.truncate(value.trim_end().len());
-
-                headers.append(name, value.into_header_value());
-            }
+            // prefill-handoff patch: the header block comes verbatim from
+            // whoever published the message. One that cannot be parsed no
+            // longer panics the connection task (a lone `\r` in a value
+            // tripped `HeaderValue`'s assert) or ends the connection: the
+            // message is delivered with one header, HEADER_BLOCK_ERROR,
+            // saying what was wrong, and no status.
+            let (headers, status, description) = parse_header_block(&header).unwrap_or_else(|err| {
+                let mut headers = HeaderMap::new();
+                let why = err.to_string().replace(['\r', '\n'], " ");
+                headers.insert(HEADER_BLOCK_ERROR, HeaderValue::from_string(why).unwrap_or_default());
+                (headers, None, None)
+            });
 
             trace!(
                 subject = %subject,

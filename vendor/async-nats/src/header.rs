@@ -419,6 +419,13 @@ impl HeaderValue {
         HeaderValue::default()
     }
 
+    /// prefill-handoff patch: a fallible `From<String>` for the parser, which
+    /// must not panic on what a publisher sent, without `FromStr`'s copy.
+    pub(crate) fn from_string(inner: String) -> Result<Self, ParseHeaderValueError> {
+        validate_header_value(&inner)?;
+        Ok(HeaderValue { inner })
+    }
+
     pub fn as_str(&self) -> &str {
         self.inner.as_str()
     }
@@ -638,6 +645,14 @@ standard_headers! {
     /// Id of the pull client a pinned client priority consumer delivers to.
     (NatsPinId, NATS_PIN_ID, b"Nats-Pin-Id");
 }
+
+/// prefill-handoff patch: set by the client, never taken from the wire, on
+/// a received message whose header block could not be parsed. Its value says
+/// what was wrong; it is then the message's only header, and the message has
+/// no status. A header block that uses this name (in any case) is itself
+/// treated as unparsable, so a publisher cannot forge it for anyone's message
+/// but its own.
+pub const HEADER_BLOCK_ERROR: HeaderName = HeaderName::from_static("Async-Nats-Header-Block-Error");
 
 /// Value constant for [`NATS_BATCH_COMMIT`]: commit and store the final message.
 pub const NATS_BATCH_COMMIT_FINAL: &str = "1";
