@@ -938,6 +938,15 @@ impl Client {
         self.state.borrow().to_owned()
     }
 
+    /// prefill-handoff patch: completes once the connection task has ended
+    /// for good (the client was drained or closed, ran out of reconnect
+    /// attempts, or its task panicked). After that the client can never send
+    /// or receive again; `connection_state` keeps its last value and no event
+    /// says so when the task panicked.
+    pub async fn closed(&self) {
+        self.sender.closed().await
+    }
+
     /// Forces the client to reconnect.
     /// Keep in mind that client will reconnect automatically if the connection is lost and this
     /// method does not have to be used in normal circumstances.
