@@ -114,10 +114,10 @@ fn a_panic_in_any_task_exits_the_process_non_zero() {
     worker.signal("USR1");
     let code = worker.wait_exit(EXIT);
     let log = worker.log();
-    assert_eq!(code, Some(101), "exit code:\n{log}");
+    assert_eq!(code, Some(1), "exit code:\n{log}");
     assert!(
         log.contains("PREFILL_HANDOFF_DEBUG_FAULT=task-panic"),
         "{log}"
     );
-    assert!(log.contains("a panic; exiting with code 101"), "{log}");
+    assert!(log.contains("a panic; exiting with code 1"), "{log}");
 }

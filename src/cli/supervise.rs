@@ -15,8 +15,9 @@
 
 use async_nats::Client;
 
-/// The exit code after a panic: the one Rust uses for a panicking main thread.
-pub const PANIC_EXIT_CODE: i32 = 101;
+/// The exit code after a panic: the contract's 1 for "anything else" (Rust's
+/// own 101 for a panicking main thread is not one of the contract's codes).
+pub const PANIC_EXIT_CODE: i32 = 1;
 
 /// Makes every panic exit the process with [`PANIC_EXIT_CODE`], after the
 /// default hook has printed it (message, location, backtrace if asked for).
