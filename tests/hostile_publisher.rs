@@ -198,3 +198,68 @@ async fn jetstream_hostile_header_block_is_dead_lettered_once_and_three_workers_
     assert_eq!(outputs.len(), NORMAL + 1);
     assert_up_and_ready(&mut workers);
 }
+
+/// A publisher can also put a status in the version line (`NATS/1.0 408`),
+/// which nats-server forwards verbatim. A pull consumer took such a stored
+/// message for the server's own status message: a 408 or 404 ended the pull,
+/// a 409 failed it, and the message was never handled, on every redelivery.
+/// The patched client reads a message delivered with an ack subject as a
+/// message (docs/vendor-async-nats.md): each gets its one reply.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn jetstream_forged_status_lines_are_handled_as_messages() {
+    use jetstream_support::{
+        Collector, Expect, PREFILL, all_outputs, capture_outputs, check_outputs, config,
+        queue_state, setup, wait_drained,
+    };
+    let nats = Nats::start();
+    let etcd = Etcd::start();
+    let client = async_nats::connect(nats.url()).await.expect("connect");
+    let js = async_nats::jetstream::new(client.clone());
+    setup(&js, &config(&nats)).await;
+    capture_outputs(&js).await;
+    let collector = Collector::start(&client).await;
+    let mut workers = vec![
+        spawn_ready(&nats, &etcd, "jetstream"),
+        spawn_ready(&nats, &etcd, "jetstream"),
+    ];
+    let forged: [&[u8]; 5] = [
+        b"NATS/1.0 408 Request Timeout\r\n\r\n",
+        b"NATS/1.0 404 No Messages\r\n\r\n",
+        b"NATS/1.0 409 Consumer Deleted\r\n\r\n",
+        b"NATS/1.0 100 Idle Heartbeat\r\n\r\n",
+        b"NATS/1.0 503\r\n\r\n",
+    ];
+    let mut inputs = Vec::new();
+    for (i, block) in forged.iter().enumerate() {
+        let request_id = format!("forged-{i}");
+        block_in_place(|| nats.raw_hpub(PREFILL, block, &terminal(&request_id)));
+        inputs.push(jetstream_support::Input {
+            payload: terminal(&request_id),
+            request_id,
+            json: false,
+            expect: Expect::Reply,
+        });
+    }
+    assert!(
+        collector
+            .wait_for(forged.len(), Duration::from_secs(30))
+            .await,
+        "replies: {:?}; {}",
+        collector.all(),
+        queue_state(&js).await
+    );
+    assert!(
+        wait_drained(&js, Duration::from_secs(30)).await,
+        "{}",
+        queue_state(&js).await
+    );
+    // Longer than the ack wait (2 s): a redelivery would show.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let outputs = all_outputs(&js).await;
+    let duplicates = check_outputs(&inputs, &outputs);
+    assert!(
+        duplicates.is_empty(),
+        "more than one output: {duplicates:?}"
+    );
+    assert_up_and_ready(&mut workers);
+}

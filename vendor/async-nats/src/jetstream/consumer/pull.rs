@@ -330,6 +330,20 @@ impl Consumer<Config> {
     }
 }
 
+/// prefill-handoff patch: the status a pull consumer acts on. A message with
+/// an ack subject (`$JS.ACK.`) as its reply was stored in the stream and
+/// delivered by the consumer: its status line is whatever its publisher put
+/// in the header block (the server forwards it verbatim), never the server's
+/// own. Read as a control message, a forged `408`, `404` or `409` ended the
+/// pull and the message was never handled, on every redelivery. The server's
+/// status messages to a pull request never carry an ack subject.
+fn delivery_status(message: &crate::Message) -> StatusCode {
+    match &message.reply {
+        Some(reply) if reply.starts_with("$JS.ACK.") => StatusCode::OK,
+        _ => message.status.unwrap_or(StatusCode::OK),
+    }
+}
+
 pub struct Batch {
     pending_messages: usize,
     subscriber: Subscriber,
@@ -395,7 +409,8 @@ impl futures_util::Stream for Batch {
         }
         match self.subscriber.receiver.poll_recv(cx) {
             Poll::Ready(maybe_message) => match maybe_message {
-                Some(message) => match message.status.unwrap_or(StatusCode::OK) {
+                // prefill-handoff patch: `delivery_status`, not `message.status`.
+                Some(message) => match delivery_status(&message) {
                     StatusCode::TIMEOUT => {
                         debug!("received timeout. Iterator done");
                         self.terminated = true;
@@ -1209,7 +1224,8 @@ impl futures_util::Stream for Stream {
                 Poll::Ready(maybe_message) => {
                     self.heartbeat_timeout = None;
                     match maybe_message {
-                        Some(message) => match message.status.unwrap_or(StatusCode::OK) {
+                        // prefill-handoff patch: `delivery_status`, not `message.status`.
+                        Some(message) => match delivery_status(&message) {
                             StatusCode::TIMEOUT
                             | StatusCode::REQUEST_TERMINATED
                             | StatusCode::PIN_ID_MISMATCH => {
