@@ -71,7 +71,11 @@ fn the_systemd_unit_runs_the_documented_config_and_outlasts_the_shutdown_timeout
         "ExecStart=/usr/local/bin/prefill-handoff run --config {CONFIG_PATH}"
     )));
     assert!(UNIT.contains("KillSignal=SIGTERM"));
-    assert!(UNIT.contains("Restart=on-failure"));
+    // The worker exits on its own when it cannot work (panic, NATS
+    // connection gone); it must always come back, exit code 2 aside.
+    assert!(UNIT.contains("\nRestart=always\n"));
+    assert!(UNIT.contains("RestartPreventExitStatus=2"));
+    assert!(DAEMONSET.contains("restartPolicy: Always"));
     let stop = number_after(UNIT, "TimeoutStopSec=");
     assert!(stop > Config::default().shutdown_timeout_secs, "{stop} s");
 }

@@ -9,6 +9,7 @@ pub mod logging;
 mod run;
 mod setup;
 mod slots;
+mod supervise;
 
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;

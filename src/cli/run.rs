@@ -3,6 +3,7 @@
 //! then an orderly shutdown (contract 5): drain, finish, flush, revoke, exit 0.
 
 use super::ConfigArgs;
+use super::supervise::{self, Stopped};
 use crate::config::{Config, Mode};
 use crate::decision::Rules;
 use crate::id_service::{self, IdService};
@@ -12,6 +13,8 @@ use crate::transport::{self, Inbound, Outbound, core::CoreInbound};
 use crate::worker::{Options, Worker, shutdown::Signals};
 use anyhow::Context;
 use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tokio::sync::oneshot;
 
@@ -22,6 +25,7 @@ pub fn run(args: ConfigArgs) -> anyhow::Result<()> {
     let rules = config.rules()?;
     let id_service = IdService::from_config(&config)?;
     super::logging::init(&config.log_format);
+    super::supervise::exit_on_panic();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("handoff")
@@ -93,39 +97,73 @@ async fn serve(config: Config, rules: Rules, id_service: IdService) -> anyhow::R
         "consuming prefill results"
     );
     let draining = readiness.clone();
+    let requested = Arc::new(AtomicBool::new(false));
+    let asked = requested.clone();
     let shutdown = async move {
         let name = signals.recv().await;
         tracing::info!(signal = name, "shutdown requested");
+        asked.store(true, Ordering::Relaxed);
         draining.set_consuming(false);
     };
-    let result = match started.inbound {
-        Some(inbound) => {
-            let report = started.worker.run(inbound, shutdown).await;
-            tracing::info!(
-                unfinished = report.unfinished,
-                flushed = report.flushed,
-                "worker loop stopped"
-            );
-            Ok(())
+    let Started {
+        worker,
+        inbound,
+        client,
+        id_service,
+    } = started;
+    supervise::debug_fault(&client);
+    let watched = client.clone();
+    let work = async {
+        match inbound {
+            Some(inbound) => {
+                let report = worker.run(inbound, shutdown).await;
+                tracing::info!(
+                    unfinished = report.unfinished,
+                    flushed = report.flushed,
+                    "worker loop stopped"
+                );
+                Ok(())
+            }
+            // Durable mode: its own pull loop (transport::jetstream).
+            None => transport::jetstream::serve(
+                client,
+                &config,
+                lease.identity(),
+                metrics.clone(),
+                Some(readiness.clone()),
+                shutdown,
+            )
+            .await
+            .map_err(durable_error),
         }
-        // Durable mode: its own pull loop (transport::jetstream).
-        None => transport::jetstream::serve(
-            started.client,
-            &config,
-            lease.identity(),
-            metrics.clone(),
-            Some(readiness.clone()),
-            shutdown,
-        )
-        .await
-        .map_err(durable_error),
     };
-    started.id_service.abort();
+    // Supervision (supervise.rs): a worker whose NATS client can never work
+    // again, or that stopped taking input on its own, must not exit 0 or stay
+    // up idle: not ready at once, then out with an error.
+    let result = tokio::select! {
+        result = work => match result {
+            Ok(()) if !requested.load(Ordering::Relaxed) => {
+                Err(stopped(&readiness, Stopped::InputEnded))
+            }
+            result => result,
+        },
+        () = watched.closed() => Err(stopped(&readiness, Stopped::ConnectionEnded)),
+    };
+    id_service.abort();
     tracing::info!("shutdown: revoking the etcd lease (frees the machine-ID slot)");
     lease.shutdown().await;
     let _ = stop_http.send(());
     tracing::info!("shutdown complete");
     result
+}
+
+/// The worker stopped working on its own: not ready from now on, and an
+/// error, so the process exits 1 and is restarted.
+fn stopped(readiness: &Readiness, why: Stopped) -> anyhow::Error {
+    readiness.set_nats_connected(false);
+    readiness.set_consuming(false);
+    tracing::error!(error = %why, "exiting with an error so that the service manager restarts the worker");
+    why.into()
 }
 
 /// A durable-mode start failure: a config error exits 2, anything else 1.
