@@ -46,6 +46,8 @@ impl fmt::Debug for NatsConfig {
             .field("credentials_file", &self.credentials_file)
             .field("name", &self.name)
             .field("subscription_capacity", &self.subscription_capacity)
+            .field("nkey_seed_file", &self.nkey_seed_file)
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -58,6 +60,7 @@ impl fmt::Debug for EtcdConfig {
             .field("password", &hidden(&self.password))
             .field("connect_timeout_ms", &self.connect_timeout_ms)
             .field("request_timeout_ms", &self.request_timeout_ms)
+            .field("tls", &self.tls)
             .finish()
     }
 }

@@ -1,0 +1,109 @@
+//! A failed TLS handshake as one line that says why, in the operator's
+//! terms: the error chains of async-nats and tonic bury rustls' reason a few
+//! levels down (inside `io::Error`s, whose `source()` skips it).
+
+use super::Section;
+use rustls::{AlertDescription, CertificateError};
+use std::error::Error;
+
+/// Why the handshake failed, when `err` (or an error it wraps) is a TLS
+/// error; `None` otherwise (refused connection, timeout, ...).
+pub fn tls_failure(err: &(dyn Error + 'static), section: Section) -> Option<String> {
+    let mut current = Some(err);
+    while let Some(e) = current {
+        if let Some(tls) = as_rustls(e) {
+            return Some(describe(tls, section));
+        }
+        current = e.source();
+    }
+    None
+}
+
+fn as_rustls<'a>(e: &'a (dyn Error + 'static)) -> Option<&'a rustls::Error> {
+    if let Some(tls) = e.downcast_ref::<rustls::Error>() {
+        return Some(tls);
+    }
+    // `io::Error::source()` returns the wrapped error's source, not the
+    // wrapped error itself.
+    let io = e.downcast_ref::<std::io::Error>()?;
+    io.get_ref()?.downcast_ref::<rustls::Error>()
+}
+
+/// The reason, one line.
+pub fn describe(e: &rustls::Error, section: Section) -> String {
+    let server = section.server();
+    let ca = section.ca_key();
+    match e {
+        rustls::Error::InvalidCertificate(cert) => match cert {
+            CertificateError::UnknownIssuer => format!(
+                "the {server} server's certificate is signed by an unknown CA; {ca} must name the CA that signs it"
+            ),
+            CertificateError::Expired | CertificateError::ExpiredContext { .. } => {
+                format!("the {server} server's certificate has expired")
+            }
+            CertificateError::NotValidYet | CertificateError::NotValidYetContext { .. } => {
+                format!("the {server} server's certificate is not valid yet (check the clocks)")
+            }
+            CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. } => {
+                format!(
+                    "the {server} server's certificate does not name the host it was reached by (name mismatch): {e}"
+                )
+            }
+            CertificateError::Revoked => format!("the {server} server's certificate is revoked"),
+            other => format!("the {server} server's certificate is invalid: {other:?}"),
+        },
+        rustls::Error::AlertReceived(alert) => match alert {
+            AlertDescription::CertificateRequired => format!(
+                "the {server} server requires a client certificate ({} and {})",
+                section.cert_key(),
+                section.key_key()
+            ),
+            AlertDescription::BadCertificate
+            | AlertDescription::UnknownCA
+            | AlertDescription::CertificateUnknown
+            | AlertDescription::UnsupportedCertificate
+            | AlertDescription::CertificateExpired
+            | AlertDescription::CertificateRevoked
+            | AlertDescription::AccessDenied => format!(
+                "the {server} server refused the client certificate ({alert:?}): is it signed by a CA the server trusts, and still valid?"
+            ),
+            other => format!("the {server} server ended the TLS handshake: {other:?}"),
+        },
+        rustls::Error::InvalidMessage(_) | rustls::Error::InappropriateMessage { .. } => format!(
+            "the {server} server did not answer in TLS: it does not seem to offer TLS on that port"
+        ),
+        other => format!("TLS with the {server} server failed: {other}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_reason_is_found_inside_io_errors() {
+        let tls = rustls::Error::InvalidCertificate(CertificateError::UnknownIssuer);
+        let io = std::io::Error::new(std::io::ErrorKind::InvalidData, tls);
+        let outer = std::io::Error::other(io);
+        let reason = tls_failure(&outer, Section::Nats).unwrap_or_default();
+        assert!(reason.contains("unknown CA"), "{reason}");
+        assert!(reason.contains("nats.tls.ca_file"), "{reason}");
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert_eq!(tls_failure(&refused, Section::Nats), None);
+    }
+
+    #[test]
+    fn reasons_are_one_line() {
+        let cases = [
+            rustls::Error::InvalidCertificate(CertificateError::Expired),
+            rustls::Error::InvalidCertificate(CertificateError::NotValidForName),
+            rustls::Error::AlertReceived(AlertDescription::CertificateRequired),
+            rustls::Error::AlertReceived(AlertDescription::BadCertificate),
+            rustls::Error::InvalidMessage(rustls::InvalidMessage::InvalidContentType),
+        ];
+        for e in cases {
+            let line = describe(&e, Section::Etcd);
+            assert!(!line.contains('\n') && line.contains("etcd"), "{line}");
+        }
+    }
+}
