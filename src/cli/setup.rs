@@ -59,10 +59,18 @@ async fn connect(config: &Config) -> anyhow::Result<async_nats::Client> {
             .await
             .with_context(|| format!("nats.credentials_file {}", path.display()))?;
     }
+    let options = crate::transport::connect::tls_options(options, nats).await?;
     let urls = crate::transport::connect::server_addrs(&nats.url)
         .map_err(|e| ConfigError(e.to_string()))?;
-    options
-        .connect(urls)
-        .await
-        .with_context(|| format!("cannot connect to NATS at {}", nats.url))
+    let shown = crate::config::redact_urls(&nats.url);
+    options.connect(urls).await.map_err(|e| {
+        match crate::security::reason::tls_failure(
+            &e,
+            crate::security::Section::Nats,
+            nats.tls.cert_file.is_some(),
+        ) {
+            Some(reason) => anyhow::anyhow!("TLS to NATS at {shown} failed: {reason}"),
+            None => anyhow::Error::new(e).context(format!("cannot connect to NATS at {shown}")),
+        }
+    })
 }

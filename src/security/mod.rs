@@ -11,11 +11,14 @@
 //!   [`pem::Material`], and from it the rustls config for NATS and the
 //!   tonic TLS options for etcd.
 //! - [`nkey`]: the NKey user seed file.
+//! - [`probe`]: one handshake on its own, when a client library hides why
+//!   the server refused it.
 //! - [`reason`]: a failed TLS handshake as one line that says why (unknown
 //!   CA, expired, name mismatch, client certificate refused, no TLS).
 
 pub mod nkey;
 pub mod pem;
+pub mod probe;
 pub mod reason;
 
 use std::path::Path;
@@ -42,12 +45,16 @@ pub enum SecurityError {
         path: String,
         reason: String,
     },
-    #[error("{missing}: not set, but {set} is; a client certificate needs its key and the key its certificate")]
+    #[error(
+        "{missing}: not set, but {set} is; a client certificate needs its key and the key its certificate"
+    )]
     HalfIdentity {
         missing: &'static str,
         set: &'static str,
     },
-    #[error("{key_key}: the key in {key_path} does not belong to the certificate in {cert_path} ({cert_key}): {reason}")]
+    #[error(
+        "{key_key}: the key in {key_path} does not belong to the certificate in {cert_path} ({cert_key}): {reason}"
+    )]
     KeyMismatch {
         cert_key: &'static str,
         key_key: &'static str,
@@ -57,7 +64,9 @@ pub enum SecurityError {
     },
     #[error("nats.nkey_seed_file: {path} {reason}")]
     NkeySeed { path: String, reason: String },
-    #[error("no system root certificates were found to check the {what} server's certificate; set {key} to the CA that signs it")]
+    #[error(
+        "no system root certificates were found to check the {what} server's certificate; set {key} to the CA that signs it"
+    )]
     NoSystemRoots {
         what: &'static str,
         key: &'static str,

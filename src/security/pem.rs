@@ -64,7 +64,10 @@ fn certificates(
     Ok(Pem { parsed, bytes })
 }
 
-fn private_key(key: &'static str, path: &Path) -> Result<Pem<PrivateKeyDer<'static>>, SecurityError> {
+fn private_key(
+    key: &'static str,
+    path: &Path,
+) -> Result<Pem<PrivateKeyDer<'static>>, SecurityError> {
     let bytes = read(key, path)?;
     let parsed = PrivateKeyDer::from_pem_slice(&bytes).map_err(|_| SecurityError::NotPem {
         key,
@@ -167,7 +170,9 @@ impl Material {
             .with_safe_default_protocol_versions()?
             .with_root_certificates(roots);
         match &self.identity {
-            Some(id) => builder.with_client_auth_cert(id.chain.parsed.clone(), id.key.parsed.clone_key()),
+            Some(id) => {
+                builder.with_client_auth_cert(id.chain.parsed.clone(), id.key.parsed.clone_key())
+            }
             None => Ok(builder.with_no_client_auth()),
         }
     }
@@ -200,7 +205,11 @@ mod tests {
         f
     }
 
-    fn files<'a>(ca: Option<&'a Path>, cert: Option<&'a Path>, key: Option<&'a Path>) -> TlsFiles<'a> {
+    fn files<'a>(
+        ca: Option<&'a Path>,
+        cert: Option<&'a Path>,
+        key: Option<&'a Path>,
+    ) -> TlsFiles<'a> {
         TlsFiles {
             section: Section::Nats,
             ca_file: ca,

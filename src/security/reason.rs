@@ -7,12 +7,18 @@ use rustls::{AlertDescription, CertificateError};
 use std::error::Error;
 
 /// Why the handshake failed, when `err` (or an error it wraps) is a TLS
-/// error; `None` otherwise (refused connection, timeout, ...).
-pub fn tls_failure(err: &(dyn Error + 'static), section: Section) -> Option<String> {
+/// error; `None` otherwise (refused connection, timeout, ...). `sent_cert`:
+/// whether a client certificate was configured (a server that wants one and
+/// got none answers "bad certificate" over TLS 1.2).
+pub fn tls_failure(
+    err: &(dyn Error + 'static),
+    section: Section,
+    sent_cert: bool,
+) -> Option<String> {
     let mut current = Some(err);
     while let Some(e) = current {
         if let Some(tls) = as_rustls(e) {
-            return Some(describe(tls, section));
+            return Some(describe(tls, section, sent_cert));
         }
         current = e.source();
     }
@@ -30,7 +36,7 @@ fn as_rustls<'a>(e: &'a (dyn Error + 'static)) -> Option<&'a rustls::Error> {
 }
 
 /// The reason, one line.
-pub fn describe(e: &rustls::Error, section: Section) -> String {
+pub fn describe(e: &rustls::Error, section: Section, sent_cert: bool) -> String {
     let server = section.server();
     let ca = section.ca_key();
     match e {
@@ -53,6 +59,17 @@ pub fn describe(e: &rustls::Error, section: Section) -> String {
             other => format!("the {server} server's certificate is invalid: {other:?}"),
         },
         rustls::Error::AlertReceived(alert) => match alert {
+            AlertDescription::CertificateRequired
+            | AlertDescription::BadCertificate
+            | AlertDescription::HandshakeFailure
+                if !sent_cert =>
+            {
+                format!(
+                    "the {server} server requires a client certificate ({} and {})",
+                    section.cert_key(),
+                    section.key_key()
+                )
+            }
             AlertDescription::CertificateRequired => format!(
                 "the {server} server requires a client certificate ({} and {})",
                 section.cert_key(),
@@ -85,11 +102,11 @@ mod tests {
         let tls = rustls::Error::InvalidCertificate(CertificateError::UnknownIssuer);
         let io = std::io::Error::new(std::io::ErrorKind::InvalidData, tls);
         let outer = std::io::Error::other(io);
-        let reason = tls_failure(&outer, Section::Nats).unwrap_or_default();
+        let reason = tls_failure(&outer, Section::Nats, true).unwrap_or_default();
         assert!(reason.contains("unknown CA"), "{reason}");
         assert!(reason.contains("nats.tls.ca_file"), "{reason}");
         let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
-        assert_eq!(tls_failure(&refused, Section::Nats), None);
+        assert_eq!(tls_failure(&refused, Section::Nats, true), None);
     }
 
     #[test]
@@ -102,7 +119,7 @@ mod tests {
             rustls::Error::InvalidMessage(rustls::InvalidMessage::InvalidContentType),
         ];
         for e in cases {
-            let line = describe(&e, Section::Etcd);
+            let line = describe(&e, Section::Etcd, true);
             assert!(!line.contains('\n') && line.contains("etcd"), "{line}");
         }
     }

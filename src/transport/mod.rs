@@ -100,6 +100,10 @@ pub enum TransportError {
     Credentials { path: String, reason: String },
     #[error("cannot connect to NATS at {url}: {reason}")]
     Connect { url: String, reason: String },
+    #[error("TLS to NATS at {url} failed: {reason}")]
+    Tls { url: String, reason: String },
+    #[error(transparent)]
+    Security(#[from] crate::security::SecurityError),
     #[error("subjects.prefill_results is empty; the worker needs at least one subject to consume")]
     NoSubjects,
     #[error("cannot subscribe to {subject:?} (queue group {queue_group:?}): {reason}")]

@@ -9,6 +9,8 @@
 
 #![allow(dead_code)]
 
+pub mod tls;
+
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -70,6 +72,8 @@ pub struct Nats {
     dir: tempfile::TempDir,
     child: Option<Child>,
     max_payload: Option<usize>,
+    /// More server configuration (a `tls { }` block, `authorization`, ...).
+    extra: String,
 }
 
 impl Nats {
@@ -85,6 +89,20 @@ impl Nats {
             dir: tempfile::tempdir().expect("tempdir"),
             child: None,
             max_payload,
+            extra: String::new(),
+        };
+        nats.spawn();
+        nats
+    }
+
+    /// Starts a server with more configuration appended to its file.
+    pub fn start_with_config(extra: &str) -> Nats {
+        let mut nats = Nats {
+            port: free_port(),
+            dir: tempfile::tempdir().expect("tempdir"),
+            child: None,
+            max_payload: None,
+            extra: extra.to_string(),
         };
         nats.spawn();
         nats
@@ -101,6 +119,7 @@ impl Nats {
         if let Some(max) = self.max_payload {
             text.push_str(&format!("max_payload: {max}\n"));
         }
+        text.push_str(&self.extra);
         std::fs::write(&conf, text).expect("write nats.conf");
         let log = std::fs::File::create(self.dir.path().join("nats.log")).expect("log file");
         let child = Command::new(nats_server_binary())
@@ -153,22 +172,52 @@ pub struct Etcd {
     peer_port: u16,
     dir: tempfile::TempDir,
     child: Option<Child>,
+    /// `(server flags, etcdctl flags)` for `https://` with mutual TLS.
+    tls: Option<(Vec<String>, Vec<String>)>,
 }
 
 impl Etcd {
     pub fn start() -> Etcd {
+        Etcd::start_inner(None)
+    }
+
+    /// etcd over `https://` that requires a client certificate signed by the
+    /// PKI's CA (`--client-cert-auth --trusted-ca-file`).
+    pub fn start_tls(pki: &tls::Pki) -> Etcd {
+        let server = vec![
+            "--cert-file".into(),
+            pki.path("server.pem"),
+            "--key-file".into(),
+            pki.path("server-key.pem"),
+            "--client-cert-auth".into(),
+            "--trusted-ca-file".into(),
+            pki.path("ca.pem"),
+        ];
+        let ctl = vec![
+            "--cacert".into(),
+            pki.path("ca.pem"),
+            "--cert".into(),
+            pki.path("client.pem"),
+            "--key".into(),
+            pki.path("client-key.pem"),
+        ];
+        Etcd::start_inner(Some((server, ctl)))
+    }
+
+    fn start_inner(tls: Option<(Vec<String>, Vec<String>)>) -> Etcd {
         let mut etcd = Etcd {
             port: free_port(),
             peer_port: free_port(),
             dir: tempfile::tempdir().expect("tempdir"),
             child: None,
+            tls,
         };
         etcd.spawn();
         etcd
     }
 
     fn spawn(&mut self) {
-        let client = format!("http://127.0.0.1:{}", self.port);
+        let client = self.endpoint();
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
         let bin = std::env::var("HANDOFF_TEST_ETCD").unwrap_or_else(|_| "etcd".into());
         let log = std::fs::File::create(self.dir.path().join("etcd.log")).expect("log file");
@@ -188,6 +237,7 @@ impl Etcd {
                 &peer,
             ])
             .args(["--initial-cluster", &format!("test={peer}")])
+            .args(self.tls.iter().flat_map(|(server, _)| server))
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -206,7 +256,8 @@ impl Etcd {
     }
 
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.port)
     }
 
     /// Runs `etcdctl` (API v3) against this server; `None` when it fails.
@@ -216,6 +267,7 @@ impl Etcd {
             .arg("--endpoints")
             .arg(self.endpoint())
             .arg("--command-timeout=3s")
+            .args(self.tls.iter().flat_map(|(_, ctl)| ctl))
             .args(args)
             .output()
             .ok()?;
