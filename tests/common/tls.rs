@@ -167,10 +167,10 @@ impl Pki {
     }
 }
 
-/// The nats-server build's version, e.g. (2, 9, 10); `None` if it cannot be
+/// A nats-server build's version, e.g. (2, 9, 10); `None` if it cannot be
 /// read.
-pub fn nats_server_version() -> Option<(u32, u32, u32)> {
-    let out = std::process::Command::new(super::nats_server_binary())
+pub fn nats_server_version(binary: &std::path::Path) -> Option<(u32, u32, u32)> {
+    let out = std::process::Command::new(binary)
         .arg("--version")
         .output()
         .ok()?;
