@@ -440,3 +440,51 @@ async fn tls_first_hands_off_in_jetstream_mode_on_servers_from_2_10() {
     let client = tls_client(&nats, &pki, ConnectOptions::new().tls_first()).await;
     hands_off(&client, &etcd, "first").await;
 }
+
+/// `setup`, `slots` and `loadgen` connect with the same settings as `run`:
+/// against mutual-TLS servers they succeed with the files, and `setup`
+/// without the client certificate fails with the one-line reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn setup_slots_and_loadgen_use_the_same_tls_settings() {
+    let pki = Pki::new();
+    let nats = Nats::start_with_config(&pki.nats_tls_block("server", true, false));
+    let etcd = Etcd::start_tls(&pki);
+    let mut env = pki.nats_env("client");
+    env.extend(pki.etcd_env());
+    env.push(("HANDOFF_NATS__URL".into(), nats.url()));
+    env.push(("HANDOFF_ETCD__ENDPOINTS".into(), etcd.endpoint()));
+    let command = |args: &[&str], env: &[(String, String)]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_prefill-handoff"))
+            .args(args)
+            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .output()
+            .expect("run prefill-handoff");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        (out.status.code(), text)
+    };
+    let (code, text) = block_in_place(|| command(&["setup"], &env));
+    assert_eq!(code, Some(0), "setup: {text}");
+    let without_cert: Vec<(String, String)> = env
+        .iter()
+        .filter(|(k, _)| {
+            !k.starts_with("HANDOFF_NATS__TLS__CERT") && !k.starts_with("HANDOFF_NATS__TLS__KEY")
+        })
+        .cloned()
+        .collect();
+    let (code, text) = block_in_place(|| command(&["setup"], &without_cert));
+    assert_eq!(code, Some(1), "setup without a client certificate: {text}");
+    assert!(text.contains("requires a client certificate"), "{text}");
+
+    let _worker = spawn_worker(&nats, &etcd, Mode::Core, &env);
+    let (code, text) = block_in_place(|| command(&["slots"], &env));
+    assert_eq!(code, Some(0), "slots: {text}");
+    assert!(text.contains("1 of 1021 slots claimed"), "slots: {text}");
+    let (code, text) = block_in_place(|| {
+        command(
+            &["loadgen", "--count", "50", "--timeout", "30", "--quiet"],
+            &env,
+        )
+    });
+    assert_eq!(code, Some(0), "loadgen: {text}");
+}

@@ -307,3 +307,33 @@ fn a_bad_tls_file_exits_2_before_the_network() {
         }
     }
 }
+
+/// The shipped secure example loads once its files exist (here: the test
+/// PKI's, through the environment, which beats the file).
+#[test]
+fn the_secure_example_config_loads() {
+    let pki = Pki::new();
+    let seed = pki.write("nats.nk", &nkeys::KeyPair::new_user().seed().unwrap());
+    let (ca, cert, key) = (
+        pki.path("ca.pem"),
+        pki.path("client.pem"),
+        pki.path("client-key.pem"),
+    );
+    let env = [
+        ("HANDOFF_NATS__NKEY_SEED_FILE", seed.as_str()),
+        ("HANDOFF_NATS__TLS__CA_FILE", ca.as_str()),
+        ("HANDOFF_NATS__TLS__CERT_FILE", cert.as_str()),
+        ("HANDOFF_NATS__TLS__KEY_FILE", key.as_str()),
+        ("HANDOFF_ETCD__TLS__CA_FILE", ca.as_str()),
+        ("HANDOFF_ETCD__TLS__CERT_FILE", cert.as_str()),
+        ("HANDOFF_ETCD__TLS__KEY_FILE", key.as_str()),
+    ];
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/config/handoff-secure.toml");
+    let env: Vec<(String, String)> = env
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let c = prefill_handoff::config::Config::load_from(Some(std::path::Path::new(path)), &env, &[])
+        .expect("config/handoff-secure.toml loads");
+    assert!(c.nats.tls_required() && c.etcd.tls_enabled() && c.nats.nkey_seed_file.is_some());
+}
