@@ -18,6 +18,9 @@ use tokio::task::block_in_place;
 
 const START: Duration = Duration::from_secs(45);
 
+/// Environment variables for the worker.
+type Env = Vec<(String, String)>;
+
 #[derive(Clone, Copy, PartialEq)]
 enum Mode {
     Core,
@@ -177,7 +180,7 @@ async fn a_refused_nats_handshake_stops_the_start_with_one_line_and_publishes_no
     let pki = Pki::new();
     let etcd = Etcd::start();
     let ca = ("HANDOFF_NATS__TLS__CA_FILE".to_string(), pki.path("ca.pem"));
-    let rows: Vec<(Option<&str>, Vec<(String, String)>, &str)> = vec![
+    let rows: Vec<(Option<&str>, Env, &str)> = vec![
         (
             Some("server"),
             vec![ca.clone()],
@@ -239,7 +242,7 @@ async fn an_etcd_refusing_the_client_stops_the_start_with_one_line() {
     let etcd = Etcd::start_tls(&pki);
     let nats = Nats::start();
     let ca = ("HANDOFF_ETCD__TLS__CA_FILE".to_string(), pki.path("ca.pem"));
-    let rows: Vec<(Vec<(String, String)>, &[&str])> = vec![
+    let rows: Vec<(Env, &[&str])> = vec![
         (vec![ca.clone()], &["etcd", "client certificate"]),
         (
             vec![(

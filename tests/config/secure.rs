@@ -190,7 +190,8 @@ fn the_nkey_seed_file_is_one_more_exclusive_auth_method() {
     let user = nkeys::KeyPair::new_user().seed().unwrap();
     let account = nkeys::KeyPair::new_account().seed().unwrap();
     let good = pki.write("user.nk", &format!("{user}\n"));
-    let rows: Vec<(Vec<(&str, String)>, Vec<&str>)> = vec![
+    type Row<'a> = (Vec<(&'a str, String)>, Vec<&'a str>);
+    let rows: Vec<Row> = vec![
         (
             vec![("HANDOFF_NATS__NKEY_SEED_FILE", "/nonexistent/x.nk".into())],
             vec!["nats.nkey_seed_file: /nonexistent/x.nk", "cannot be read"],
