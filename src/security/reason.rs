@@ -17,22 +17,20 @@ pub fn tls_failure(
 ) -> Option<String> {
     let mut current = Some(err);
     while let Some(e) = current {
-        if let Some(tls) = as_rustls(e) {
+        if let Some(tls) = e.downcast_ref::<rustls::Error>() {
             return Some(describe(tls, section, sent_cert));
         }
-        current = e.source();
+        // `io::Error::source()` returns the wrapped error's source, skipping
+        // the wrapped error itself: step into it instead.
+        let wrapped = e
+            .downcast_ref::<std::io::Error>()
+            .and_then(std::io::Error::get_ref);
+        current = match wrapped {
+            Some(inner) => Some(inner as &(dyn Error + 'static)),
+            None => e.source(),
+        };
     }
     None
-}
-
-fn as_rustls<'a>(e: &'a (dyn Error + 'static)) -> Option<&'a rustls::Error> {
-    if let Some(tls) = e.downcast_ref::<rustls::Error>() {
-        return Some(tls);
-    }
-    // `io::Error::source()` returns the wrapped error's source, not the
-    // wrapped error itself.
-    let io = e.downcast_ref::<std::io::Error>()?;
-    io.get_ref()?.downcast_ref::<rustls::Error>()
 }
 
 /// The reason, one line.
