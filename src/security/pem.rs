@@ -16,6 +16,9 @@ pub struct Material {
     section: Section,
     ca: Option<Pem<Vec<CertificateDer<'static>>>>,
     identity: Option<Identity>,
+    /// The certificate and key files, for messages.
+    cert_path: String,
+    key_path: String,
 }
 
 /// Parsed content and the file's bytes (tonic parses PEM itself).
@@ -117,23 +120,16 @@ impl Material {
                 });
             }
         };
+        let shown = |p: Option<&Path>| p.map(|p| p.display().to_string()).unwrap_or_default();
         let material = Material {
             section,
             ca,
             identity,
+            cert_path: shown(files.cert_file),
+            key_path: shown(files.key_file),
         };
         // Builds a config once to check the key against its certificate.
-        let cert_path = files.cert_file.map(Path::display);
-        let key_path = files.key_file.map(Path::display);
-        material
-            .config_with(RootCertStore::empty())
-            .map_err(|e| SecurityError::KeyMismatch {
-                cert_key: section.cert_key(),
-                key_key: section.key_key(),
-                cert_path: cert_path.map(|p| p.to_string()).unwrap_or_default(),
-                key_path: key_path.map(|p| p.to_string()).unwrap_or_default(),
-                reason: e.to_string(),
-            })?;
+        material.config_with(RootCertStore::empty())?;
         Ok(material)
     }
 
@@ -156,23 +152,27 @@ impl Material {
                 }
             }
         }
-        // Checked in `load`; a failure here is the same mismatch.
         self.config_with(roots)
-            .map_err(|e| SecurityError::BadCertificate {
-                key: self.section.cert_key(),
-                path: String::from("(client certificate)"),
-                reason: e.to_string(),
-            })
     }
 
-    fn config_with(&self, roots: RootCertStore) -> Result<ClientConfig, rustls::Error> {
+    /// The config over `roots`; fails when the key does not belong to the
+    /// client certificate (or is of a kind rustls cannot sign with).
+    fn config_with(&self, roots: RootCertStore) -> Result<ClientConfig, SecurityError> {
+        let mismatch = |e: rustls::Error| SecurityError::KeyMismatch {
+            cert_key: self.section.cert_key(),
+            key_key: self.section.key_key(),
+            cert_path: self.cert_path.clone(),
+            key_path: self.key_path.clone(),
+            reason: e.to_string(),
+        };
         let builder = ClientConfig::builder_with_provider(provider())
-            .with_safe_default_protocol_versions()?
+            .with_safe_default_protocol_versions()
+            .map_err(mismatch)?
             .with_root_certificates(roots);
         match &self.identity {
-            Some(id) => {
-                builder.with_client_auth_cert(id.chain.parsed.clone(), id.key.parsed.clone_key())
-            }
+            Some(id) => builder
+                .with_client_auth_cert(id.chain.parsed.clone(), id.key.parsed.clone_key())
+                .map_err(mismatch),
             None => Ok(builder.with_no_client_auth()),
         }
     }
