@@ -20,6 +20,7 @@
 //! - [`worker`]: the loop that ties a transport, the decision and the identity.
 //! - [`id_service`]: the ID mint service: request IDs over NATS request/reply.
 //! - [`config`]: TOML file, `HANDOFF_*` environment and flags.
+//! - [`security`]: TLS files and NKey seeds for NATS and etcd, checked at start.
 //! - [`metrics`]: Prometheus metrics, `/healthz` and `/readyz`.
 //! - [`cli`]: the `prefill-handoff` subcommands.
 //! - [`loadgen`]: the load generator and the raw relays it is compared with.
@@ -33,6 +34,7 @@ pub mod identity;
 pub mod ids;
 pub mod loadgen;
 pub mod metrics;
+pub mod security;
 pub mod transport;
 pub mod wire;
 pub mod worker;

@@ -8,6 +8,11 @@ mod binary;
 mod epoch;
 #[path = "config/errors.rs"]
 mod errors;
+#[path = "config/secure.rs"]
+mod secure;
+#[path = "common/tls.rs"]
+#[allow(dead_code)]
+mod tls;
 
 use clap::Parser;
 use prefill_handoff::cli::{Cli, Command};
@@ -113,6 +118,8 @@ const PRECEDENCE: &[&str] = &[
     r#"max_payload_bytes | 2048 | 4096 | 8192"#,
     r#"max_in_flight | 1 | 2 | 3"#,
     r#"log_format | "json" -> json | text | json"#,
+    r#"nats.tls.required | true | false | true"#,
+    r#"nats.tls.first | true | false | true"#,
 ];
 
 const CREDENTIALS: &[&str] = &[
@@ -122,6 +129,14 @@ const CREDENTIALS: &[&str] = &[
     "nats.credentials_file",
     "etcd.user",
     "etcd.password",
+    // Files, read and checked at load: tests/config/secure.rs.
+    "nats.nkey_seed_file",
+    "nats.tls.ca_file",
+    "nats.tls.cert_file",
+    "nats.tls.key_file",
+    "etcd.tls.ca_file",
+    "etcd.tls.cert_file",
+    "etcd.tls.key_file",
 ];
 
 /// `written -> read back`, or `written` when they are the same.

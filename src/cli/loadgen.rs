@@ -7,13 +7,18 @@ use std::time::Duration;
 
 #[derive(Debug, clap::Args)]
 pub struct LoadgenArgs {
-    /// NATS server URL(s), comma-separated.
-    #[arg(
-        long,
-        env = "HANDOFF_NATS__URL",
-        default_value = "nats://127.0.0.1:4222"
-    )]
-    pub nats_url: String,
+    /// NATS server URL(s), comma-separated [default: `nats.url` of the
+    /// configuration: --set, HANDOFF_NATS__URL, --config, nats://127.0.0.1:4222].
+    #[arg(long)]
+    pub nats_url: Option<String>,
+    /// TOML configuration file; loadgen connects with its `[nats]` section
+    /// (URL, authentication, TLS), like the worker.
+    #[arg(long)]
+    pub config: Option<std::path::PathBuf>,
+    /// Any configuration key: `--set key=value` (repeatable), e.g.
+    /// `--set nats.tls.ca_file=/etc/ca.pem`.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
     /// Namespace `{ns}` for the default subject names.
     #[arg(long, env = "HANDOFF_NAMESPACE", default_value = "llm")]
     pub namespace: String,
@@ -118,7 +123,18 @@ fn options(args: &LoadgenArgs) -> Result<Options, UsageError> {
             "--run-id {run_id:?}: expected one subject token (no dots, wildcards or spaces)"
         )));
     }
-    let mut opts = Options::new(&args.nats_url, &args.namespace, &run_id);
+    // The worker's NATS settings (URL, auth, TLS), from the same layers.
+    let nats = super::ConfigArgs {
+        config: args.config.clone(),
+        nats_url: args.nats_url.clone(),
+        set: args.set.clone(),
+        ..Default::default()
+    }
+    .load()
+    .map_err(|e| UsageError(e.to_string()))?
+    .nats;
+    let mut opts = Options::new(&nats.url, &args.namespace, &run_id);
+    opts.nats = nats;
     if let Some(s) = &args.prefill_subject {
         opts.prefill_subject = s.clone();
     }

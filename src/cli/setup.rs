@@ -57,14 +57,20 @@ async fn connect(config: &Config) -> anyhow::Result<async_nats::Client> {
             .await
             .with_context(|| format!("nats.credentials_file {}", path.display()))?;
     }
+    let options = crate::transport::connect::tls_options(options, nats).await?;
     let servers = crate::config::nats_url::parse(&nats.url)?;
+    let shown = crate::config::redact_urls(&nats.url);
     with_url_credentials(options, servers.credentials)
         .connect(servers.addrs)
         .await
-        .with_context(|| {
-            format!(
-                "cannot connect to NATS at {}",
-                crate::config::redact_urls(&nats.url)
-            )
+        .map_err(|e| {
+            match crate::security::reason::tls_failure(
+                &e,
+                crate::security::Section::Nats,
+                nats.tls.cert_file.is_some(),
+            ) {
+                Some(reason) => anyhow::anyhow!("TLS to NATS at {shown} failed: {reason}"),
+                None => anyhow::Error::new(e).context(format!("cannot connect to NATS at {shown}")),
+            }
         })
 }

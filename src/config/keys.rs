@@ -35,11 +35,20 @@ pub(crate) const KEYS: &[(&str, Kind)] = &[
     ("nats.name", Kind::Str),
     ("nats.subscription_capacity", Kind::UInt),
     ("nats.connect_timeout_secs", Kind::UInt),
+    ("nats.nkey_seed_file", Kind::OptStr),
+    ("nats.tls.ca_file", Kind::OptStr),
+    ("nats.tls.cert_file", Kind::OptStr),
+    ("nats.tls.key_file", Kind::OptStr),
+    ("nats.tls.required", Kind::Bool),
+    ("nats.tls.first", Kind::Bool),
     ("etcd.endpoints", Kind::Str),
     ("etcd.user", Kind::OptStr),
     ("etcd.password", Kind::Secret),
     ("etcd.connect_timeout_ms", Kind::UInt),
     ("etcd.request_timeout_ms", Kind::UInt),
+    ("etcd.tls.ca_file", Kind::OptStr),
+    ("etcd.tls.cert_file", Kind::OptStr),
+    ("etcd.tls.key_file", Kind::OptStr),
     ("mode", Kind::Enum(&["core", "jetstream"])),
     ("metrics_addr", Kind::Str),
     ("shutdown_timeout_secs", Kind::UInt),
@@ -79,10 +88,13 @@ pub(crate) fn lookup(key: &str) -> Option<(&'static str, Kind)> {
     KEYS.iter().copied().find(|(k, _)| *k == key)
 }
 
-/// The tables of the file (`nats`, `etcd`, `subjects`, `jetstream`).
+/// The tables of the file (`nats`, `nats.tls`, `etcd`, `etcd.tls`,
+/// `subjects`, `jetstream`): every proper dotted prefix of a key.
 pub(crate) fn is_section(name: &str) -> bool {
-    KEYS.iter()
-        .any(|(k, _)| k.split_once('.').is_some_and(|(s, _)| s == name))
+    KEYS.iter().any(|(k, _)| {
+        k.strip_prefix(name)
+            .is_some_and(|rest| rest.starts_with('.'))
+    })
 }
 
 /// The environment variable for a key: `nats.url` → `HANDOFF_NATS__URL`.
@@ -269,16 +281,31 @@ mod tests {
         c.nats.credentials_file = Some("/c".into());
         c.etcd.user = Some("u".into());
         c.etcd.password = Some("p".into());
+        c.nats.nkey_seed_file = Some("/n".into());
+        c.nats.tls.ca_file = Some("/ca".into());
+        c.nats.tls.cert_file = Some("/c".into());
+        c.nats.tls.key_file = Some("/k".into());
+        c.etcd.tls.ca_file = Some("/ca".into());
+        c.etcd.tls.cert_file = Some("/c".into());
+        c.etcd.tls.key_file = Some("/k".into());
         let Value::Table(root) = Value::try_from(&c).unwrap() else {
             panic!("a config serializes to a table");
         };
-        let mut found = Vec::new();
-        for (key, value) in root {
-            match value {
-                Value::Table(inner) => found.extend(inner.keys().map(|k| format!("{key}.{k}"))),
-                _ => found.push(key),
+        fn walk(prefix: &str, table: toml::Table, found: &mut Vec<String>) {
+            for (key, value) in table {
+                let full = if prefix.is_empty() {
+                    key
+                } else {
+                    format!("{prefix}.{key}")
+                };
+                match value {
+                    Value::Table(inner) => walk(&full, inner, found),
+                    _ => found.push(full),
+                }
             }
         }
+        let mut found = Vec::new();
+        walk("", root, &mut found);
         let mut known: Vec<String> = KEYS.iter().map(|(k, _)| k.to_string()).collect();
         found.sort();
         known.sort();

@@ -90,20 +90,28 @@ impl Layers {
             ))
         })?;
         let origin = format!(" (in config file {shown})");
-        for (key, value) in table {
+        self.apply_table("", table, &shown.to_string(), &origin)
+    }
+
+    /// The keys of one table of the file; `prefix` is the dotted path of the
+    /// table (`""` at the top, `nats`, `nats.tls`, ...).
+    fn apply_table(
+        &mut self,
+        prefix: &str,
+        table: Table,
+        shown: &str,
+        origin: &str,
+    ) -> Result<(), ConfigError> {
+        for (name, value) in table {
+            let key = if prefix.is_empty() {
+                name
+            } else {
+                format!("{prefix}.{name}")
+            };
             match (keys::lookup(&key), value) {
-                (Some((k, kind)), value) => self.set(k, keys::from_toml(k, kind, value, &origin)?),
+                (Some((k, kind)), value) => self.set(k, keys::from_toml(k, kind, value, origin)?),
                 (None, Value::Table(inner)) if keys::is_section(&key) => {
-                    for (name, value) in inner {
-                        let full = format!("{key}.{name}");
-                        let (k, kind) = keys::lookup(&full).ok_or_else(|| {
-                            ConfigError(format!(
-                                "config file {shown}: {}",
-                                keys::unknown(&full, |k| format!("`{k}`"))
-                            ))
-                        })?;
-                        self.set(k, keys::from_toml(k, kind, value, &origin)?);
-                    }
+                    self.apply_table(&key, inner, shown, origin)?;
                 }
                 (None, _) if keys::is_section(&key) => {
                     return Err(ConfigError(format!(
@@ -164,24 +172,33 @@ impl Layers {
     fn into_config(self) -> Result<Config, ConfigError> {
         let mut root = Table::new();
         for (key, value) in self.values {
-            match key.split_once('.') {
-                None => {
-                    root.insert(key.to_string(), value);
-                }
-                Some((section, name)) => {
-                    let entry = root
-                        .entry(section.to_string())
-                        .or_insert_with(|| Value::Table(Table::new()));
-                    if let Value::Table(table) = entry {
-                        table.insert(name.to_string(), value);
-                    }
-                }
-            }
+            // `nats.tls.ca_file` goes into the table `nats`, then `tls`.
+            let path: Vec<&str> = key.split('.').collect();
+            insert(&mut root, &path, value);
         }
         // Every value was checked against its key's kind above, so this only
         // fails if the key table and the struct disagree (a test guards that).
         Value::Table(root)
             .try_into::<Config>()
             .map_err(|e| ConfigError(format!("configuration: {}", e.message().trim_end())))
+    }
+}
+
+/// Puts `value` at the dotted `path`, making the tables on the way. No key is
+/// both a value and a table (the key table's test guards that).
+fn insert(table: &mut Table, path: &[&str], value: Value) {
+    match path {
+        [] => {}
+        [name] => {
+            table.insert(name.to_string(), value);
+        }
+        [first, rest @ ..] => {
+            let entry = table
+                .entry(first.to_string())
+                .or_insert_with(|| Value::Table(Table::new()));
+            if let Value::Table(inner) = entry {
+                insert(inner, rest, value);
+            }
+        }
     }
 }

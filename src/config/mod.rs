@@ -79,6 +79,69 @@ pub struct NatsConfig {
     pub subscription_capacity: usize,
     /// `run` exits 1 when no server of `url` answers within this at start.
     pub connect_timeout_secs: u64,
+    /// File holding an NKey user seed (`SU...`).
+    pub nkey_seed_file: Option<PathBuf>,
+    pub tls: NatsTls,
+}
+
+/// TLS to NATS. Every file is read and checked at start (`crate::security`).
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct NatsTls {
+    /// PEM CA bundle that signs the server's certificate, instead of the
+    /// system roots.
+    pub ca_file: Option<PathBuf>,
+    /// Client certificate (PEM) for mutual TLS; with `key_file`.
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+    /// Never talk to the server without TLS. In effect also when a TLS file
+    /// is set or a URL is `tls://` ([`NatsConfig::tls_required`]).
+    pub required: bool,
+    /// TLS before the server's INFO (servers with `handshake_first`, 2.10+).
+    pub first: bool,
+}
+
+/// TLS to etcd (`https://` endpoints).
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct EtcdTls {
+    pub ca_file: Option<PathBuf>,
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+}
+
+impl NatsConfig {
+    /// Whether the connection must be TLS: asked for, implied by a TLS file
+    /// or `nats.tls.first`, or by a `tls://` URL. A CA or a client
+    /// certificate is pointless over a connection that may stay plaintext,
+    /// so `required = false` cannot switch it off.
+    pub fn tls_required(&self) -> bool {
+        let t = &self.tls;
+        t.required
+            || t.first
+            || t.ca_file.is_some()
+            || t.cert_file.is_some()
+            || t.key_file.is_some()
+            || self
+                .url
+                .split(',')
+                .any(|u| u.trim().to_ascii_lowercase().starts_with("tls://"))
+    }
+}
+
+impl EtcdConfig {
+    /// Whether the endpoints are reached over TLS: any `https://` endpoint
+    /// or any etcd TLS file.
+    pub fn tls_enabled(&self) -> bool {
+        let t = &self.tls;
+        t.ca_file.is_some()
+            || t.cert_file.is_some()
+            || t.key_file.is_some()
+            || self
+                .endpoints
+                .split(',')
+                .any(|e| e.trim().to_ascii_lowercase().starts_with("https://"))
+    }
 }
 
 /// `Debug` hides the password and URL credentials.
@@ -91,6 +154,7 @@ pub struct EtcdConfig {
     pub password: Option<String>,
     pub connect_timeout_ms: u64,
     pub request_timeout_ms: u64,
+    pub tls: EtcdTls,
 }
 
 /// Subject names; empty means the namespace-derived default.
@@ -185,6 +249,8 @@ impl Default for NatsConfig {
             name: "prefill-handoff".into(),
             subscription_capacity: 262_144,
             connect_timeout_secs: 10,
+            nkey_seed_file: None,
+            tls: NatsTls::default(),
         }
     }
 }
@@ -197,6 +263,7 @@ impl Default for EtcdConfig {
             password: None,
             connect_timeout_ms: 2000,
             request_timeout_ms: 2000,
+            tls: EtcdTls::default(),
         }
     }
 }

@@ -47,6 +47,8 @@ impl fmt::Debug for NatsConfig {
             .field("name", &self.name)
             .field("subscription_capacity", &self.subscription_capacity)
             .field("connect_timeout_secs", &self.connect_timeout_secs)
+            .field("nkey_seed_file", &self.nkey_seed_file)
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -59,6 +61,7 @@ impl fmt::Debug for EtcdConfig {
             .field("password", &hidden(&self.password))
             .field("connect_timeout_ms", &self.connect_timeout_ms)
             .field("request_timeout_ms", &self.request_timeout_ms)
+            .field("tls", &self.tls)
             .finish()
     }
 }

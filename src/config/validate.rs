@@ -17,6 +17,7 @@ pub(super) fn check(c: &Config) -> Result<(), ConfigError> {
     names(c)?;
     addresses(c)?;
     auth(c)?;
+    secure_transport(c)?;
     limits(c)?;
     jetstream(c)?;
     id_epoch(c)?;
@@ -228,6 +229,9 @@ fn auth(c: &Config) -> Result<(), ConfigError> {
         n.credentials_file
             .as_ref()
             .map(|_| ("nats.credentials_file", "nats.credentials_file")),
+        n.nkey_seed_file
+            .as_ref()
+            .map(|_| ("nats.nkey_seed_file", "nats.nkey_seed_file")),
     ]
     .into_iter()
     .flatten()
@@ -268,6 +272,45 @@ fn auth(c: &Config) -> Result<(), ConfigError> {
         )),
         _ => Ok(()),
     }
+}
+
+/// TLS files and the NKey seed: read and parsed now, so a file that cannot
+/// work stops the program before it touches the network.
+fn secure_transport(c: &Config) -> Result<(), ConfigError> {
+    use crate::security::{TlsFiles, nkey, pem::Material};
+    let fail = |e: crate::security::SecurityError| ConfigError(e.to_string());
+    if let Some(path) = &c.nats.nkey_seed_file {
+        nkey::read_seed(path).map_err(fail)?;
+    }
+    Material::load(TlsFiles::nats(&c.nats)).map_err(fail)?;
+    Material::load(TlsFiles::etcd(&c.etcd)).map_err(fail)?;
+    if c.nats.tls.first && c.nats.url.split(',').any(|u| u.trim().starts_with("ws")) {
+        return Err(err(
+            "nats.tls.first",
+            "applies to nats:// and tls:// URLs only; a websocket URL negotiates TLS itself",
+        ));
+    }
+    // etcd-client refuses TLS options with an http:// endpoint, and a
+    // certificate sent over plaintext would be pointless.
+    let etcd = &c.etcd;
+    let plain: Vec<&str> = etcd
+        .endpoints
+        .split(',')
+        .map(str::trim)
+        .filter(|e| e.to_ascii_lowercase().starts_with("http://"))
+        .collect();
+    if etcd.tls_enabled()
+        && let Some(first) = plain.first()
+    {
+        return Err(err(
+            "etcd.endpoints",
+            format!(
+                "{:?} is http:// while etcd TLS is in use (an https:// endpoint or an etcd.tls.* file); use https:// for every endpoint",
+                redact_urls(first)
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn limits(c: &Config) -> Result<(), ConfigError> {

@@ -54,8 +54,9 @@ impl Settings {
         match tokio::time::timeout(self.request_timeout(), request).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(LeaseError::Etcd(format!(
-                "{what} failed at etcd {}: {e}",
-                redact_urls(&self.etcd.endpoints)
+                "{what} failed at etcd {}: {}",
+                redact_urls(&self.etcd.endpoints),
+                etcd_reason(&e)
             ))),
             Err(_) => Err(LeaseError::Etcd(format!(
                 "{what}: etcd at {} did not answer within {} ms (etcd.request_timeout_ms)",
@@ -107,13 +108,17 @@ pub(super) async fn connect(settings: &Settings) -> Result<Client, LeaseError> {
             .into());
         }
     }
+    if settings.etcd.tls_enabled() {
+        options = etcd_tls(options, settings, &endpoints).await?;
+    }
     // With credentials the client authenticates while connecting.
     let bound = settings.connect_timeout() + settings.request_timeout();
     match tokio::time::timeout(bound, Client::connect(&endpoints, Some(options))).await {
         Ok(Ok(client)) => Ok(client),
         Ok(Err(e)) => Err(LeaseError::Etcd(format!(
-            "cannot connect to etcd at {}: {e}",
-            redact_urls(&settings.etcd.endpoints)
+            "cannot connect to etcd at {}: {}",
+            redact_urls(&settings.etcd.endpoints),
+            etcd_reason(&e)
         ))),
         Err(_) => Err(LeaseError::Etcd(format!(
             "cannot connect to etcd at {} within {} ms",
@@ -121,6 +126,52 @@ pub(super) async fn connect(settings: &Settings) -> Result<Client, LeaseError> {
             bound.as_millis()
         ))),
     }
+}
+
+/// `etcd.tls.*`: the CA (instead of the system roots) and the client
+/// certificate, for `https://` endpoints. When no endpoint completes a TLS
+/// handshake, the first one's reason is the error (tonic would only say
+/// "connection closed").
+async fn etcd_tls(
+    options: ConnectOptions,
+    settings: &Settings,
+    endpoints: &[String],
+) -> Result<ConnectOptions, LeaseError> {
+    use crate::security::{Section, TlsFiles, pem::Material, probe};
+    let etcd = &settings.etcd;
+    let material = Material::load(TlsFiles::etcd(etcd)).map_err(|e| ConfigError(e.to_string()))?;
+    let config = material
+        .client_config()
+        .map_err(|e| ConfigError(e.to_string()))?;
+    let sent_cert = etcd.tls.cert_file.is_some();
+    let mut refused = None;
+    for endpoint in endpoints {
+        match probe::handshake(endpoint, config.clone(), Section::Etcd, sent_cert).await {
+            Some(why) => {
+                refused.get_or_insert(why);
+            }
+            None => {
+                refused = None;
+                break;
+            }
+        }
+    }
+    if let Some(why) = refused {
+        return Err(LeaseError::Etcd(format!(
+            "TLS to etcd at {} failed: {why}",
+            crate::config::redact_urls(&etcd.endpoints)
+        )));
+    }
+    Ok(options.with_tls(material.etcd_options()))
+}
+
+/// An etcd error in one line: the TLS reason when the handshake failed
+/// (tonic nests it a few errors deep), else the error's own text.
+fn etcd_reason(e: &etcd_client::Error) -> String {
+    use crate::security::{Section, reason};
+    reason::tls_failure(e, Section::Etcd, true)
+        .map(|why| format!("TLS handshake failed: {why}"))
+        .unwrap_or_else(|| e.to_string().replace('\n', " "))
 }
 
 /// Grants a lease, registers the instance and claims a slot. On failure the

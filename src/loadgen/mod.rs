@@ -31,6 +31,8 @@ use std::time::Duration;
 #[derive(Debug, Clone)]
 pub struct Options {
     pub nats_url: String,
+    /// Authentication and TLS (`nats.url` is `nats_url`).
+    pub nats: crate::config::NatsConfig,
     pub prefill_subject: String,
     pub gen_subject: String,
     pub dead_letter_subject: String,
@@ -66,6 +68,10 @@ impl Options {
     pub fn new(nats_url: &str, ns: &str, run_id: &str) -> Options {
         Options {
             nats_url: nats_url.to_string(),
+            nats: crate::config::NatsConfig {
+                url: nats_url.to_string(),
+                ..Default::default()
+            },
             prefill_subject: format!("{ns}.prefill.results"),
             gen_subject: format!("{ns}.gen.jobs"),
             dead_letter_subject: format!("{ns}.handoff.dead"),

@@ -13,7 +13,8 @@
 use super::TransportError;
 use crate::config::{NatsConfig, nats_url, redact_urls};
 use crate::metrics::{self, Metrics, Readiness};
-use async_nats::{Client, ConnectOptions};
+use crate::security::{self, Section, TlsFiles, pem::Material};
+use async_nats::{Client, ConnectOptions, ServerAddr};
 use std::time::Duration;
 
 /// Connects to the servers in `config.url` with the configured auth and client
@@ -51,6 +52,8 @@ pub async fn connect(
                     reason: e.to_string(),
                 })?;
     }
+    options = tls_options(options, config).await?;
+    check_handshake(config, &servers.addrs).await?;
     let shown = redact_urls(&config.url);
     let client = options
         .connect(servers.addrs)
@@ -84,6 +87,66 @@ pub fn with_url_credentials(
         }
         Some(nats_url::UrlCredentials::Token(token)) => options.token(token),
         None => options,
+    }
+}
+
+/// Applies `nats.tls.*` and `nats.nkey_seed_file`: the rustls config built
+/// from the checked files (CA instead of the system roots, client
+/// certificate), TLS required when it is in effect, TLS first, the NKey seed.
+/// `setup` and `loadgen` use the same settings through this function.
+pub async fn tls_options(
+    mut options: ConnectOptions,
+    config: &NatsConfig,
+) -> Result<ConnectOptions, TransportError> {
+    if config.tls_required() {
+        let material = Material::load(TlsFiles::nats(config))?;
+        options = options
+            .tls_client_config(material.client_config()?)
+            .require_tls(true);
+        if config.tls.first {
+            options = options.tls_first();
+        }
+    }
+    if let Some(path) = &config.nkey_seed_file {
+        options = options.nkey(security::nkey::read_seed(path)?);
+    }
+    Ok(options)
+}
+
+/// How long the start-up TLS check waits for a server.
+const HANDSHAKE_CHECK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// With TLS in effect, one connection attempt before the worker's own
+/// (which retries in the background, logging failures at debug level only):
+/// a TLS handshake that fails now (unknown CA, expired, name mismatch, client
+/// certificate refused, a server without TLS) would fail forever, so it stops
+/// the start with the reason in one line. An unreachable server passes here
+/// and is left to the worker's connection.
+pub async fn check_handshake(
+    config: &NatsConfig,
+    servers: &[ServerAddr],
+) -> Result<(), TransportError> {
+    if !config.tls_required() {
+        return Ok(());
+    }
+    let options = ConnectOptions::new()
+        .name(format!("{} tls-check", config.name))
+        .connection_timeout(HANDSHAKE_CHECK_TIMEOUT);
+    let options = tls_options(options, config).await?;
+    match options.connect(servers.to_vec()).await {
+        Ok(client) => {
+            drop(client);
+            Ok(())
+        }
+        Err(e) => {
+            match security::reason::tls_failure(&e, Section::Nats, config.tls.cert_file.is_some()) {
+                Some(reason) => Err(TransportError::Tls {
+                    url: crate::config::redact_urls(&config.url),
+                    reason,
+                }),
+                None => Ok(()),
+            }
+        }
     }
 }
 

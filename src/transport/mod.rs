@@ -126,6 +126,10 @@ pub enum TransportError {
         "cannot connect to NATS at {url}: no server answered within {secs} s (nats.connect_timeout_secs); check that nats-server runs there and is reachable"
     )]
     Unreachable { url: String, secs: u64 },
+    #[error("TLS to NATS at {url} failed: {reason}")]
+    Tls { url: String, reason: String },
+    #[error(transparent)]
+    Security(#[from] crate::security::SecurityError),
     #[error("subjects.prefill_results is empty; the worker needs at least one subject to consume")]
     NoSubjects,
     #[error("cannot subscribe to {subject:?} (queue group {queue_group:?}): {reason}")]

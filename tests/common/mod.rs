@@ -9,6 +9,8 @@
 
 #![allow(dead_code)]
 
+pub mod tls;
+
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -70,6 +72,8 @@ pub struct Nats {
     dir: tempfile::TempDir,
     child: Option<Child>,
     max_payload: Option<usize>,
+    /// More server configuration (a `tls { }` block, `authorization`, ...).
+    extra: String,
     /// `(user, password)` every client must present.
     user: Option<(String, String)>,
 }
@@ -87,6 +91,7 @@ impl Nats {
             dir: tempfile::tempdir().expect("tempdir"),
             child: None,
             max_payload,
+            extra: String::new(),
             user: None,
         };
         nats.spawn();
@@ -96,12 +101,22 @@ impl Nats {
     /// Starts a server that accepts only clients authenticating as `user`
     /// with `password`.
     pub fn start_with_user(user: &str, password: &str) -> Nats {
+        let mut nats = Nats::start_with_config(&format!(
+            "authorization {{ user: {user:?}, password: {password:?} }}\n"
+        ));
+        nats.user = Some((user.to_string(), password.to_string()));
+        nats
+    }
+
+    /// Starts a server with more configuration appended to its file.
+    pub fn start_with_config(extra: &str) -> Nats {
         let mut nats = Nats {
             port: free_port(),
             dir: tempfile::tempdir().expect("tempdir"),
             child: None,
             max_payload: None,
-            user: Some((user.to_string(), password.to_string())),
+            extra: extra.to_string(),
+            user: None,
         };
         nats.spawn();
         nats
@@ -118,11 +133,7 @@ impl Nats {
         if let Some(max) = self.max_payload {
             text.push_str(&format!("max_payload: {max}\n"));
         }
-        if let Some((user, password)) = &self.user {
-            text.push_str(&format!(
-                "authorization {{ user: {user:?}, password: {password:?} }}\n"
-            ));
-        }
+        text.push_str(&self.extra);
         std::fs::write(&conf, text).expect("write nats.conf");
         let log = std::fs::File::create(self.dir.path().join("nats.log")).expect("log file");
         let child = Command::new(nats_server_binary())
@@ -222,22 +233,52 @@ pub struct Etcd {
     peer_port: u16,
     dir: tempfile::TempDir,
     child: Option<Child>,
+    /// `(server flags, etcdctl flags)` for `https://` with mutual TLS.
+    tls: Option<(Vec<String>, Vec<String>)>,
 }
 
 impl Etcd {
     pub fn start() -> Etcd {
+        Etcd::start_inner(None)
+    }
+
+    /// etcd over `https://` that requires a client certificate signed by the
+    /// PKI's CA (`--client-cert-auth --trusted-ca-file`).
+    pub fn start_tls(pki: &tls::Pki) -> Etcd {
+        let server = vec![
+            "--cert-file".into(),
+            pki.path("server.pem"),
+            "--key-file".into(),
+            pki.path("server-key.pem"),
+            "--client-cert-auth".into(),
+            "--trusted-ca-file".into(),
+            pki.path("ca.pem"),
+        ];
+        let ctl = vec![
+            "--cacert".into(),
+            pki.path("ca.pem"),
+            "--cert".into(),
+            pki.path("client.pem"),
+            "--key".into(),
+            pki.path("client-key.pem"),
+        ];
+        Etcd::start_inner(Some((server, ctl)))
+    }
+
+    fn start_inner(tls: Option<(Vec<String>, Vec<String>)>) -> Etcd {
         let mut etcd = Etcd {
             port: free_port(),
             peer_port: free_port(),
             dir: tempfile::tempdir().expect("tempdir"),
             child: None,
+            tls,
         };
         etcd.spawn();
         etcd
     }
 
     fn spawn(&mut self) {
-        let client = format!("http://127.0.0.1:{}", self.port);
+        let client = self.endpoint();
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
         let bin = std::env::var("HANDOFF_TEST_ETCD").unwrap_or_else(|_| "etcd".into());
         let log = std::fs::File::create(self.dir.path().join("etcd.log")).expect("log file");
@@ -257,6 +298,7 @@ impl Etcd {
                 &peer,
             ])
             .args(["--initial-cluster", &format!("test={peer}")])
+            .args(self.tls.iter().flat_map(|(server, _)| server))
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -275,7 +317,8 @@ impl Etcd {
     }
 
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.port)
     }
 
     /// Runs `etcdctl` (API v3) against this server; `None` when it fails.
@@ -285,6 +328,7 @@ impl Etcd {
             .arg("--endpoints")
             .arg(self.endpoint())
             .arg("--command-timeout=3s")
+            .args(self.tls.iter().flat_map(|(_, ctl)| ctl))
             .args(args)
             .output()
             .ok()?;

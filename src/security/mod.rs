@@ -1,0 +1,139 @@
+//! Secure transport material: TLS files for NATS and etcd, and the NATS
+//! NKey seed.
+//!
+//! Every file is read and parsed when the configuration is checked, before
+//! anything touches the network, and again (the same code) when a
+//! connection is built, so a file that cannot work is a config error (exit 2)
+//! naming its key and path. Certificates, keys and seeds are never logged and
+//! never quoted in an error: messages name the file, not its content.
+//!
+//! - [`pem`]: CA bundles, client certificates and keys → a checked
+//!   [`pem::Material`], and from it the rustls config for NATS and the
+//!   tonic TLS options for etcd.
+//! - [`nkey`]: the NKey user seed file.
+//! - [`probe`]: one handshake on its own, when a client library hides why
+//!   the server refused it.
+//! - [`reason`]: a failed TLS handshake as one line that says why (unknown
+//!   CA, expired, name mismatch, client certificate refused, no TLS).
+
+pub mod nkey;
+pub mod pem;
+pub mod probe;
+pub mod reason;
+
+use std::path::Path;
+
+/// Why a TLS file or seed file cannot be used. Each message names the
+/// configuration key and the file, never the file's content.
+#[derive(Debug, thiserror::Error)]
+pub enum SecurityError {
+    #[error("{key}: cannot read {path}: {reason}")]
+    Unreadable {
+        key: &'static str,
+        path: String,
+        reason: String,
+    },
+    #[error("{key}: {path} is not PEM: expected {expected}")]
+    NotPem {
+        key: &'static str,
+        path: String,
+        expected: &'static str,
+    },
+    #[error("{key}: {path} holds a certificate that cannot be used: {reason}")]
+    BadCertificate {
+        key: &'static str,
+        path: String,
+        reason: String,
+    },
+    #[error(
+        "{missing}: not set, but {set} is; a client certificate needs its key and the key its certificate"
+    )]
+    HalfIdentity {
+        missing: &'static str,
+        set: &'static str,
+    },
+    #[error(
+        "{key_key}: the key in {key_path} does not belong to the certificate in {cert_path} ({cert_key}): {reason}"
+    )]
+    KeyMismatch {
+        cert_key: &'static str,
+        key_key: &'static str,
+        cert_path: String,
+        key_path: String,
+        reason: String,
+    },
+    #[error("nats.nkey_seed_file: {path} {reason}")]
+    NkeySeed { path: String, reason: String },
+    #[error(
+        "no system root certificates were found to check the {what} server's certificate; set {key} to the CA that signs it"
+    )]
+    NoSystemRoots {
+        what: &'static str,
+        key: &'static str,
+    },
+}
+
+/// The TLS files of one connection, with the configuration keys they came
+/// from (for messages).
+#[derive(Debug, Clone, Copy)]
+pub struct TlsFiles<'a> {
+    /// `nats.tls` or `etcd.tls`.
+    pub section: Section,
+    pub ca_file: Option<&'a Path>,
+    pub cert_file: Option<&'a Path>,
+    pub key_file: Option<&'a Path>,
+}
+
+/// Which connection a set of TLS files is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Section {
+    Nats,
+    Etcd,
+}
+
+impl Section {
+    pub fn ca_key(self) -> &'static str {
+        match self {
+            Section::Nats => "nats.tls.ca_file",
+            Section::Etcd => "etcd.tls.ca_file",
+        }
+    }
+    pub fn cert_key(self) -> &'static str {
+        match self {
+            Section::Nats => "nats.tls.cert_file",
+            Section::Etcd => "etcd.tls.cert_file",
+        }
+    }
+    pub fn key_key(self) -> &'static str {
+        match self {
+            Section::Nats => "nats.tls.key_file",
+            Section::Etcd => "etcd.tls.key_file",
+        }
+    }
+    pub fn server(self) -> &'static str {
+        match self {
+            Section::Nats => "NATS",
+            Section::Etcd => "etcd",
+        }
+    }
+}
+
+impl<'a> TlsFiles<'a> {
+    pub fn nats(c: &'a crate::config::NatsConfig) -> Self {
+        TlsFiles {
+            section: Section::Nats,
+            ca_file: c.tls.ca_file.as_deref(),
+            cert_file: c.tls.cert_file.as_deref(),
+            key_file: c.tls.key_file.as_deref(),
+        }
+    }
+
+    pub fn etcd(c: &'a crate::config::EtcdConfig) -> Self {
+        TlsFiles {
+            section: Section::Etcd,
+            ca_file: c.tls.ca_file.as_deref(),
+            cert_file: c.tls.cert_file.as_deref(),
+            key_file: c.tls.key_file.as_deref(),
+        }
+    }
+}
