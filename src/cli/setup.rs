@@ -3,10 +3,9 @@
 //! object: created, unchanged, or updated (with the old and new values).
 
 use super::ConfigArgs;
-use crate::config::{Config, ConfigError};
-use crate::transport::connect::with_url_credentials;
+use crate::config::Config;
+use crate::transport::connect::auth_options;
 use crate::transport::jetstream::{JetStreamError, setup};
-use anyhow::Context as _;
 use std::time::Duration;
 
 pub fn run(args: ConfigArgs) -> anyhow::Result<()> {
@@ -34,43 +33,20 @@ pub fn run(args: ConfigArgs) -> anyhow::Result<()> {
 /// that should learn at once that NATS is unreachable.
 async fn connect(config: &Config) -> anyhow::Result<async_nats::Client> {
     let nats = &config.nats;
-    let mut options = async_nats::ConnectOptions::new()
+    let options = async_nats::ConnectOptions::new()
         .name(format!("{} setup", nats.name))
         .connection_timeout(Duration::from_secs(nats.connect_timeout_secs));
-    match (&nats.user, &nats.password) {
-        (Some(user), Some(password)) => {
-            options = options.user_and_password(user.clone(), password.clone());
-        }
-        (None, None) => {}
-        _ => {
-            return Err(
-                ConfigError("nats.user and nats.password must be set together".into()).into(),
-            );
-        }
-    }
-    if let Some(token) = &nats.token {
-        options = options.token(token.clone());
-    }
-    if let Some(path) = &nats.credentials_file {
-        options = options
-            .credentials_file(path)
-            .await
-            .with_context(|| format!("nats.credentials_file {}", path.display()))?;
-    }
-    let options = crate::transport::connect::tls_options(options, nats).await?;
     let servers = crate::config::nats_url::parse(&nats.url)?;
+    let options = auth_options(options, nats, servers.credentials).await?;
     let shown = crate::config::redact_urls(&nats.url);
-    with_url_credentials(options, servers.credentials)
-        .connect(servers.addrs)
-        .await
-        .map_err(|e| {
-            match crate::security::reason::tls_failure(
-                &e,
-                crate::security::Section::Nats,
-                nats.tls.cert_file.is_some(),
-            ) {
-                Some(reason) => anyhow::anyhow!("TLS to NATS at {shown} failed: {reason}"),
-                None => anyhow::Error::new(e).context(format!("cannot connect to NATS at {shown}")),
-            }
-        })
+    options.connect(servers.addrs).await.map_err(|e| {
+        match crate::security::reason::tls_failure(
+            &e,
+            crate::security::Section::Nats,
+            nats.tls.cert_file.is_some(),
+        ) {
+            Some(reason) => anyhow::anyhow!("TLS to NATS at {shown} failed: {reason}"),
+            None => anyhow::Error::new(e).context(format!("cannot connect to NATS at {shown}")),
+        }
+    })
 }

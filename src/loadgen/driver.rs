@@ -163,7 +163,15 @@ async fn connect(
     progress: &Arc<Progress>,
 ) -> Result<Client, LoadgenError> {
     let progress = progress.clone();
-    let options = auth_options(async_nats::ConnectOptions::new(), &opts.nats).await?;
+    let servers = crate::config::nats_url::parse(&opts.nats_url)
+        .map_err(|e| LoadgenError::Nats(e.to_string()))?;
+    let options = crate::transport::connect::auth_options(
+        async_nats::ConnectOptions::new(),
+        &opts.nats,
+        servers.credentials,
+    )
+    .await
+    .map_err(|e| LoadgenError::Nats(e.to_string()))?;
     options
         .name(format!("{name}-{}", opts.run_id))
         .subscription_capacity(capacity.max(65_536))
@@ -174,7 +182,7 @@ async fn connect(
             }
             async {}
         })
-        .connect(opts.nats_url.as_str())
+        .connect(servers.addrs)
         .await
         .map_err(|e| {
             LoadgenError::Nats(format!(
@@ -182,28 +190,6 @@ async fn connect(
                 crate::config::redact_urls(&opts.nats_url)
             ))
         })
-}
-
-/// The configuration's NATS authentication and TLS (`nats.*`), as the
-/// worker uses them.
-async fn auth_options(
-    mut options: async_nats::ConnectOptions,
-    nats: &crate::config::NatsConfig,
-) -> Result<async_nats::ConnectOptions, LoadgenError> {
-    if let (Some(user), Some(password)) = (&nats.user, &nats.password) {
-        options = options.user_and_password(user.clone(), password.clone());
-    }
-    if let Some(token) = &nats.token {
-        options = options.token(token.clone());
-    }
-    if let Some(path) = &nats.credentials_file {
-        options = options.credentials_file(path).await.map_err(|e| {
-            LoadgenError::Nats(format!("nats.credentials_file {}: {e}", path.display()))
-        })?;
-    }
-    crate::transport::connect::tls_options(options, nats)
-        .await
-        .map_err(|e| LoadgenError::Nats(e.to_string()))
 }
 
 fn nanos_since(origin: Instant) -> u64 {

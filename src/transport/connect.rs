@@ -31,28 +31,7 @@ pub async fn connect(
         .subscription_capacity(config.subscription_capacity)
         .max_reconnects(None)
         .event_callback(metrics::on_nats_event(metrics, readiness));
-    match (&config.user, &config.password) {
-        (Some(user), Some(password)) => {
-            options = options.user_and_password(user.clone(), password.clone());
-        }
-        (None, None) => {}
-        _ => return Err(TransportError::HalfUserPassword),
-    }
-    if let Some(token) = &config.token {
-        options = options.token(token.clone());
-    }
-    options = with_url_credentials(options, servers.credentials);
-    if let Some(path) = &config.credentials_file {
-        options =
-            options
-                .credentials_file(path)
-                .await
-                .map_err(|e| TransportError::Credentials {
-                    path: path.display().to_string(),
-                    reason: e.to_string(),
-                })?;
-    }
-    options = tls_options(options, config).await?;
+    options = auth_options(options, config, servers.credentials).await?;
     check_handshake(config, &servers.addrs).await?;
     let shown = redact_urls(&config.url);
     let client = options
@@ -68,6 +47,39 @@ pub async fn connect(
     Ok(client)
 }
 
+/// Every NATS authentication and TLS setting of `config` on `options`:
+/// user and password, token, credentials written in `nats.url`, a `.creds`
+/// file, then TLS and the NKey seed ([`tls_options`]). The one place `run`,
+/// `setup` and `loadgen` get them from, so the three connect alike.
+pub async fn auth_options(
+    mut options: ConnectOptions,
+    config: &NatsConfig,
+    url_credentials: Option<nats_url::UrlCredentials>,
+) -> Result<ConnectOptions, TransportError> {
+    match (&config.user, &config.password) {
+        (Some(user), Some(password)) => {
+            options = options.user_and_password(user.clone(), password.clone());
+        }
+        (None, None) => {}
+        _ => return Err(TransportError::HalfUserPassword),
+    }
+    if let Some(token) = &config.token {
+        options = options.token(token.clone());
+    }
+    options = with_url_credentials(options, url_credentials);
+    if let Some(path) = &config.credentials_file {
+        options =
+            options
+                .credentials_file(path)
+                .await
+                .map_err(|e| TransportError::Credentials {
+                    path: path.display().to_string(),
+                    reason: e.to_string(),
+                })?;
+    }
+    tls_options(options, config).await
+}
+
 /// `nats.url` as server addresses without credentials, and the credentials.
 /// Errors name `nats.url` and show it redacted (loading has checked it
 /// already, so `run` meets none).
@@ -77,7 +89,7 @@ pub fn parse_url(urls: &str) -> Result<nats_url::NatsServers, TransportError> {
 
 /// Credentials written in `nats.url` as connect options. Loading refuses
 /// them together with `nats.user`, `nats.token` or `nats.credentials_file`.
-pub fn with_url_credentials(
+fn with_url_credentials(
     options: ConnectOptions,
     credentials: Option<nats_url::UrlCredentials>,
 ) -> ConnectOptions {

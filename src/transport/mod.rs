@@ -109,10 +109,6 @@ impl Inbound {
 /// publish errors) are logged and counted, not returned.
 #[derive(Debug, thiserror::Error)]
 pub enum TransportError {
-    #[error("nats.url: {url:?} is not a NATS server URL: {reason}")]
-    BadUrl { url: String, reason: String },
-    #[error("nats.url is empty; expected one or more comma-separated NATS server URLs")]
-    NoUrl,
     /// `nats.url` cannot be used (the message names the key).
     #[error(transparent)]
     Url(crate::config::ConfigError),
