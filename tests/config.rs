@@ -103,6 +103,7 @@ const PRECEDENCE: &[&str] = &[
     r#"jetstream.max_bytes | 1000000 | -1 | 2000000"#,
     r#"jetstream.storage | "memory" -> memory | file | memory"#,
     r#"jetstream.batch | 1 | 2 | 3"#,
+    r#"jetstream.replicas | 3 | 5 | 2"#,
     r#"allowed_reply_subjects | ["file.>", "_INBOX.>"] -> file.>,_INBOX.> | env.a.>, env.b.* -> env.a.>,env.b.* | flag.>"#,
     r#"lease_ttl_secs | 5 | 6 | 7"#,
     r#"id_layout | "rc21" -> rc21 | rc22 | RC21 -> rc21"#,

@@ -62,6 +62,7 @@ pub(crate) const KEYS: &[(&str, Kind)] = &[
     ("jetstream.max_bytes", Kind::Int),
     ("jetstream.storage", Kind::Enum(&["file", "memory"])),
     ("jetstream.batch", Kind::UInt),
+    ("jetstream.replicas", Kind::UInt),
     ("allowed_reply_subjects", Kind::List),
     ("lease_ttl_secs", Kind::UInt),
     ("id_layout", Kind::Enum(&["rc21", "rc22"])),
