@@ -65,6 +65,48 @@ impl Settings {
     }
 }
 
+impl Settings {
+    /// Runs one idempotent etcd request, sent again at once when it fails
+    /// while time is left, up to twice per endpoint. The client spreads
+    /// requests over every endpoint, so a repeat reaches another member than
+    /// the one that is down or lost its leader: failing over takes
+    /// milliseconds, not a keepalive period. Bounded as a whole by
+    /// `etcd.request_timeout_ms`.
+    pub(super) async fn failing_over<T, F, Fut>(
+        &self,
+        what: &str,
+        mut request: F,
+    ) -> Result<T, LeaseError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let deadline = Instant::now() + self.request_timeout();
+        let attempts = self.endpoints().len().max(1) * 2;
+        let mut last = None;
+        for attempt in 1..=attempts {
+            match tokio::time::timeout_at(deadline.into(), request()).await {
+                Ok(Ok(v)) => return Ok(v),
+                Ok(Err(e)) => {
+                    debug!(what, attempt, error = %e, "etcd request failed; sending it again");
+                    last = Some(e);
+                }
+                Err(_) => break,
+            }
+        }
+        Err(match last {
+            Some(e) => LeaseError::Etcd(format!(
+                "{what} failed at etcd {} ({attempts} tries): {e}",
+                self.etcd.endpoints
+            )),
+            None => LeaseError::Etcd(format!(
+                "{what}: etcd at {} did not answer within {} ms (etcd.request_timeout_ms)",
+                self.etcd.endpoints, self.etcd.request_timeout_ms
+            )),
+        })
+    }
+}
+
 /// A lease with a claimed slot, registered and being kept alive.
 pub(super) struct Claimed {
     pub lease_id: i64,

@@ -231,7 +231,11 @@ async fn write(
             None,
         )]);
     let answer = settings
-        .bounded("writing the ID floor", client.kv_client().txn(txn))
+        .failing_over("writing the ID floor", || {
+            let mut kv = client.kv_client();
+            let txn = txn.clone();
+            async move { kv.txn(txn).await }
+        })
         .await
         .map_err(WriteError::Etcd)?;
     if answer.succeeded() {
