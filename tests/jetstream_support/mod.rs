@@ -59,7 +59,10 @@ impl LibWorker {
         init_logging();
         let client = async_nats::ConnectOptions::new()
             .retry_on_initial_connect()
-            .connect(&config.nats.url)
+            .connect(
+                prefill_handoff::transport::connect::server_addrs(&config.nats.url)
+                    .expect("nats.url lists server URLs"),
+            )
             .await
             .expect("worker connects");
         let (stop, stopped) = oneshot::channel::<()>();
