@@ -123,7 +123,7 @@ async fn after_a_graceful_stop_a_holder_whose_clock_is_behind_starts_right_above
 }
 
 /// A crashed holder writes nothing on the way out; a holder cut off from
-/// etcd (a zombie) even keeps minting until its fence deadline, after the
+/// etcd (a zombie) even keeps minting until its reservation ends, after the
 /// next holder has claimed its slot. Neither may collide with the next holder.
 #[test]
 fn after_a_crash_and_a_lost_lease_a_holder_whose_clock_is_behind_starts_above_every_id_the_old_one_minted()
@@ -163,18 +163,34 @@ fn after_a_crash_and_a_lost_lease_a_holder_whose_clock_is_behind_starts_above_ev
         .expect("start B");
     assert_eq!(held(&b.identity()).1.get(), SLOT, "B holds A's slot");
 
-    // Both mint side by side, the zombie until its fence deadline or its
-    // reservation stops it, or for 100 rounds.
+    // Both mint side by side, the zombie until its reservation (10 s past
+    // its last floor write) is used up: it is never fenced by time now.
     let mut minted_b = Vec::new();
     let mut zombie_rounds = 0;
-    while zombie_rounds < 100 {
-        let Ok((batch, _)) = zombie.mint_many(300) else {
-            break;
-        };
-        minted_a.extend(batch);
+    let started = std::time::Instant::now();
+    let stopped = loop {
+        match zombie.mint_many(300) {
+            Ok((batch, _)) => minted_a.extend(batch),
+            Err(e) => break e,
+        }
         zombie_rounds += 1;
         minted_b.extend(mint_rounds(&b.identity(), 1));
-    }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the zombie never reached the end of its reservation"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(
+        stopped.0.contains("floor reserved"),
+        "the zombie stopped at its reservation's end: {}",
+        stopped.0
+    );
+    eprintln!(
+        "the zombie minted {} rounds for {:.1} s after B's claim",
+        zombie_rounds,
+        started.elapsed().as_secs_f64()
+    );
     assert!(zombie_rounds > 0, "the zombie minted after B's claim");
     minted_b.extend(mint_rounds(&b.identity(), 3));
     assert_after(&minted_a, &minted_b);
