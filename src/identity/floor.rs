@@ -210,6 +210,35 @@ pub(super) async fn settle(settings: &Settings, claimed: &Claimed, identity: &Id
     }
 }
 
+/// One floor write as `lease_id`, exactly as a holder renews its
+/// reservation: for the test that a former holder's late write is refused
+/// once the slot moved (the rule every reservation's safety rests on).
+#[doc(hidden)]
+pub async fn write_as(
+    config: &crate::config::Config,
+    lease_id: i64,
+    machine_id: MachineId,
+    floor_ms: u64,
+) -> Result<(), LeaseError> {
+    let settings = Settings {
+        etcd: config.etcd.clone(),
+        keys: Keys::new(&config.namespace),
+        ttl_secs: 1,
+        record: super::registry::InstanceRecord {
+            host: String::new(),
+            pid: 0,
+            machine_id: None,
+            version: String::new(),
+            subjects: Vec::new(),
+            started_at: String::new(),
+        },
+    };
+    let client = super::claim::connect(&settings).await?;
+    write(&settings, &client, lease_id, machine_id, floor_ms)
+        .await
+        .map_err(LeaseError::from)
+}
+
 /// Puts the floor, provided the slot key is still attached to `lease_id`.
 async fn write(
     settings: &Settings,

@@ -36,6 +36,8 @@ mod lease;
 pub mod registry;
 mod session;
 
+#[doc(hidden)]
+pub use floor::write_as as write_floor_as;
 pub use inspect::read_slots;
 pub use lease::{Lease, LeaseError, Recoveries, Registration};
 

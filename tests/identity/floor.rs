@@ -197,3 +197,46 @@ fn after_a_crash_and_a_lost_lease_a_holder_whose_clock_is_behind_starts_above_ev
     assert!(minted_b.windows(2).all(|w| w[0] < w[1]), "B's IDs increase");
     main.block_on(b.shutdown());
 }
+
+/// Every floor write requires the slot key to still be attached to the
+/// writer's lease. Without that rule a former holder's late renewal (sent
+/// before it noticed the loss) could move the floor the next holder reads,
+/// or a lowered floor could let the next-but-one holder repeat IDs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_former_holders_late_floor_write_is_refused_once_the_slot_moved() {
+    use prefill_handoff::identity::write_floor_as;
+    use prefill_handoff::ids::MachineId;
+    let etcd = Etcd::start();
+    let mut c = client(&etcd).await;
+    preclaim_all_except(&mut c, &[SLOT]).await;
+    let config = config(&etcd, TTL);
+    let a = Lease::start(&config, registration()).await.expect("start A");
+    let (lease_a, slot) = held(&a.identity());
+    assert_eq!(slot.get(), SLOT);
+    let slot = MachineId::new(SLOT.into()).expect("slot");
+    // While A holds the slot, its writes go through.
+    write_floor_as(&config, lease_a, slot, 1)
+        .await
+        .expect("the holder writes its floor");
+    assert_eq!(get(&mut c, &floor_key(SLOT)).await.map(|f| f.1).as_deref(), Some("1"));
+
+    // A's lease ends; B claims the slot and writes its reservation.
+    c.lease_revoke(lease_a).await.expect("revoke A");
+    let b = Lease::start(&config, registration()).await.expect("start B");
+    let (lease_b, b_slot) = held(&b.identity());
+    assert_eq!(b_slot.get(), SLOT);
+    let b_floor = get(&mut c, &floor_key(SLOT)).await.expect("B's floor").1;
+
+    // A's late write, lowering the floor, is refused and changes nothing.
+    let refused = write_floor_as(&config, lease_a, slot, 0).await;
+    let err = refused.expect_err("a former holder's write must be refused");
+    assert!(err.to_string().contains("no longer held"), "{err}");
+    assert_eq!(
+        get(&mut c, &floor_key(SLOT)).await.map(|f| f.1),
+        Some(b_floor),
+        "the floor is B's"
+    );
+    assert_ne!(lease_a, lease_b);
+    drop(a);
+    b.shutdown().await;
+}
