@@ -256,3 +256,123 @@ async fn a_full_fleet_of_1021_identities_claims_every_slot_once() {
         stopping.elapsed().as_secs_f64()
     );
 }
+
+/// Claims `slots` under a new lease of the test's own; returns the lease.
+async fn preclaim(c: &mut Client, slots: &[u16]) -> i64 {
+    use etcd_client::{PutOptions, Txn, TxnOp};
+    let lease = c.lease_grant(300, None).await.expect("grant").id();
+    for batch in slots.chunks(100) {
+        let ops: Vec<TxnOp> = batch
+            .iter()
+            .map(|m| {
+                TxnOp::put(
+                    format!("{SLOTS}{m}"),
+                    format!("{lease:016x}"),
+                    Some(PutOptions::new().with_lease(lease)),
+                )
+            })
+            .collect();
+        c.txn(Txn::new().and_then(ops)).await.expect("pre-claim");
+    }
+    lease
+}
+
+/// A worker cut off from etcd (its only endpoint is a member that died)
+/// mints until its reservation is used up, then answers identity_unavailable;
+/// meanwhile its lease expires and another worker, whose clock is 5 s
+/// behind, takes its slot. When the member returns, the cut-off worker
+/// learns its lease is gone and claims a new slot without a restart. No ID
+/// repeats across the outage, between the two workers or within either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_cut_off_from_etcd_mints_to_the_end_of_its_reservation_and_resumes_when_etcd_returns()
+ {
+    const SLOT: u16 = 300;
+    const SPARE: u16 = 301;
+    let mut etcd = EtcdCluster::start();
+    let endpoints: Vec<String> = etcd.endpoints().split(',').map(str::to_string).collect();
+    let mut c = Client::connect(endpoints, None).await.expect("connect");
+    let others: Vec<u16> = (0..1021).filter(|m| *m != SLOT && *m != SPARE).collect();
+    preclaim(&mut c, &others).await;
+    let spare = preclaim(&mut c, &[SPARE]).await;
+
+    // A talks to e0 only, B to e1 and e2 only, with a clock 5 s behind.
+    // A's reservation runs 10 s past its last floor write.
+    let mut config_a = identity_config(&etcd, "nats://127.0.0.1:4222", 10);
+    config_a.etcd.endpoints = etcd.endpoint(0);
+    config_a.etcd.request_timeout_ms = 500;
+    let mut config_b = identity_config(&etcd, "nats://127.0.0.1:4222", 3);
+    config_b.etcd.endpoints = format!("{},{}", etcd.endpoint(1), etcd.endpoint(2));
+    config_b.id_epoch = "2025-01-01T00:00:05Z".into();
+    let a = Lease::start(&config_a, Registration::default())
+        .await
+        .expect("start A");
+    let zombie = a.identity();
+    assert_eq!(zombie.state().machine_id.map(|m| m.get()), Some(SLOT));
+    let mut ids_a: Vec<u64> = zombie.mint_many(100).expect("A mints").0;
+
+    etcd.kill(0);
+    let cut = Instant::now();
+    // A's lease ends on the other two members (revoked here, as if it had
+    // expired, so B claims while A's reservation still runs); B takes the slot.
+    let lease_a = zombie.state().lease_id.expect("A's lease");
+    while c.lease_revoke(lease_a).await.is_err() {
+        assert!(cut.elapsed() < Duration::from_secs(30), "cannot revoke A's lease");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let b = loop {
+        match Lease::start(&config_b, Registration::default()).await {
+            Ok(b) => break b,
+            // Every slot taken (A's lease lives on) or no answer yet (e0
+            // may have led the cluster): try again.
+            Err(LeaseError::SlotsExhausted { .. } | LeaseError::Etcd(_)) => {
+                if let Ok((more, _)) = zombie.mint_many(50) {
+                    ids_a.extend(more);
+                }
+                assert!(cut.elapsed() < Duration::from_secs(30), "A's lease never expired");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("B: {e}"),
+        }
+    };
+    assert_eq!(b.identity().state().machine_id.map(|m| m.get()), Some(SLOT));
+    let mut ids_b = Vec::new();
+    // Both mint until A's reservation is used up.
+    let stopped = loop {
+        match zombie.mint_many(50) {
+            Ok((more, _)) => ids_a.extend(more),
+            Err(e) => break e,
+        }
+        ids_b.extend(b.identity().mint_many(50).expect("B mints").0);
+        assert!(cut.elapsed() < Duration::from_secs(60), "A minted forever");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(stopped.0.contains("floor reserved"), "{}", stopped.0);
+    assert!(!ids_b.is_empty(), "B minted while A still did");
+    eprintln!(
+        "A minted {} IDs, {:.1} s past the cut; B {} meanwhile",
+        ids_a.len(),
+        cut.elapsed().as_secs_f64(),
+        ids_b.len()
+    );
+
+    // The spare slot frees; e0 returns: A learns its lease is gone and
+    // claims the spare slot, minting again without a restart.
+    c.lease_revoke(spare).await.expect("free the spare slot");
+    etcd.restart(0);
+    assert!(
+        eventually(Duration::from_secs(30), || zombie.mint_many(1).is_ok()),
+        "A mints again after etcd returns: {:?}",
+        zombie.state()
+    );
+    assert_eq!(zombie.state().machine_id.map(|m| m.get()), Some(SPARE));
+    assert!(a.recoveries().get() >= 1);
+    ids_a.extend(zombie.mint_many(100).expect("A mints").0);
+    ids_b.extend(b.identity().mint_many(100).expect("B mints").0);
+
+    let mut all: HashSet<u64> = HashSet::new();
+    for id in ids_a.iter().chain(&ids_b) {
+        assert!(all.insert(*id), "{id} repeated");
+    }
+    a.shutdown().await;
+    b.shutdown().await;
+}
