@@ -12,7 +12,7 @@ mod diff;
 mod wanted;
 
 pub use diff::{Change, Mismatch, Report, consumer_mismatches, stream_mismatches};
-pub use wanted::{Wanted, consumer, gen_stream, prefill_stream};
+pub use wanted::{Wanted, consumer, duplicate_window, gen_stream, prefill_stream};
 
 use super::JetStreamError;
 use crate::config::Config;
