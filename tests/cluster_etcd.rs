@@ -66,7 +66,7 @@ async fn slot_history(etcd: &EtcdCluster) -> HashSet<(u64, String)> {
 /// (every third) a finished one answered directly.
 fn result(i: usize) -> Vec<u8> {
     let params = json!({"ctx_request_id": i, "request_type": "context_only"});
-    let finish = if i % 3 == 0 {
+    let finish = if i.is_multiple_of(3) {
         json!("eos")
     } else {
         Value::Null
@@ -152,7 +152,10 @@ async fn an_etcd_leader_killed_under_load_is_invisible_to_clients() {
     }
     assert!(errors.is_empty(), "error replies: {errors:?}");
     let repeated: Vec<_> = per_request.iter().filter(|(_, n)| **n != 1).collect();
-    assert!(repeated.is_empty(), "requests with other than one output: {repeated:?}");
+    assert!(
+        repeated.is_empty(),
+        "requests with other than one output: {repeated:?}"
+    );
     assert_eq!(per_request.len(), RESULTS, "every result answered");
 
     // Every minted ID is distinct and decodes to a slot its worker held.
@@ -316,7 +319,10 @@ async fn a_worker_cut_off_from_etcd_mints_to_the_end_of_its_reservation_and_resu
     // expired, so B claims while A's reservation still runs); B takes the slot.
     let lease_a = zombie.state().lease_id.expect("A's lease");
     while c.lease_revoke(lease_a).await.is_err() {
-        assert!(cut.elapsed() < Duration::from_secs(30), "cannot revoke A's lease");
+        assert!(
+            cut.elapsed() < Duration::from_secs(30),
+            "cannot revoke A's lease"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let b = loop {
@@ -328,7 +334,10 @@ async fn a_worker_cut_off_from_etcd_mints_to_the_end_of_its_reservation_and_resu
                 if let Ok((more, _)) = zombie.mint_many(50) {
                     ids_a.extend(more);
                 }
-                assert!(cut.elapsed() < Duration::from_secs(30), "A's lease never expired");
+                assert!(
+                    cut.elapsed() < Duration::from_secs(30),
+                    "A's lease never expired"
+                );
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
             Err(e) => panic!("B: {e}"),

@@ -105,10 +105,9 @@ async fn jetstream_cluster_prefill_stream_leader_killed_loses_nothing() {
     .await
     .expect("capture stream");
 
-    let workers: Vec<LibWorker> = futures::future::join_all(
-        (1..=3).map(|m| LibWorker::start(&config, fixed_identity(m))),
-    )
-    .await;
+    let workers: Vec<LibWorker> =
+        futures::future::join_all((1..=3).map(|m| LibWorker::start(&config, fixed_identity(m))))
+            .await;
 
     let inputs: Vec<Input> = (0..RESULTS).map(mixed).collect();
     let started = Instant::now();
@@ -130,8 +129,7 @@ async fn jetstream_cluster_prefill_stream_leader_killed_loses_nothing() {
             cluster.restart(leader);
             eprintln!("n{leader} restarted after {at} results");
         }
-        futures::future::join_all(chunk.iter().map(|input| publish_until_stored(&js, input)))
-            .await;
+        futures::future::join_all(chunk.iter().map(|input| publish_until_stored(&js, input))).await;
     }
     assert!(killed.is_some(), "the leader was killed");
     assert!(
@@ -226,7 +224,10 @@ async fn jetstream_cluster_setup_raises_replicas_in_place() {
         .await
         .expect("again");
     assert!(
-        again.objects.iter().all(|(_, c)| c.to_string() == "unchanged"),
+        again
+            .objects
+            .iter()
+            .all(|(_, c)| c.to_string() == "unchanged"),
         "{again}"
     );
 }

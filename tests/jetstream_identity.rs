@@ -87,7 +87,10 @@ async fn jetstream_etcd_outage_past_the_reservation_defers_minting_until_etcd_re
         identity.reserved_for_ms() == Some(0)
     });
     assert!(used_up, "the reservation runs out while etcd is gone");
-    assert!(identity.mint_many(1).is_err(), "past the reservation: no ID");
+    assert!(
+        identity.mint_many(1).is_err(),
+        "past the reservation: no ID"
+    );
 
     let mut during: Vec<Input> = (0..20)
         .map(|i| needs_mint(&format!("during-{i}")))

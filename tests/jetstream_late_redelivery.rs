@@ -28,7 +28,12 @@ async fn jetstream_a_decode_job_redelivered_after_the_duplicate_window_is_stored
     let js = jetstream::new(client.clone());
     setup(&js, &config).await;
     let mut gen_stream = js.get_stream("LLM_GEN").await.expect("GEN");
-    let window = gen_stream.info().await.expect("info").config.duplicate_window;
+    let window = gen_stream
+        .info()
+        .await
+        .expect("info")
+        .config
+        .duplicate_window;
     assert_eq!(window, Duration::from_secs(4));
 
     let stored_first = needs_mint("late-stored");
@@ -80,7 +85,15 @@ async fn jetstream_a_decode_job_redelivered_after_the_duplicate_window_is_stored
     );
     let in_gen = gen_stream_request_ids(&js).await;
     let count = |id: &str| in_gen.iter().filter(|r| r.as_str() == id).count();
-    assert_eq!(count("late-stored"), 1, "GEN holds one decode job: {in_gen:?}");
-    assert_eq!(count("late-lost"), 1, "the lost one is published: {in_gen:?}");
+    assert_eq!(
+        count("late-stored"),
+        1,
+        "GEN holds one decode job: {in_gen:?}"
+    );
+    assert_eq!(
+        count("late-lost"),
+        1,
+        "the lost one is published: {in_gen:?}"
+    );
     worker.stop().await.expect("stop");
 }

@@ -139,11 +139,7 @@ pub(super) enum Renewal {
 /// keepalive succeeded: a successful write proves by itself that the slot key
 /// was still attached to our lease. A failure for want of an answer is only
 /// logged: minting stays bounded by the reservation already held.
-pub(super) async fn renew(
-    settings: &Settings,
-    holder: Holder<'_>,
-    identity: &Identity,
-) -> Renewal {
+pub(super) async fn renew(settings: &Settings, holder: Holder<'_>, identity: &Identity) -> Renewal {
     let Some(until_ms) = identity.renewal_floor(window_ms(holder.ttl)) else {
         return Renewal::Held;
     };

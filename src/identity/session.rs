@@ -31,7 +31,9 @@ pub(super) enum Ended {
 pub(super) enum Loss {
     /// The keepalive answered TTL 0: the lease expired or was revoked.
     LeaseGone,
-    /// No keepalive succeeded for a whole TTL.
+    /// A mint found the lease's validity run out and fenced the identity
+    /// (only without a reservation: a slot claimed in etcd is bounded by its
+    /// ID floor instead).
     Unreachable,
     /// The slot key was deleted or rewritten while the lease lived.
     SlotChanged,
@@ -48,7 +50,7 @@ impl fmt::Display for Loss {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Loss::LeaseGone => "the keepalive answered TTL 0 (lease expired or revoked)",
-            Loss::Unreachable => "no successful keepalive for a whole TTL (etcd unreachable)",
+            Loss::Unreachable => "the lease's validity ran out before a keepalive confirmed it",
             Loss::SlotChanged => "the slot key was deleted or rewritten",
         })
     }

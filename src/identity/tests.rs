@@ -190,8 +190,15 @@ fn an_unconfirmed_lease_mints_until_the_reservation_ends_by_the_real_clock() {
         );
         std::thread::sleep(Duration::from_millis(1));
     };
-    assert!(identity.now_ms() > now_ms + 300, "refused only past the end");
-    assert!(refused.0.contains("floor reserved in etcd"), "{}", refused.0);
+    assert!(
+        identity.now_ms() > now_ms + 300,
+        "refused only past the end"
+    );
+    assert!(
+        refused.0.contains("floor reserved in etcd"),
+        "{}",
+        refused.0
+    );
     // A renewal written meanwhile makes room again, without a new claim.
     identity.reserve(identity.now_ms() + 1_000);
     assert!(identity.mint_many(1).is_ok(), "renewed: minting resumes");

@@ -141,9 +141,7 @@ impl NatsCluster {
     /// Waits until every running server knows the same meta leader.
     pub fn wait_meta_leader(&self, timeout: Duration) -> bool {
         eventually(timeout, || {
-            let running: Vec<usize> = (0..3)
-                .filter(|i| self.nodes[*i].child.is_some())
-                .collect();
+            let running: Vec<usize> = (0..3).filter(|i| self.nodes[*i].child.is_some()).collect();
             let leaders: Vec<Option<String>> =
                 running.iter().map(|i| self.meta_leader(*i)).collect();
             leaders.iter().all(Option::is_some) && leaders.windows(2).all(|w| w[0] == w[1])
@@ -268,7 +266,8 @@ impl EtcdCluster {
         (0..3)
             .filter(|i| self.members[*i].child.is_some())
             .find(|i| {
-                let out = self.etcdctl_at(&self.endpoint(*i), &["endpoint", "status", "-w", "json"]);
+                let out =
+                    self.etcdctl_at(&self.endpoint(*i), &["endpoint", "status", "-w", "json"]);
                 let Some(out) = out else { return false };
                 let Ok(json) = serde_json::from_str::<serde_json::Value>(&out) else {
                     return false;
@@ -333,8 +332,12 @@ impl EtcdCluster {
     }
 
     pub fn log(&self, i: usize) -> String {
-        std::fs::read_to_string(self.dir.path().join(format!("{}.log", self.members[i].name)))
-            .unwrap_or_default()
+        std::fs::read_to_string(
+            self.dir
+                .path()
+                .join(format!("{}.log", self.members[i].name)),
+        )
+        .unwrap_or_default()
     }
 }
 

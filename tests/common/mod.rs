@@ -231,7 +231,12 @@ impl Etcd {
     pub fn get_prefix(&self, prefix: &str) -> Vec<(String, String)> {
         let out = self
             .etcdctl(&["get", "--prefix", prefix])
-            .unwrap_or_else(|| panic!("etcdctl get --prefix {prefix} failed at {}", self.endpoint()));
+            .unwrap_or_else(|| {
+                panic!(
+                    "etcdctl get --prefix {prefix} failed at {}",
+                    self.endpoint()
+                )
+            });
         let lines: Vec<&str> = out.lines().collect();
         lines
             .chunks(2)

@@ -251,7 +251,14 @@ async fn a_claim_whose_first_floor_write_fails_revokes_its_lease_and_retries() {
         &["role", "add", "worker"],
         &["user", "add", "worker:pw"],
         &["user", "grant-role", "worker", "worker"],
-        &["role", "grant-permission", "worker", "readwrite", "--prefix=true", "/llm/handoff/"],
+        &[
+            "role",
+            "grant-permission",
+            "worker",
+            "readwrite",
+            "--prefix=true",
+            "/llm/handoff/",
+        ],
         &["auth", "enable"],
     ] {
         etcd.etcdctl(args)
@@ -276,11 +283,31 @@ async fn a_claim_whose_first_floor_write_fails_revokes_its_lease_and_retries() {
     let (old_lease, _) = held(&identity);
 
     // From now on floors are read-only for the worker; its lease ends.
-    as_root(&["role", "revoke-permission", "worker", "/llm/handoff/", "--prefix=true"]);
+    as_root(&[
+        "role",
+        "revoke-permission",
+        "worker",
+        "/llm/handoff/",
+        "--prefix=true",
+    ]);
     for prefix in ["/llm/handoff/machine-ids/", "/llm/handoff/instances/"] {
-        as_root(&["role", "grant-permission", "worker", "readwrite", "--prefix=true", prefix]);
+        as_root(&[
+            "role",
+            "grant-permission",
+            "worker",
+            "readwrite",
+            "--prefix=true",
+            prefix,
+        ]);
     }
-    as_root(&["role", "grant-permission", "worker", "read", "--prefix=true", "/llm/handoff/id-floors/"]);
+    as_root(&[
+        "role",
+        "grant-permission",
+        "worker",
+        "read",
+        "--prefix=true",
+        "/llm/handoff/id-floors/",
+    ]);
     as_root(&["lease", "revoke", &hex(old_lease)]);
     assert!(
         until(WAIT, || async { identity.is_fenced() }).await,
@@ -293,7 +320,12 @@ async fn a_claim_whose_first_floor_write_fails_revokes_its_lease_and_retries() {
     while watched.elapsed() < std::time::Duration::from_secs(6) {
         let live = leases();
         most = most.max(live.len());
-        let keys = as_root(&["get", "--prefix", "/llm/handoff/machine-ids/", "--keys-only"]);
+        let keys = as_root(&[
+            "get",
+            "--prefix",
+            "/llm/handoff/machine-ids/",
+            "--keys-only",
+        ]);
         let slots = keys.lines().filter(|l| !l.is_empty()).count();
         assert!(slots <= 1, "slots left behind by failed claims: {keys}");
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
@@ -303,13 +335,24 @@ async fn a_claim_whose_first_floor_write_fails_revokes_its_lease_and_retries() {
     assert!(identity.mint_many(1).is_err());
     assert_eq!(lease.recoveries().get(), 0);
 
-    as_root(&["role", "grant-permission", "worker", "readwrite", "--prefix=true", "/llm/handoff/id-floors/"]);
+    as_root(&[
+        "role",
+        "grant-permission",
+        "worker",
+        "readwrite",
+        "--prefix=true",
+        "/llm/handoff/id-floors/",
+    ]);
     assert!(
         until(WAIT, || async { !identity.is_fenced() }).await,
         "recovery retries and succeeds once the floor can be written"
     );
     assert_eq!(lease.recoveries().get(), 1);
     let (new_lease, _) = held(&identity);
-    assert_eq!(leases(), vec![hex(new_lease)], "only the holder's lease lives");
+    assert_eq!(
+        leases(),
+        vec![hex(new_lease)],
+        "only the holder's lease lives"
+    );
     lease.shutdown().await;
 }

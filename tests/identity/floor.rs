@@ -210,7 +210,9 @@ async fn a_former_holders_late_floor_write_is_refused_once_the_slot_moved() {
     let mut c = client(&etcd).await;
     preclaim_all_except(&mut c, &[SLOT]).await;
     let config = config(&etcd, TTL);
-    let a = Lease::start(&config, registration()).await.expect("start A");
+    let a = Lease::start(&config, registration())
+        .await
+        .expect("start A");
     let (lease_a, slot) = held(&a.identity());
     assert_eq!(slot.get(), SLOT);
     let slot = MachineId::new(SLOT.into()).expect("slot");
@@ -218,11 +220,16 @@ async fn a_former_holders_late_floor_write_is_refused_once_the_slot_moved() {
     write_floor_as(&config, lease_a, slot, 1)
         .await
         .expect("the holder writes its floor");
-    assert_eq!(get(&mut c, &floor_key(SLOT)).await.map(|f| f.1).as_deref(), Some("1"));
+    assert_eq!(
+        get(&mut c, &floor_key(SLOT)).await.map(|f| f.1).as_deref(),
+        Some("1")
+    );
 
     // A's lease ends; B claims the slot and writes its reservation.
     c.lease_revoke(lease_a).await.expect("revoke A");
-    let b = Lease::start(&config, registration()).await.expect("start B");
+    let b = Lease::start(&config, registration())
+        .await
+        .expect("start B");
     let (lease_b, b_slot) = held(&b.identity());
     assert_eq!(b_slot.get(), SLOT);
     let b_floor = get(&mut c, &floor_key(SLOT)).await.expect("B's floor").1;

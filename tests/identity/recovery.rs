@@ -157,7 +157,11 @@ async fn etcd_down_longer_than_the_reservation_refuses_only_past_it_and_resumes_
     assert!(resumed, "minting resumes: {:?}", identity.state());
     for _ in 0..100 {
         let (ids, _) = identity.mint_many(1).expect("mint after etcd returned");
-        assert!(minted.insert(ids[0]), "{} repeated across the outage", ids[0]);
+        assert!(
+            minted.insert(ids[0]),
+            "{} repeated across the outage",
+            ids[0]
+        );
     }
     let (lease_id, slot) = held(&identity);
     let mut c = client(&etcd).await;

@@ -93,7 +93,11 @@ pub async fn serve(
         });
     let gen_stream = if js_config.gen_is_stream {
         let window = match js.get_stream(&js_config.gen_stream).await {
-            Ok(mut gen_stream) => gen_stream.info().await.ok().map(|i| i.config.duplicate_window),
+            Ok(mut gen_stream) => gen_stream
+                .info()
+                .await
+                .ok()
+                .map(|i| i.config.duplicate_window),
             Err(_) => None,
         };
         Some(handle::GenStream {
