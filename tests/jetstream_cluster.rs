@@ -7,10 +7,10 @@ mod common;
 mod jetstream_support;
 
 use async_nats::HeaderMap;
-use async_nats::jetstream::{self, stream};
+use async_nats::jetstream;
 use common::cluster::NatsCluster;
 use jetstream_support::{
-    Expect, Input, LibWorker, PREFILL, check_outputs, fixed_identity, mixed, setup,
+    Collector, Expect, Input, LibWorker, PREFILL, check_outputs, fixed_identity, mixed, setup,
     stream_contents, wait_drained,
 };
 use prefill_handoff::config::{Config, Mode};
@@ -94,16 +94,14 @@ async fn jetstream_cluster_prefill_stream_leader_killed_loses_nothing() {
         let info = s.info().await.expect("info");
         assert_eq!(info.config.num_replicas, 3, "{name} is R3");
     }
-    // Replies and dead letters, kept on the cluster (R3) so that none is
-    // missed while a connection moves to another server.
-    js.create_stream(stream::Config {
-        name: "OUTPUTS".into(),
-        subjects: vec!["llm.replies.>".into(), "llm.handoff.dead".into()],
-        num_replicas: 3,
-        ..Default::default()
-    })
-    .await
-    .expect("capture stream");
+    // Replies and dead letters are core NATS messages: a subscriber on a
+    // server that stays up sees every one the cluster routes. (A capture
+    // stream would drop the ones published while its own leader moves.)
+    let leader = stream_leader(&js, &cluster, "LLM_PREFILL").await;
+    let watcher = async_nats::connect(cluster.url((leader + 1) % 3))
+        .await
+        .expect("connect the collector");
+    let collector = Collector::start(&watcher).await;
 
     let workers: Vec<LibWorker> =
         futures::future::join_all((1..=3).map(|m| LibWorker::start(&config, fixed_identity(m))))
@@ -115,7 +113,11 @@ async fn jetstream_cluster_prefill_stream_leader_killed_loses_nothing() {
     for (i, chunk) in inputs.chunks(200).enumerate() {
         let at = i * 200;
         if at == RESULTS / 3 {
-            let leader = stream_leader(&js, &cluster, "LLM_PREFILL").await;
+            assert_eq!(
+                stream_leader(&js, &cluster, "LLM_PREFILL").await,
+                leader,
+                "the prefill stream's leader moved before the kill"
+            );
             cluster.kill(leader);
             eprintln!(
                 "n{leader} (prefill stream leader) SIGKILLed after {at} results, {:.1} s in",
@@ -149,8 +151,15 @@ async fn jetstream_cluster_prefill_stream_leader_killed_loses_nothing() {
     let twice: Vec<_> = in_gen.iter().filter(|(_, n)| **n > 1).collect();
     assert!(twice.is_empty(), "GEN holds decode jobs twice: {twice:?}");
 
+    // Decode jobs as GEN stored them; the rest as the collector saw them.
     let mut seen = gen_jobs;
-    seen.extend(stream_contents(&js, "OUTPUTS").await);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    seen.extend(
+        collector
+            .all()
+            .into_iter()
+            .filter(|s| s.kind != Expect::Gen),
+    );
     let repeated = check_outputs(&inputs, &seen);
     assert!(
         repeated.iter().all(|(_, kind, _)| *kind != Expect::Gen),
