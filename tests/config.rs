@@ -109,6 +109,7 @@ const PRECEDENCE: &[&str] = &[
     r#"jetstream.max_bytes | 1000000 | -1 | 2000000"#,
     r#"jetstream.storage | "memory" -> memory | file | memory"#,
     r#"jetstream.batch | 1 | 2 | 3"#,
+    r#"jetstream.replicas | 3 | 5 | 2"#,
     r#"id_service.ids_per_sec | 1000 | 2000 | 3000"#,
     r#"id_service.max_count | 16 | 32 | 64"#,
     r#"allowed_reply_subjects | ["file.>", "_INBOX.>"] -> file.>,_INBOX.> | env.a.>, env.b.* -> env.a.>,env.b.* | flag.>"#,

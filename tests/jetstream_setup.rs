@@ -19,7 +19,9 @@ fn config(nats: &Nats) -> Config {
     let mut config = Config::default();
     config.nats.url = nats.url();
     config.jetstream.ack_wait_secs = 7;
-    config.jetstream.max_deliver = 9;
+    // A redelivery span (2 × 7 s + 1 s) inside the 120 s duplicate window:
+    // the window is the configured one. (Longer spans: the test below.)
+    config.jetstream.max_deliver = 2;
     config.jetstream.max_ack_pending = 300;
     config.jetstream.max_age_secs = 3600;
     config.resolve().expect("valid test config")
@@ -74,7 +76,7 @@ async fn jetstream_setup_creates_streams_and_consumer_as_configured() {
     assert_eq!(c.ack_policy, AckPolicy::Explicit);
     assert_eq!(c.deliver_policy, DeliverPolicy::All);
     assert_eq!(c.ack_wait, Duration::from_secs(7));
-    assert_eq!(c.max_deliver, 9);
+    assert_eq!(c.max_deliver, 2);
     assert_eq!(c.max_ack_pending, 300);
     assert!(c.deliver_subject.is_none(), "a pull consumer");
 }
@@ -162,6 +164,52 @@ async fn jetstream_setup_updates_editable_differences_in_place() {
     assert!(
         again.objects.iter().all(|(_, c)| *c == Change::Unchanged),
         "{again}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn jetstream_setup_widens_the_duplicate_window_to_the_redelivery_span() {
+    let nats = Nats::start();
+    let js = context(&nats).await;
+    let mut config = config(&nats);
+    setup::ensure(&js, &config).await.expect("first setup");
+    // 9 deliveries of 7 s plus nak delays 1+2+4+8+16+32+32+32 s: 190 s.
+    config.jetstream.max_deliver = 9;
+    let report = setup::ensure(&js, &config).await.expect("update");
+    let gen_change = &report
+        .objects
+        .iter()
+        .find(|(n, _)| n == "stream LLM_GEN")
+        .expect("GEN")
+        .1;
+    assert_eq!(
+        gen_change.to_string(),
+        "updated (duplicate_window 120s → 190s)"
+    );
+    let mut gen_stream = js.get_stream("LLM_GEN").await.expect("stream");
+    let g = gen_stream.info().await.expect("info").config.clone();
+    assert_eq!(g.duplicate_window, Duration::from_secs(190));
+
+    config.jetstream.max_deliver = -1;
+    let err = setup::ensure(&js, &config)
+        .await
+        .expect_err("an unbounded redelivery span cannot be covered");
+    assert!(err.to_string().contains("jetstream.max_deliver"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn jetstream_setup_refuses_replicas_a_single_server_cannot_hold_and_says_why() {
+    let nats = Nats::start();
+    let js = context(&nats).await;
+    let mut config = config(&nats);
+    config.jetstream.replicas = 3;
+    let err = setup::ensure(&js, &config)
+        .await
+        .expect_err("one server holds no R3 stream");
+    let text = err.to_string();
+    assert!(
+        text.contains("3 replicas") && text.contains("jetstream.replicas"),
+        "{text}"
     );
 }
 

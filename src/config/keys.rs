@@ -72,6 +72,7 @@ pub(crate) const KEYS: &[(&str, Kind)] = &[
     ("jetstream.max_bytes", Kind::Int),
     ("jetstream.storage", Kind::Enum(&["file", "memory"])),
     ("jetstream.batch", Kind::UInt),
+    ("jetstream.replicas", Kind::UInt),
     ("id_service.ids_per_sec", Kind::UInt),
     ("id_service.max_count", Kind::UInt),
     ("allowed_reply_subjects", Kind::List),

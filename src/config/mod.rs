@@ -192,6 +192,9 @@ pub struct JetStreamConfig {
     /// `file` or `memory`.
     pub storage: String,
     pub batch: usize,
+    /// Replicas of both streams (1–5): 3 survives the loss of one server
+    /// of a NATS cluster.
+    pub replicas: usize,
 }
 
 /// The ID mint service's own budget, apart from the decode jobs' minting.
@@ -285,6 +288,7 @@ impl Default for JetStreamConfig {
             max_bytes: -1,
             storage: "file".into(),
             batch: 128,
+            replicas: 1,
         }
     }
 }

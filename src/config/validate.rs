@@ -449,6 +449,15 @@ fn jetstream(c: &Config) -> Result<(), ConfigError> {
             ));
         }
     }
+    if !(1..=5).contains(&js.replicas) {
+        return Err(err(
+            "jetstream.replicas",
+            format!(
+                "{} is not allowed; expected 1 to 5 (NATS keeps at most 5 replicas of a stream; 3 survives the loss of one server)",
+                js.replicas
+            ),
+        ));
+    }
     if js.max_age_secs > 0 && js.duplicate_window_secs > js.max_age_secs {
         return Err(err(
             "jetstream.duplicate_window_secs",

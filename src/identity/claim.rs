@@ -67,6 +67,48 @@ impl Settings {
     }
 }
 
+impl Settings {
+    /// Runs one idempotent etcd request, sent again at once when it fails
+    /// while time is left, up to twice per endpoint. The client spreads
+    /// requests over every endpoint, so a repeat reaches another member than
+    /// the one that is down or lost its leader: failing over takes
+    /// milliseconds, not a keepalive period. Bounded as a whole by
+    /// `etcd.request_timeout_ms`.
+    pub(super) async fn failing_over<T, F, Fut>(
+        &self,
+        what: &str,
+        mut request: F,
+    ) -> Result<T, LeaseError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let deadline = Instant::now() + self.request_timeout();
+        let attempts = self.endpoints().len().max(1) * 2;
+        let mut last = None;
+        for attempt in 1..=attempts {
+            match tokio::time::timeout_at(deadline.into(), request()).await {
+                Ok(Ok(v)) => return Ok(v),
+                Ok(Err(e)) => {
+                    debug!(what, attempt, error = %e, "etcd request failed; sending it again");
+                    last = Some(e);
+                }
+                Err(_) => break,
+            }
+        }
+        Err(match last {
+            Some(e) => LeaseError::Etcd(format!(
+                "{what} failed at etcd {} ({attempts} tries): {e}",
+                self.etcd.endpoints
+            )),
+            None => LeaseError::Etcd(format!(
+                "{what}: etcd at {} did not answer within {} ms (etcd.request_timeout_ms)",
+                self.etcd.endpoints, self.etcd.request_timeout_ms
+            )),
+        })
+    }
+}
+
 /// A lease with a claimed slot, registered and being kept alive.
 pub(super) struct Claimed {
     pub lease_id: i64,
@@ -91,10 +133,14 @@ pub(super) async fn connect(settings: &Settings) -> Result<Client, LeaseError> {
                 .into(),
         ));
     }
+    // HTTP/2 pings no more often than etcd's --grpc-keepalive-min-time
+    // (5 s by default): a client pinging every second while its requests
+    // wait on a busy etcd is sent GOAWAY "too_many_pings", and every request
+    // on that connection fails (seen with 1021 identities claiming at once).
     let mut options = ConnectOptions::new()
         .with_connect_timeout(settings.connect_timeout())
         .with_timeout(settings.request_timeout())
-        .with_keep_alive(Duration::from_secs(1), settings.request_timeout())
+        .with_keep_alive(Duration::from_secs(10), settings.request_timeout())
         .with_keep_alive_while_idle(true);
     match (&settings.etcd.user, &settings.etcd.password) {
         (Some(user), Some(password)) => {

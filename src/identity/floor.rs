@@ -9,9 +9,10 @@
 //!
 //! - Claim: the claim transaction reads the floor (atomically with taking the
 //!   slot); then the holder writes `max(floor, own high water, now) + TTL`.
-//! - Every keepalive round: the holder writes `max(now, last minted) + TTL`,
-//!   never less than what it holds. A failed write only leaves minting
-//!   bounded by the reservation already held.
+//! - Every keepalive round (TTL/3), whether the keepalive succeeded or not:
+//!   the holder writes `max(now, last minted) + TTL`, never less than what it
+//!   holds. A write without an answer only leaves minting bounded by the
+//!   reservation already held; a refused write means the slot moved.
 //! - Shutdown, after fencing: the exact floor, the last minted millisecond, so
 //!   the next holder is not held back by a TTL-long reservation.
 //!
@@ -94,28 +95,85 @@ pub(super) async fn reserve_on_claim(
     })
 }
 
-/// Extends the reservation after a successful keepalive. A failure is only
+/// Why a floor write did not happen.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum WriteError {
+    /// etcd answered: the slot key is no longer attached to the writer's
+    /// lease. The slot is lost (or about to be claimed by another worker).
+    #[error("{0}")]
+    SlotMoved(LeaseError),
+    /// No answer (unreachable, timed out, no leader): try again.
+    #[error("{0}")]
+    Etcd(LeaseError),
+}
+
+impl From<WriteError> for LeaseError {
+    fn from(e: WriteError) -> LeaseError {
+        match e {
+            WriteError::SlotMoved(e) | WriteError::Etcd(e) => e,
+        }
+    }
+}
+
+/// The holder of a slot, as a floor renewal needs it (borrowed apart from
+/// the keepalive, which runs at the same time).
+#[derive(Clone, Copy)]
+pub(super) struct Holder<'a> {
+    pub client: &'a Client,
+    pub lease_id: i64,
+    pub machine_id: MachineId,
+    pub ttl: Duration,
+}
+
+/// What a renewal found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Renewal {
+    /// Written, or not attempted (fenced) or failed for want of an answer:
+    /// minting stays bounded by the reservation held.
+    Held,
+    /// etcd refused the write: the slot key is no longer ours.
+    SlotMoved,
+}
+
+/// Extends the reservation, on the keepalive's rhythm but whether or not the
+/// keepalive succeeded: a successful write proves by itself that the slot key
+/// was still attached to our lease. A failure for want of an answer is only
 /// logged: minting stays bounded by the reservation already held.
-pub(super) async fn renew(settings: &Settings, claimed: &Claimed, identity: &Identity) {
-    let Some(until_ms) = identity.renewal_floor(window_ms(claimed.ttl)) else {
-        return;
+pub(super) async fn renew(settings: &Settings, holder: Holder<'_>, identity: &Identity) -> Renewal {
+    let Some(until_ms) = identity.renewal_floor(window_ms(holder.ttl)) else {
+        return Renewal::Held;
     };
     let written = write(
         settings,
-        &claimed.client,
-        claimed.lease_id,
-        claimed.machine_id,
+        holder.client,
+        holder.lease_id,
+        holder.machine_id,
         until_ms,
     )
     .await;
     match written {
-        Ok(()) => identity.reserve(until_ms),
-        Err(e) => warn!(
-            lease = %instance_id(claimed.lease_id),
-            machine_id = claimed.machine_id.get(),
-            error = %e,
-            "cannot renew the ID floor; minting stays bounded by the reservation held"
-        ),
+        Ok(()) => {
+            identity.reserve(until_ms);
+            Renewal::Held
+        }
+        Err(WriteError::SlotMoved(e)) => {
+            warn!(
+                lease = %instance_id(holder.lease_id),
+                machine_id = holder.machine_id.get(),
+                error = %e,
+                "the ID floor write was refused: the slot is no longer held by this lease"
+            );
+            Renewal::SlotMoved
+        }
+        Err(WriteError::Etcd(e)) => {
+            warn!(
+                lease = %instance_id(holder.lease_id),
+                machine_id = holder.machine_id.get(),
+                error = %e,
+                "cannot renew the ID floor; minting stays bounded by the reservation held"
+            );
+            Renewal::Held
+        }
     }
 }
 
@@ -148,6 +206,35 @@ pub(super) async fn settle(settings: &Settings, claimed: &Claimed, identity: &Id
     }
 }
 
+/// One floor write as `lease_id`, exactly as a holder renews its
+/// reservation: for the test that a former holder's late write is refused
+/// once the slot moved (the rule every reservation's safety rests on).
+#[doc(hidden)]
+pub async fn write_as(
+    config: &crate::config::Config,
+    lease_id: i64,
+    machine_id: MachineId,
+    floor_ms: u64,
+) -> Result<(), LeaseError> {
+    let settings = Settings {
+        etcd: config.etcd.clone(),
+        keys: Keys::new(&config.namespace),
+        ttl_secs: 1,
+        record: super::registry::InstanceRecord {
+            host: String::new(),
+            pid: 0,
+            machine_id: None,
+            version: String::new(),
+            subjects: Vec::new(),
+            started_at: String::new(),
+        },
+    };
+    let client = super::claim::connect(&settings).await?;
+    write(&settings, &client, lease_id, machine_id, floor_ms)
+        .await
+        .map_err(LeaseError::from)
+}
+
 /// Puts the floor, provided the slot key is still attached to `lease_id`.
 async fn write(
     settings: &Settings,
@@ -155,7 +242,7 @@ async fn write(
     lease_id: i64,
     machine_id: MachineId,
     floor_ms: u64,
-) -> Result<(), LeaseError> {
+) -> Result<(), WriteError> {
     let keys = &settings.keys;
     let txn = Txn::new()
         .when([Compare::lease(
@@ -169,17 +256,22 @@ async fn write(
             None,
         )]);
     let answer = settings
-        .bounded("writing the ID floor", client.kv_client().txn(txn))
-        .await?;
+        .failing_over("writing the ID floor", || {
+            let mut kv = client.kv_client();
+            let txn = txn.clone();
+            async move { kv.txn(txn).await }
+        })
+        .await
+        .map_err(WriteError::Etcd)?;
     if answer.succeeded() {
         Ok(())
     } else {
-        Err(LeaseError::Etcd(format!(
+        Err(WriteError::SlotMoved(LeaseError::Etcd(format!(
             "the ID floor {} was not written: slot {} is no longer held by lease {}",
             keys.id_floor(machine_id),
             keys.slot(machine_id),
             instance_id(lease_id)
-        )))
+        ))))
     }
 }
 

@@ -7,6 +7,11 @@
 
 use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
 use std::time::{Duration, Instant};
+use tracing::debug;
+
+/// How many streams one keepalive may open when they fail fast: two per
+/// member of a 3-member cluster.
+const FAILOVER_TRIES: u32 = 6;
 
 /// What one keepalive round trip proved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,22 +41,36 @@ impl KeepAlive {
 
     /// One round trip, abandoned at `deadline`. `Err` means etcd gave no
     /// answer (unreachable, timed out, stream closed): the caller retries.
+    ///
+    /// A stream that fails fast (its member died: "channel closed",
+    /// "connection refused") is reopened and the keepalive sent again at
+    /// once, up to [`FAILOVER_TRIES`] times before `deadline`: the client
+    /// opens the new stream on another endpoint, so losing the member the
+    /// stream ran on costs milliseconds, not a keepalive period.
     pub(super) async fn beat(&mut self, deadline: Instant) -> Result<Beat, String> {
-        let sent = Instant::now();
-        match tokio::time::timeout_at(deadline.into(), self.round_trip()).await {
-            Ok(Ok(ttl)) if ttl > 0 => sent
-                .checked_add(Duration::from_secs(ttl.unsigned_abs()))
-                .map(|valid_until| Beat::Alive { valid_until })
-                .ok_or_else(|| format!("etcd answered an unusable TTL of {ttl} s")),
-            Ok(Ok(_)) => Ok(Beat::Gone),
-            Ok(Err(e)) => {
-                self.channel = None;
-                Err(e)
-            }
-            Err(_) => {
-                self.channel = None;
-                Err("etcd did not answer the keepalive in time".into())
-            }
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let sent = Instant::now();
+            return match tokio::time::timeout_at(deadline.into(), self.round_trip()).await {
+                Ok(Ok(ttl)) if ttl > 0 => sent
+                    .checked_add(Duration::from_secs(ttl.unsigned_abs()))
+                    .map(|valid_until| Beat::Alive { valid_until })
+                    .ok_or_else(|| format!("etcd answered an unusable TTL of {ttl} s")),
+                Ok(Ok(_)) => Ok(Beat::Gone),
+                Ok(Err(e)) => {
+                    self.channel = None;
+                    if tries < FAILOVER_TRIES && Instant::now() < deadline {
+                        debug!(error = %e, tries, "keepalive stream failed; reopening it at once");
+                        continue;
+                    }
+                    Err(e)
+                }
+                Err(_) => {
+                    self.channel = None;
+                    Err("etcd did not answer the keepalive in time".into())
+                }
+            };
         }
     }
 

@@ -4,8 +4,10 @@
 //! [`Identity`] is a cheap, clonable handle. The etcd side drives it through
 //! [`Identity::install`], [`Identity::extend`] and [`Identity::fence`]; the
 //! worker mints through it. Minting checks, under one lock, that a slot is held
-//! and that its lease cannot have expired yet (`valid_until`), so an ID is
-//! never minted with a slot another worker may already have claimed.
+//! and that the millisecond is within the slot's reservation (below), so no
+//! ID is ever one another holder of the slot mints. The reservation, not the
+//! lease's last confirmation, is the bound: an etcd leader election or a
+//! short outage does not stop minting.
 //!
 //! IDs never repeat across successive holders of a slot either (contract 6):
 //! each slot has an ID floor in etcd, the highest millisecond its holder may
@@ -34,6 +36,8 @@ mod lease;
 pub mod registry;
 mod session;
 
+#[doc(hidden)]
+pub use floor::write_as as write_floor_as;
 pub use inspect::read_slots;
 pub use lease::{Lease, LeaseError, Recoveries, Registration};
 
@@ -78,12 +82,19 @@ struct Inner {
 struct Slot {
     lease_id: Option<i64>,
     generator: Option<IdGenerator>,
-    /// Minting is allowed only before this instant: the lease's expiry as
-    /// computed from the last successful keepalive (measured from when that
-    /// keepalive was sent).
+    /// The lease's expiry as computed from the last successful keepalive
+    /// (measured from when that keepalive was sent). It gates minting only
+    /// for installs without a reservation (`reserved_until_ms` is `None`).
     valid_until: Option<Instant>,
     /// Minting is allowed only in milliseconds up to this one: the ID floor
     /// written to etcd. `None`: no floor (installs without etcd).
+    ///
+    /// This alone gates minting of a slot claimed in etcd, whether or not
+    /// the lease can be confirmed right now: every floor write succeeded
+    /// while the slot key was still attached to this lease, and the next
+    /// holder's claim reads the floor atomically with taking the slot, so
+    /// it starts above everything up to here. An etcd leader election or a
+    /// short outage is then invisible; only a reservation used up is not.
     reserved_until_ms: Option<u64>,
     /// The highest millisecond a retired generator of this process minted in
     /// (or was started above): the next generator starts above it.
@@ -220,6 +231,15 @@ impl Identity {
         Some(wanted.max(slot.reserved_until_ms.unwrap_or(0)))
     }
 
+    /// How many milliseconds of the reservation are left by the clock (0
+    /// when it is used up); `None` without a reservation. For logs.
+    pub fn reserved_for_ms(&self) -> Option<u64> {
+        let now_ms = self.now_ms();
+        self.lock()
+            .reserved_until_ms
+            .map(|until| until.saturating_sub(now_ms))
+    }
+
     /// Records a floor written to etcd: minting may go up to `until_ms`.
     /// Never shrinks the reservation; ignored while fenced.
     fn reserve(&self, until_ms: u64) {
@@ -289,7 +309,10 @@ impl Identity {
         let mut ids = Vec::with_capacity(count);
         loop {
             let now = Instant::now();
-            if slot.valid_until.is_some_and(|until| now >= until) {
+            // With a reservation in etcd the lease's validity does not gate
+            // minting: the floor bounds it (see `Slot::reserved_until_ms`).
+            let lease_bound = slot.reserved_until_ms.is_none();
+            if lease_bound && slot.valid_until.is_some_and(|until| now >= until) {
                 // The lease may have expired: fence before anything is minted.
                 slot.retire();
                 drop(slot);

@@ -2,10 +2,11 @@
 //! of the slot's ID floor), a watch on the slot key, and the deadline after
 //! which the lease may have expired.
 //!
-//! The slot is lost when the keepalive answers TTL 0, when no keepalive has
-//! succeeded for a whole TTL (the lease's validity runs out), or when the
-//! slot key changes under us (deleted by a revoke or by hand, or
-//! overwritten): a stale slot must never mint.
+//! The slot is lost when the keepalive answers TTL 0, when the slot key
+//! changes under us (deleted by a revoke or by hand, or overwritten), or when
+//! etcd refuses a floor write because the key is no longer ours. etcd not
+//! answering does not lose it: the holder keeps trying (a new etcd leader
+//! keeps every lease), and minting meanwhile stays within the reservation.
 
 use super::Identity;
 use super::claim::{Claimed, Settings};
@@ -30,7 +31,9 @@ pub(super) enum Ended {
 pub(super) enum Loss {
     /// The keepalive answered TTL 0: the lease expired or was revoked.
     LeaseGone,
-    /// No keepalive succeeded for a whole TTL.
+    /// A mint found the lease's validity run out and fenced the identity
+    /// (only without a reservation: a slot claimed in etcd is bounded by its
+    /// ID floor instead).
     Unreachable,
     /// The slot key was deleted or rewritten while the lease lived.
     SlotChanged,
@@ -47,7 +50,7 @@ impl fmt::Display for Loss {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Loss::LeaseGone => "the keepalive answered TTL 0 (lease expired or revoked)",
-            Loss::Unreachable => "no successful keepalive for a whole TTL (etcd unreachable)",
+            Loss::Unreachable => "the lease's validity ran out before a keepalive confirmed it",
             Loss::SlotChanged => "the slot key was deleted or rewritten",
         })
     }
@@ -76,9 +79,6 @@ pub(super) async fn hold(
     loop {
         tokio::select! {
             _ = stopped(stop) => return Ended::Shutdown,
-            _ = tokio::time::sleep_until(claimed.valid_until.into()) => {
-                return Ended::Lost(Loss::Unreachable);
-            }
             news = next_change(&mut slot_watch) => match news {
                 WatchNews::Changed => return Ended::Lost(Loss::SlotChanged),
                 WatchNews::Broken(e) => {
@@ -87,26 +87,37 @@ pub(super) async fn hold(
                 }
             },
             _ = tokio::time::sleep_until(next_beat.into()) => {
-                let deadline = (Instant::now() + settings.request_timeout()).min(claimed.valid_until);
-                let beat = tokio::select! {
-                    beat = claimed.keepalive.beat(deadline) => beat,
+                // No deadline from the lease's validity: a lease that cannot be
+                // confirmed is not given up (minting is bounded by the
+                // reservation, not by it). The keepalive and the floor renewal
+                // run side by side, each bounded by etcd.request_timeout_ms:
+                // either alone can keep minting going while the other waits on
+                // an etcd member that lost its leader.
+                let deadline = Instant::now() + settings.request_timeout();
+                let holder = floor::Holder {
+                    client: &claimed.client,
+                    lease_id: claimed.lease_id,
+                    machine_id: claimed.machine_id,
+                    ttl: claimed.ttl,
+                };
+                let (beat, renewal) = tokio::select! {
+                    both = async {
+                        tokio::join!(
+                            claimed.keepalive.beat(deadline),
+                            floor::renew(settings, holder, identity),
+                        )
+                    } => both,
                     _ = stopped(stop) => return Ended::Shutdown,
                 };
+                if renewal == floor::Renewal::SlotMoved {
+                    return Ended::Lost(Loss::SlotChanged);
+                }
                 match beat {
                     Ok(Beat::Alive { valid_until }) => {
                         claimed.valid_until = valid_until;
                         identity.extend(valid_until);
                         if identity.is_fenced() {
-                            // A mint saw the old validity run out just before
-                            // this answer: the slot was given up; claim anew.
                             return Ended::Lost(Loss::Unreachable);
-                        }
-                        tokio::select! {
-                            _ = floor::renew(settings, claimed, identity) => {}
-                            _ = stopped(stop) => return Ended::Shutdown,
-                            _ = tokio::time::sleep_until(claimed.valid_until.into()) => {
-                                return Ended::Lost(Loss::Unreachable);
-                            }
                         }
                         next_beat = Instant::now() + interval;
                         if slot_watch.is_none() {
@@ -125,8 +136,8 @@ pub(super) async fn hold(
                             lease = %hex,
                             machine_id = claimed.machine_id.get(),
                             error = %e,
-                            valid_for_ms = claimed.valid_until.saturating_duration_since(Instant::now()).as_millis() as u64,
-                            "keepalive failed; retrying"
+                            reserved_for_ms = identity.reserved_for_ms(),
+                            "keepalive failed; retrying (minting continues within the reservation)"
                         );
                         next_beat = Instant::now() + retry;
                     }

@@ -151,3 +151,65 @@ fn fixed_identities_have_no_floor() {
     assert_eq!(ms(IdLayout::Rc22, ids[1]), 7);
     assert!(identity.mint_many_at(1, || u64::from(u32::MAX)).is_ok());
 }
+
+/// The lease cannot be confirmed (its validity as of the last keepalive ran
+/// out, as during an etcd leader election): minting goes on within the
+/// reservation, and stops when the real clock passes its end.
+#[test]
+fn an_unconfirmed_lease_mints_until_the_reservation_ends_by_the_real_clock() {
+    let identity = Identity::new(IdLayout::Rc22, DEFAULT_EPOCH_UNIX_MS);
+    let now_ms = identity.now_ms();
+    let reservation = Reservation {
+        above_ms: None,
+        until_ms: now_ms + 300,
+    };
+    // Valid until a moment ago: the last keepalive proves nothing any more.
+    identity.install_reserved(1, slot(5), Instant::now(), reservation);
+    std::thread::sleep(Duration::from_millis(5));
+    let (ids, machine_id) = identity
+        .mint_many(10)
+        .expect("an unconfirmed lease still mints within the reservation");
+    assert_eq!(machine_id, slot(5));
+    assert!(!identity.is_fenced());
+
+    // Keep minting until the deadline really passes.
+    let mut last = *ids.last().expect("some");
+    let started = Instant::now();
+    let refused = loop {
+        match identity.mint_many(1) {
+            Ok((more, _)) => {
+                assert!(more[0] > last, "IDs increase");
+                assert!(ms(IdLayout::Rc22, more[0]) <= now_ms + 300, "within it");
+                last = more[0];
+            }
+            Err(e) => break e,
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "minting never stopped"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    assert!(
+        identity.now_ms() > now_ms + 300,
+        "refused only past the end"
+    );
+    assert!(
+        refused.0.contains("floor reserved in etcd"),
+        "{}",
+        refused.0
+    );
+    // A renewal written meanwhile makes room again, without a new claim.
+    identity.reserve(identity.now_ms() + 1_000);
+    assert!(identity.mint_many(1).is_ok(), "renewed: minting resumes");
+}
+
+/// Without a reservation (no etcd floor), the lease's validity still gates.
+#[test]
+fn without_a_reservation_an_expired_lease_fences() {
+    let identity = Identity::new(IdLayout::Rc22, DEFAULT_EPOCH_UNIX_MS);
+    identity.install(1, slot(6), Some(Instant::now()));
+    std::thread::sleep(Duration::from_millis(2));
+    assert!(identity.mint_many(1).is_err());
+    assert!(identity.is_fenced());
+}

@@ -9,6 +9,7 @@
 
 #![allow(dead_code)]
 
+pub mod cluster;
 pub mod tls;
 
 use std::net::{TcpListener, TcpStream};
@@ -337,11 +338,17 @@ impl Etcd {
             .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
-    /// Keys (with values) under a prefix, as `(key, value)` pairs.
+    /// Keys (with values) under a prefix, as `(key, value)` pairs. Panics
+    /// when `etcdctl` fails: an error must never read as "no keys".
     pub fn get_prefix(&self, prefix: &str) -> Vec<(String, String)> {
         let out = self
             .etcdctl(&["get", "--prefix", prefix])
-            .unwrap_or_default();
+            .unwrap_or_else(|| {
+                panic!(
+                    "etcdctl get --prefix {prefix} failed at {}",
+                    self.endpoint()
+                )
+            });
         let lines: Vec<&str> = out.lines().collect();
         lines
             .chunks(2)

@@ -231,3 +231,128 @@ async fn authenticates_with_etcd_user_and_password() {
     assert_eq!(minted_machine_id(&lease.identity()), machine_id.get());
     lease.shutdown().await;
 }
+
+/// A claim whose first ID-floor write fails may not keep its slot: the lease
+/// is revoked at once (no slot, instance key or lease is left behind, nor
+/// piles up over the retries) and recovery retries until the write succeeds.
+/// Here the write fails because the worker's etcd user may take slots but
+/// not write ID floors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_whose_first_floor_write_fails_revokes_its_lease_and_retries() {
+    let etcd = Etcd::start();
+    let as_root = |args: &[&str]| -> String {
+        let mut all = vec!["--user", "root:s3cret"];
+        all.extend_from_slice(args);
+        etcd.etcdctl(&all)
+            .unwrap_or_else(|| panic!("etcdctl {args:?} failed"))
+    };
+    for args in [
+        &["user", "add", "root:s3cret"][..],
+        &["role", "add", "worker"],
+        &["user", "add", "worker:pw"],
+        &["user", "grant-role", "worker", "worker"],
+        &[
+            "role",
+            "grant-permission",
+            "worker",
+            "readwrite",
+            "--prefix=true",
+            "/llm/handoff/",
+        ],
+        &["auth", "enable"],
+    ] {
+        etcd.etcdctl(args)
+            .or_else(|| Some(as_root(args)))
+            .expect("auth setup");
+    }
+    let leases = || -> Vec<String> {
+        as_root(&["lease", "list"])
+            .lines()
+            .skip(1)
+            .filter(|l| !l.is_empty())
+            .map(str::to_string)
+            .collect()
+    };
+    let mut config = config(&etcd, 10);
+    config.etcd.user = Some("worker".into());
+    config.etcd.password = Some("pw".into());
+    let lease = Lease::start(&config, registration())
+        .await
+        .expect("start with full rights");
+    let identity = lease.identity();
+    let (old_lease, _) = held(&identity);
+
+    // From now on floors are read-only for the worker; its lease ends.
+    as_root(&[
+        "role",
+        "revoke-permission",
+        "worker",
+        "/llm/handoff/",
+        "--prefix=true",
+    ]);
+    for prefix in ["/llm/handoff/machine-ids/", "/llm/handoff/instances/"] {
+        as_root(&[
+            "role",
+            "grant-permission",
+            "worker",
+            "readwrite",
+            "--prefix=true",
+            prefix,
+        ]);
+    }
+    as_root(&[
+        "role",
+        "grant-permission",
+        "worker",
+        "read",
+        "--prefix=true",
+        "/llm/handoff/id-floors/",
+    ]);
+    as_root(&["lease", "revoke", &hex(old_lease)]);
+    assert!(
+        until(WAIT, || async { identity.is_fenced() }).await,
+        "the revoked lease fences"
+    );
+    // Claims keep failing at the floor write, with backoff up to 5 s. Each
+    // failed attempt's lease (TTL 10 s) must be revoked, not left to expire.
+    let watched = std::time::Instant::now();
+    let mut most = 0;
+    while watched.elapsed() < std::time::Duration::from_secs(6) {
+        let live = leases();
+        most = most.max(live.len());
+        let keys = as_root(&[
+            "get",
+            "--prefix",
+            "/llm/handoff/machine-ids/",
+            "--keys-only",
+        ]);
+        let slots = keys.lines().filter(|l| !l.is_empty()).count();
+        assert!(slots <= 1, "slots left behind by failed claims: {keys}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(most <= 1, "leases of failed claims pile up: {most} at once");
+    assert!(identity.is_fenced(), "no slot without a floor written");
+    assert!(identity.mint_many(1).is_err());
+    assert_eq!(lease.recoveries().get(), 0);
+
+    as_root(&[
+        "role",
+        "grant-permission",
+        "worker",
+        "readwrite",
+        "--prefix=true",
+        "/llm/handoff/id-floors/",
+    ]);
+    assert!(
+        until(WAIT, || async { !identity.is_fenced() }).await,
+        "recovery retries and succeeds once the floor can be written"
+    );
+    assert_eq!(lease.recoveries().get(), 1);
+    let (new_lease, _) = held(&identity);
+    assert_eq!(
+        leases(),
+        vec![hex(new_lease)],
+        "only the holder's lease lives"
+    );
+    lease.shutdown().await;
+}

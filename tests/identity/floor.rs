@@ -123,7 +123,7 @@ async fn after_a_graceful_stop_a_holder_whose_clock_is_behind_starts_right_above
 }
 
 /// A crashed holder writes nothing on the way out; a holder cut off from
-/// etcd (a zombie) even keeps minting until its fence deadline, after the
+/// etcd (a zombie) even keeps minting until its reservation ends, after the
 /// next holder has claimed its slot. Neither may collide with the next holder.
 #[test]
 fn after_a_crash_and_a_lost_lease_a_holder_whose_clock_is_behind_starts_above_every_id_the_old_one_minted()
@@ -163,21 +163,87 @@ fn after_a_crash_and_a_lost_lease_a_holder_whose_clock_is_behind_starts_above_ev
         .expect("start B");
     assert_eq!(held(&b.identity()).1.get(), SLOT, "B holds A's slot");
 
-    // Both mint side by side, the zombie until its fence deadline or its
-    // reservation stops it, or for 100 rounds.
+    // Both mint side by side, the zombie until its reservation (10 s past
+    // its last floor write) is used up: it is never fenced by time now.
     let mut minted_b = Vec::new();
     let mut zombie_rounds = 0;
-    while zombie_rounds < 100 {
-        let Ok((batch, _)) = zombie.mint_many(300) else {
-            break;
-        };
-        minted_a.extend(batch);
+    let started = std::time::Instant::now();
+    let stopped = loop {
+        match zombie.mint_many(300) {
+            Ok((batch, _)) => minted_a.extend(batch),
+            Err(e) => break e,
+        }
         zombie_rounds += 1;
         minted_b.extend(mint_rounds(&b.identity(), 1));
-    }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the zombie never reached the end of its reservation"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(
+        stopped.0.contains("floor reserved"),
+        "the zombie stopped at its reservation's end: {}",
+        stopped.0
+    );
+    eprintln!(
+        "the zombie minted {} rounds for {:.1} s after B's claim",
+        zombie_rounds,
+        started.elapsed().as_secs_f64()
+    );
     assert!(zombie_rounds > 0, "the zombie minted after B's claim");
     minted_b.extend(mint_rounds(&b.identity(), 3));
     assert_after(&minted_a, &minted_b);
     assert!(minted_b.windows(2).all(|w| w[0] < w[1]), "B's IDs increase");
     main.block_on(b.shutdown());
+}
+
+/// Every floor write requires the slot key to still be attached to the
+/// writer's lease. Without that rule a former holder's late renewal (sent
+/// before it noticed the loss) could move the floor the next holder reads,
+/// or a lowered floor could let the next-but-one holder repeat IDs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_former_holders_late_floor_write_is_refused_once_the_slot_moved() {
+    use prefill_handoff::identity::write_floor_as;
+    use prefill_handoff::ids::MachineId;
+    let etcd = Etcd::start();
+    let mut c = client(&etcd).await;
+    preclaim_all_except(&mut c, &[SLOT]).await;
+    let config = config(&etcd, TTL);
+    let a = Lease::start(&config, registration())
+        .await
+        .expect("start A");
+    let (lease_a, slot) = held(&a.identity());
+    assert_eq!(slot.get(), SLOT);
+    let slot = MachineId::new(SLOT.into()).expect("slot");
+    // While A holds the slot, its writes go through.
+    write_floor_as(&config, lease_a, slot, 1)
+        .await
+        .expect("the holder writes its floor");
+    assert_eq!(
+        get(&mut c, &floor_key(SLOT)).await.map(|f| f.1).as_deref(),
+        Some("1")
+    );
+
+    // A's lease ends; B claims the slot and writes its reservation.
+    c.lease_revoke(lease_a).await.expect("revoke A");
+    let b = Lease::start(&config, registration())
+        .await
+        .expect("start B");
+    let (lease_b, b_slot) = held(&b.identity());
+    assert_eq!(b_slot.get(), SLOT);
+    let b_floor = get(&mut c, &floor_key(SLOT)).await.expect("B's floor").1;
+
+    // A's late write, lowering the floor, is refused and changes nothing.
+    let refused = write_floor_as(&config, lease_a, slot, 0).await;
+    let err = refused.expect_err("a former holder's write must be refused");
+    assert!(err.to_string().contains("no longer held"), "{err}");
+    assert_eq!(
+        get(&mut c, &floor_key(SLOT)).await.map(|f| f.1),
+        Some(b_floor),
+        "the floor is B's"
+    );
+    assert_ne!(lease_a, lease_b);
+    drop(a);
+    b.shutdown().await;
 }

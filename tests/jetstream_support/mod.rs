@@ -59,7 +59,11 @@ impl LibWorker {
         init_logging();
         let client = async_nats::ConnectOptions::new()
             .retry_on_initial_connect()
-            .connect(&config.nats.url)
+            .connect(
+                prefill_handoff::transport::connect::parse_url(&config.nats.url)
+                    .expect("nats.url lists server URLs")
+                    .addrs,
+            )
             .await
             .expect("worker connects");
         let (stop, stopped) = oneshot::channel::<()>();

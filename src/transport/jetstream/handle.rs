@@ -28,6 +28,25 @@ pub struct Handler {
     pub redelivery: Redelivery,
     /// The consumer's ack wait: in-progress acks are sent every half of it.
     pub ack_wait: Duration,
+    /// The GEN stream, for late redeliveries (`None` unless GEN is a stream).
+    pub gen_stream: Option<GenStream>,
+}
+
+/// What a late redelivery needs to know of the GEN stream.
+pub struct GenStream {
+    pub name: String,
+    /// Its duplicate window as the server holds it.
+    pub duplicate_window: Duration,
+}
+
+impl GenStream {
+    /// Whether a decode job first handled at `published` (the prefill
+    /// result's store time) may have left the duplicate window by now. Half
+    /// the window: a margin for the clocks of server and worker.
+    fn may_have_forgotten(&self, published: time::OffsetDateTime) -> bool {
+        let age = time::OffsetDateTime::now_utc() - published;
+        age >= self.duplicate_window / 2
+    }
 }
 
 /// What happened to one delivery.
@@ -50,7 +69,9 @@ impl Handler {
         let _in_flight = self.metrics.in_flight();
         // The delivery count is in the ack subject; a message without one
         // cannot come from a consumer, but counts as a first delivery.
-        let delivered = message.info().map(|i| i.delivered).unwrap_or(1);
+        let (delivered, published) = message
+            .info()
+            .map_or((1, None), |i| (i.delivered, Some(i.published)));
         if delivered > 1 {
             self.metrics.redelivered();
         }
@@ -89,7 +110,40 @@ impl Handler {
         let headers = output_headers(&decision.headers, &trace);
         let payload = Bytes::from(std::mem::take(&mut decision.payload));
         let stored = self.gen_is_stream && matches!(decision.outcome, Outcome::Decode { .. });
+        // A decode job redelivered after its first copy may have left the
+        // GEN stream's duplicate window (workers were away longer than the
+        // window, so the redelivery came late): Nats-Msg-Id would no longer
+        // drop a second copy, so look for the first one before publishing.
+        let late = match (&self.gen_stream, published) {
+            (Some(gen_stream), Some(published)) if stored && delivered > 1 => gen_stream
+                .may_have_forgotten(published)
+                .then_some((gen_stream, published)),
+            _ => None,
+        };
+        let msg_id = headers
+            .get("Nats-Msg-Id")
+            .map(|v| v.as_str().to_string())
+            .unwrap_or_default();
         let publish = async {
+            if let Some((gen_stream, published)) = late {
+                let held = self
+                    .publisher
+                    .holds(
+                        &gen_stream.name,
+                        &decision.subject,
+                        &msg_id,
+                        published,
+                        self.ack_wait / 2,
+                    )
+                    .await?;
+                if held {
+                    info!(
+                        request_id,
+                        delivered, "late redelivery: the GEN stream already holds this decode job"
+                    );
+                    return Ok(());
+                }
+            }
             if stored {
                 self.publisher
                     .stored(&decision.subject, headers, payload)

@@ -91,6 +91,24 @@ pub async fn serve(
         .map_or(Duration::from_secs(js_config.ack_wait_secs), |info| {
             info.config.ack_wait
         });
+    let gen_stream = if js_config.gen_is_stream {
+        let window = match js.get_stream(&js_config.gen_stream).await {
+            Ok(mut gen_stream) => gen_stream
+                .info()
+                .await
+                .ok()
+                .map(|i| i.config.duplicate_window),
+            Err(_) => None,
+        };
+        Some(handle::GenStream {
+            name: js_config.gen_stream.clone(),
+            duplicate_window: window
+                .or_else(|| setup::duplicate_window(config).ok())
+                .unwrap_or(Duration::from_secs(js_config.duplicate_window_secs)),
+        })
+    } else {
+        None
+    };
     let handler = Arc::new(handle::Handler {
         publisher: publish::Publisher {
             client: client.clone(),
@@ -106,6 +124,7 @@ pub async fn serve(
             max_deliver: consumer.cached_info().config.max_deliver,
         },
         ack_wait,
+        gen_stream,
     });
     tracing::info!(
         stream = %js_config.prefill_stream,

@@ -118,6 +118,77 @@ impl Publisher {
         Ok(())
     }
 
+    /// Whether `stream` holds a message on `subject` with the header
+    /// `Nats-Msg-Id: msg_id`, stored at or after `since`: a read of the
+    /// message headers since then (an ordered consumer, headers only), given
+    /// up after `bound`. Used only for a decode job redelivered so late that
+    /// the stream's duplicate window may no longer remember its first copy.
+    pub async fn holds(
+        &self,
+        stream: &str,
+        subject: &str,
+        msg_id: &str,
+        since: time::OffsetDateTime,
+        bound: std::time::Duration,
+    ) -> Result<bool, PublishError> {
+        use async_nats::jetstream::consumer::{DeliverPolicy, pull::OrderedConfig};
+        use futures::StreamExt;
+        let failed = |what: &str, e: &dyn std::fmt::Display| {
+            PublishError::Transient(format!("reading {stream} for {msg_id}: {what}: {e}"))
+        };
+        let scan = async {
+            let mut gen_stream = self
+                .js
+                .get_stream(stream)
+                .await
+                .map_err(|e| failed("opening the stream", &e))?;
+            let state = gen_stream
+                .info()
+                .await
+                .map_err(|e| failed("reading its state", &e))?
+                .state
+                .clone();
+            if state.messages == 0 || state.last_timestamp < since {
+                return Ok(false);
+            }
+            let consumer = gen_stream
+                .create_consumer(OrderedConfig {
+                    filter_subject: subject.to_string(),
+                    headers_only: true,
+                    deliver_policy: DeliverPolicy::ByStartTime { start_time: since },
+                    ..Default::default()
+                })
+                .await
+                .map_err(|e| failed("creating a reader", &e))?;
+            let mut messages = consumer
+                .messages()
+                .await
+                .map_err(|e| failed("reading", &e))?;
+            while let Some(message) = messages.next().await {
+                let message = message.map_err(|e| failed("reading", &e))?;
+                let same = message
+                    .headers
+                    .as_ref()
+                    .and_then(|h| h.get("Nats-Msg-Id"))
+                    .is_some_and(|v| v.as_str() == msg_id);
+                if same {
+                    return Ok(true);
+                }
+                let info = message.info().map_err(|e| failed("reading", &e))?;
+                if info.pending == 0 || info.stream_sequence >= state.last_sequence {
+                    return Ok(false);
+                }
+            }
+            Ok(false)
+        };
+        tokio::time::timeout(bound, scan).await.unwrap_or_else(|_| {
+            Err(PublishError::Transient(format!(
+                "reading {stream} for {msg_id} took longer than {} ms",
+                bound.as_millis()
+            )))
+        })
+    }
+
     /// How many times the connection has been established so far.
     pub fn connects(&self) -> u64 {
         self.client.statistics().connects.load(Ordering::Acquire)

@@ -35,6 +35,23 @@ impl Redelivery {
         self.nak_delay.saturating_mul(factor)
     }
 
+    /// The longest time from a message's first publish of an output to its
+    /// last possible re-publish: every delivery may be held for `ack_wait`
+    /// (the publish can happen at its very end) and each but the last may
+    /// be followed by its nak delay. `None` without a delivery limit: the
+    /// span is unbounded. Defaults (30 s, 20 deliveries, 1 s): 20 × 30 s +
+    /// (1 + 2 + 4 + 8 + 16 + 14 × 32) s = 1079 s.
+    pub fn span(&self, ack_wait: Duration) -> Option<Duration> {
+        if self.max_deliver <= 0 {
+            return None;
+        }
+        let holds = ack_wait.saturating_mul(u32::try_from(self.max_deliver).unwrap_or(u32::MAX));
+        let naks = (1..self.max_deliver.min(i64::from(u32::MAX)))
+            .map(|delivered| self.delay(delivered))
+            .fold(Duration::ZERO, Duration::saturating_add);
+        Some(holds.saturating_add(naks))
+    }
+
     /// Whether the server will not deliver the message again after this delivery.
     pub fn is_last(&self, delivered: i64) -> bool {
         self.max_deliver > 0 && delivered >= self.max_deliver
@@ -152,6 +169,23 @@ mod tests {
                 "row {i}: {outcome:?} on delivery {delivered}"
             );
         }
+    }
+
+    #[test]
+    fn span_covers_every_hold_and_every_nak_delay() {
+        let ms = Duration::from_millis;
+        let limited = |max_deliver| Redelivery {
+            nak_delay: ms(1000),
+            max_deliver,
+        };
+        let ack_wait = Duration::from_secs(30);
+        assert_eq!(limited(1).span(ack_wait), Some(ack_wait));
+        assert_eq!(limited(3).span(ack_wait), Some(ms(90_000 + 1000 + 2000)));
+        assert_eq!(
+            limited(20).span(ack_wait),
+            Some(Duration::from_secs(600 + 31 + 14 * 32))
+        );
+        assert_eq!(UNLIMITED.span(ack_wait), None);
     }
 
     #[test]

@@ -66,6 +66,14 @@ pub fn stream_mismatches(have: &stream::Config, want: &stream::Config) -> Vec<Mi
         want.max_bytes.max(-1),
         true,
     );
+    // Raising replicas (1 → 3) is done in place by 2.9.10 and 2.15 alike.
+    mismatch(
+        &mut out,
+        "num_replicas",
+        have.num_replicas.max(1),
+        want.num_replicas.max(1),
+        true,
+    );
     if want.duplicate_window != Duration::ZERO {
         mismatch(
             &mut out,
@@ -203,6 +211,9 @@ mod tests {
             (|s| s.discard = DiscardPolicy::Old, &[("discard", true)]),
             (|s| s.max_age = Duration::ZERO, &[("max_age", true)]),
             (|s| s.max_bytes = 10, &[("max_bytes", true)]),
+            // The server reports 0 for a stream created without replicas.
+            (|s| s.num_replicas = 0, &[]),
+            (|s| s.num_replicas = 3, &[("num_replicas", true)]),
         ];
         for (i, (edit, expected)) in rows.iter().enumerate() {
             let mut have = want.clone();

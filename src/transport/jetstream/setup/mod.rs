@@ -12,7 +12,7 @@ mod diff;
 mod wanted;
 
 pub use diff::{Change, Mismatch, Report, consumer_mismatches, stream_mismatches};
-pub use wanted::{Wanted, consumer, gen_stream, prefill_stream};
+pub use wanted::{Wanted, consumer, duplicate_window, gen_stream, prefill_stream};
 
 use super::JetStreamError;
 use crate::config::Config;
@@ -54,6 +54,19 @@ fn api_error(what: String, e: impl fmt::Display) -> JetStreamError {
     JetStreamError::Api(format!("{what}: {e}"))
 }
 
+/// A refused create or update of a replicated stream: the usual cause is a
+/// server that is not part of a cluster with enough JetStream servers (a
+/// single server refuses any replicas above 1), so the message says so.
+fn replicas_error(what: String, want: &stream::Config, e: impl fmt::Display) -> JetStreamError {
+    if want.num_replicas <= 1 {
+        return api_error(what, e);
+    }
+    JetStreamError::Api(format!(
+        "{what} with {} replicas: {e}; replicas above 1 need a NATS cluster with at least {} JetStream servers. Either set jetstream.replicas to what the cluster holds, or add servers and run setup again",
+        want.num_replicas, want.num_replicas
+    ))
+}
+
 async fn ensure_stream(
     js: &jetstream::Context,
     want: &stream::Config,
@@ -71,7 +84,7 @@ async fn ensure_stream(
         {
             js.create_stream(want.clone())
                 .await
-                .map_err(|e| api_error(format!("creating stream {name}"), e))?;
+                .map_err(|e| replicas_error(format!("creating stream {name}"), want, e))?;
             return Ok(Change::Created);
         }
         Err(e) => return Err(api_error(format!("looking up stream {name}"), e)),
@@ -95,9 +108,10 @@ async fn ensure_stream(
     if want.duplicate_window != Duration::ZERO {
         update.duplicate_window = want.duplicate_window;
     }
+    update.num_replicas = want.num_replicas;
     js.update_stream(update)
         .await
-        .map_err(|e| api_error(format!("updating stream {name}"), e))?;
+        .map_err(|e| replicas_error(format!("updating stream {name}"), want, e))?;
     Ok(Change::Updated(mismatches))
 }
 

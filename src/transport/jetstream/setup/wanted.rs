@@ -3,6 +3,7 @@
 //! are used (async-nats is built without its `server_2_10` features): one
 //! consumer, no `filter_subjects`.
 
+use super::super::settle::Redelivery;
 use crate::config::{Config, ConfigError};
 use async_nats::jetstream::{
     consumer::{AckPolicy, DeliverPolicy, pull},
@@ -76,7 +77,7 @@ pub fn prefill_stream(config: &Config) -> Result<stream::Config, ConfigError> {
         max_messages: -1,
         max_messages_per_subject: -1,
         max_consumers: -1,
-        num_replicas: 1,
+        num_replicas: js.replicas,
         ..Default::default()
     })
 }
@@ -87,17 +88,7 @@ pub fn prefill_stream(config: &Config) -> Result<stream::Config, ConfigError> {
 pub fn gen_stream(config: &Config) -> Result<stream::Config, ConfigError> {
     let js = &config.jetstream;
     check_name("jetstream.gen_stream", &js.gen_stream)?;
-    if js.duplicate_window_secs == 0 {
-        return Err(ConfigError(
-            "jetstream.duplicate_window_secs: 0 disables duplicate detection; the GEN stream needs a window of at least 1 s so redelivered decode jobs are dropped".into(),
-        ));
-    }
-    if js.max_age_secs != 0 && js.duplicate_window_secs > js.max_age_secs {
-        return Err(ConfigError(format!(
-            "jetstream.duplicate_window_secs ({}) is longer than jetstream.max_age_secs ({}); the server refuses a duplicate window longer than the stream's max age",
-            js.duplicate_window_secs, js.max_age_secs
-        )));
-    }
+    let window = duplicate_window(config)?;
     Ok(stream::Config {
         name: js.gen_stream.clone(),
         subjects: vec![config.subjects.gen_jobs.clone()],
@@ -109,10 +100,51 @@ pub fn gen_stream(config: &Config) -> Result<stream::Config, ConfigError> {
         max_messages: -1,
         max_messages_per_subject: -1,
         max_consumers: -1,
-        duplicate_window: Duration::from_secs(js.duplicate_window_secs),
-        num_replicas: 1,
+        duplicate_window: window,
+        num_replicas: js.replicas,
         ..Default::default()
     })
+}
+
+/// The GEN stream's duplicate window: `jetstream.duplicate_window_secs`, or
+/// the redelivery span when that is longer (whole seconds, rounded up).
+///
+/// Why: a decode job whose publish was stored but whose ack was lost is
+/// published again on redelivery, with a newly minted `disagg_request_id`;
+/// only `Nats-Msg-Id` stops the second copy, and only within this window. So
+/// the window covers every redelivery the consumer's settings allow
+/// ([`Redelivery::span`]), and an unbounded `max_deliver` is refused while
+/// decode jobs go into the stream.
+pub fn duplicate_window(config: &Config) -> Result<Duration, ConfigError> {
+    let js = &config.jetstream;
+    if js.duplicate_window_secs == 0 {
+        return Err(ConfigError(
+            "jetstream.duplicate_window_secs: 0 disables duplicate detection; the GEN stream needs a window of at least 1 s so redelivered decode jobs are dropped".into(),
+        ));
+    }
+    let redelivery = Redelivery {
+        nak_delay: Duration::from_millis(js.nak_delay_ms),
+        max_deliver: js.max_deliver,
+    };
+    let Some(span) = redelivery.span(Duration::from_secs(js.ack_wait_secs)) else {
+        if !js.gen_is_stream {
+            // Decode jobs do not go into the stream: nothing to deduplicate.
+            return Ok(Duration::from_secs(js.duplicate_window_secs));
+        }
+        return Err(ConfigError(format!(
+            "jetstream.max_deliver: {} (unlimited) lets a decode job be redelivered after any time, longer than the GEN stream's duplicate window, which would then store it twice; set a delivery limit (20 covers 18 minutes at ack_wait_secs = 30)",
+            js.max_deliver
+        )));
+    };
+    let span_secs = span.as_secs() + u64::from(span.subsec_nanos() > 0);
+    let window_secs = js.duplicate_window_secs.max(span_secs);
+    if js.max_age_secs != 0 && window_secs > js.max_age_secs {
+        return Err(ConfigError(format!(
+            "jetstream.duplicate_window_secs: the GEN stream needs a window of {window_secs} s (the longer of duplicate_window_secs, {}, and the redelivery span, {span_secs} s: ack_wait_secs × max_deliver plus the nak delays), longer than jetstream.max_age_secs ({}); the server refuses a duplicate window longer than the stream's max age. Raise max_age_secs, or lower ack_wait_secs or max_deliver",
+            js.duplicate_window_secs, js.max_age_secs
+        )));
+    }
+    Ok(Duration::from_secs(window_secs))
 }
 
 /// The durable pull consumer all workers share: explicit ack, deliver all,
@@ -156,7 +188,7 @@ mod tests {
     fn wanted_objects_follow_the_configuration() {
         let mut config = base();
         config.jetstream.max_bytes = 1 << 30;
-        config.jetstream.max_age_secs = 600;
+        config.jetstream.max_age_secs = 1200;
         let w = Wanted::from_config(&config).expect("valid");
         assert_eq!(w.prefill.name, "LLM_PREFILL");
         assert_eq!(w.prefill.retention, RetentionPolicy::WorkQueue);
@@ -164,12 +196,29 @@ mod tests {
         assert_eq!(w.prefill.max_bytes, 1 << 30);
         assert_eq!(w.gen_jobs.name, "LLM_GEN");
         assert_eq!(w.gen_jobs.subjects, vec!["llm.gen.jobs".to_string()]);
-        assert_eq!(w.gen_jobs.duplicate_window, Duration::from_secs(120));
-        assert_eq!(w.gen_jobs.max_age, Duration::from_secs(600));
+        // The redelivery span of the defaults (1079 s) is longer than 120 s.
+        assert_eq!(w.gen_jobs.duplicate_window, Duration::from_secs(1079));
+        assert_eq!(w.gen_jobs.max_age, Duration::from_secs(1200));
         assert_eq!(w.consumer.durable_name.as_deref(), Some("handoff"));
         assert_eq!(w.consumer.ack_wait, Duration::from_secs(30));
         assert_eq!(w.consumer.max_deliver, 20);
         assert!(w.consumer.filter_subject.is_empty());
+    }
+
+    #[test]
+    fn the_duplicate_window_covers_the_redelivery_span() {
+        let mut config = base();
+        config.jetstream.ack_wait_secs = 2;
+        config.jetstream.max_deliver = 3;
+        config.jetstream.nak_delay_ms = 300;
+        // 3 × 2 s + 0.3 s + 0.6 s = 6.9 s, rounded up.
+        config.jetstream.duplicate_window_secs = 1;
+        assert_eq!(duplicate_window(&config).ok(), Some(Duration::from_secs(7)));
+        config.jetstream.duplicate_window_secs = 120;
+        assert_eq!(
+            duplicate_window(&config).ok(),
+            Some(Duration::from_secs(120))
+        );
     }
 
     #[test]
@@ -188,6 +237,12 @@ mod tests {
                 |c| c.jetstream.max_age_secs = 60,
                 "jetstream.duplicate_window_secs",
             ),
+            // Long enough for the configured window, not for the span.
+            (
+                |c| c.jetstream.max_age_secs = 600,
+                "jetstream.duplicate_window_secs",
+            ),
+            (|c| c.jetstream.max_deliver = -1, "jetstream.max_deliver"),
             (
                 |c| c.jetstream.consumer = "a.b".into(),
                 "jetstream.consumer",
