@@ -19,6 +19,7 @@
 //! decision core, and its ack/nak/term rules live in `jetstream::settle`.
 
 pub mod ack;
+pub mod budget;
 pub mod connect;
 pub mod core;
 pub mod jetstream;
