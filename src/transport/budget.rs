@@ -121,8 +121,11 @@ mod tests {
         assert_eq!(all.bytes(), 70);
         let part = all.split(50);
         assert_eq!((part.bytes(), all.bytes()), (50, 20));
-        assert_eq!(all.split(99).bytes(), 20, "a split takes at most what is held");
+        let rest = all.split(99);
+        assert_eq!((rest.bytes(), all.bytes()), (20, 0), "at most what is held");
         drop((small, part));
         assert_eq!(budget.available(), 80);
+        drop(rest);
+        assert_eq!(budget.available(), 100);
     }
 }
