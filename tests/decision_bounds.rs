@@ -166,7 +166,11 @@ fn a_million_nil_terminal_result_is_answered_in_place_within_the_memory_bound() 
 fn non_canonical_msgpack_of_many_values_is_refused_within_the_memory_bound() {
     // The same shape, each item an integer in a wider encoding than needed
     // (0xcf + 8 bytes): the in-place path reads canonical bodies only.
-    let body = msgpack_items(&[("finish_reason", "stop")], &[0xcf, 0, 0, 0, 0, 0, 0, 0, 1], MIB);
+    let body = msgpack_items(
+        &[("finish_reason", "stop")],
+        &[0xcf, 0, 0, 0, 0, 0, 0, 0, 1],
+        MIB,
+    );
     assert!(body.len() <= MIB);
     let (d, peak) = measured(&body, Encoding::MsgPack);
     assert!(is_refused_as_too_complex(&d), "{d:?}");
@@ -179,7 +183,10 @@ fn hostile_json_shapes_are_refused_within_the_memory_bound() {
     let shapes = [
         ("nulls", json_filled(&head, "null", "]}]}", MIB)),
         ("empty maps", json_filled(&head, "{}", "]}]}", MIB)),
-        ("nested arrays", json_filled(&head, "[[[[[[[[0]]]]]]]]", "]}]}", MIB)),
+        (
+            "nested arrays",
+            json_filled(&head, "[[[[[[[[0]]]]]]]]", "]}]}", MIB),
+        ),
         ("zeros", json_filled(&head, "0", "]}]}", MIB)),
     ];
     for (name, body) in shapes {
@@ -202,7 +209,10 @@ fn too_complex_without_a_usable_reply_subject_is_dead_lettered() {
     );
     assert_eq!(d.subject, DEAD);
     assert_eq!(d.payload, body, "a dead letter carries the original bytes");
-    assert!(peak <= LIMIT + MIB, "peak {peak} bytes (the copy of the input included)");
+    assert!(
+        peak <= LIMIT + MIB,
+        "peak {peak} bytes (the copy of the input included)"
+    );
     let not_a_map = json_filled("[", "null", "]", MIB);
     let (d, _) = measured(&not_a_map, Encoding::Json);
     assert_eq!(
@@ -228,7 +238,10 @@ fn json_results_within_the_value_bound_are_decided_as_before() {
         }))
         .unwrap();
         let (d, peak) = measured(&body, Encoding::Json);
-        assert!(matches!(d.outcome, Outcome::Decode { .. }), "{count}: {d:?}");
+        assert!(
+            matches!(d.outcome, Outcome::Decode { .. }),
+            "{count}: {d:?}"
+        );
         assert!(peak <= LIMIT, "{count}: peak {peak} bytes");
     }
 }

@@ -334,7 +334,10 @@ fn in_flight_bytes(c: &Config) -> Result<(), ConfigError> {
     if bytes > u32::MAX as usize {
         return Err(err(
             "max_in_flight_bytes",
-            format!("{bytes} is too large; expected at most {} (4 GiB - 1)", u32::MAX),
+            format!(
+                "{bytes} is too large; expected at most {} (4 GiB - 1)",
+                u32::MAX
+            ),
         ));
     }
     Ok(())

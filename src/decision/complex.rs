@@ -42,7 +42,12 @@ pub(super) fn refuse(input: Input<'_>, rules: &Rules) -> Decision {
             .map(str::to_string),
         _ => None,
     }
-    .filter(|_| top.iter().filter(|(k, _)| k.as_str() == Some("request_id")).count() == 1);
+    .filter(|_| {
+        top.iter()
+            .filter(|(k, _)| k.as_str() == Some("request_id"))
+            .count()
+            == 1
+    });
     let reply = Reply {
         encoding: input.encoding,
         subject,

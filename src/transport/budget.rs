@@ -21,7 +21,9 @@ pub struct Held {
 impl Held {
     /// How many bytes this holds.
     pub fn bytes(&self) -> usize {
-        self.permit.as_ref().map_or(0, OwnedSemaphorePermit::num_permits)
+        self.permit
+            .as_ref()
+            .map_or(0, OwnedSemaphorePermit::num_permits)
     }
 
     /// Moves `bytes` of this into a new [`Held`] (at most what this holds).

@@ -23,6 +23,7 @@ pub mod budget;
 pub mod connect;
 pub mod core;
 pub mod jetstream;
+pub mod offload;
 pub mod outbound;
 
 pub use ack::{Ack, Settlement};

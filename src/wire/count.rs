@@ -240,9 +240,7 @@ mod tests {
     #[test]
     fn non_canonical_msgpack_counts_too() {
         // array32 of 3 nils, an uint64 holding 1.
-        let bytes = [
-            0xdd, 0, 0, 0, 3, 0xc0, 0xc0, 0xcf, 0, 0, 0, 0, 0, 0, 0, 1,
-        ];
+        let bytes = [0xdd, 0, 0, 0, 3, 0xc0, 0xc0, 0xcf, 0, 0, 0, 0, 0, 0, 0, 1];
         assert!(more_values_than(&bytes, Encoding::MsgPack, 3));
         assert!(!more_values_than(&bytes, Encoding::MsgPack, 4));
     }
@@ -250,7 +248,10 @@ mod tests {
     #[test]
     fn invalid_bodies_within_the_limit_are_left_to_the_reader() {
         for bytes in [&[0x93, 0xc0][..], &[0xc1], &[0xdd, 0xff, 0xff, 0xff, 0xff]] {
-            assert!(!more_values_than(bytes, Encoding::MsgPack, 10), "{bytes:x?}");
+            assert!(
+                !more_values_than(bytes, Encoding::MsgPack, 10),
+                "{bytes:x?}"
+            );
         }
         assert!(!more_values_than(b"[null, nul", Encoding::Json, 10));
         assert!(more_values_than(b"[null, null, nul", Encoding::Json, 2));

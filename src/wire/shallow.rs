@@ -30,14 +30,18 @@ pub fn top_level(bytes: &[u8], encoding: Encoding, keys: &[&str]) -> Option<Vec<
 }
 
 fn keep(out: &[(Value, Value)], key: &str, keys: &[&str]) -> bool {
-    keys.contains(&key) && out.iter().filter(|(k, _)| k.as_str() == Some(key)).count() < KEEP_PER_KEY
+    keys.contains(&key)
+        && out.iter().filter(|(k, _)| k.as_str() == Some(key)).count() < KEEP_PER_KEY
 }
 
 fn msgpack_top(bytes: &[u8], keys: &[&str]) -> Option<Vec<(Value, Value)>> {
     let marker = *bytes.first()?;
     let (n, mut pos) = match marker {
         0x80..=0x8f => (usize::from(marker & 0x0f), 1),
-        0xde => (usize::from(u16::from_be_bytes([*bytes.get(1)?, *bytes.get(2)?])), 3),
+        0xde => (
+            usize::from(u16::from_be_bytes([*bytes.get(1)?, *bytes.get(2)?])),
+            3,
+        ),
         0xdf => {
             let raw: [u8; 4] = bytes.get(1..5)?.try_into().ok()?;
             (usize::try_from(u32::from_be_bytes(raw)).ok()?, 5)
@@ -168,6 +172,9 @@ mod tests {
             let bytes = encode(&Value::Array(vec![Value::Nil]), encoding);
             assert_eq!(top_level(&bytes, encoding, &["reply_to"]), None);
         }
-        assert_eq!(top_level(&[0x81, 0xa1, b'a'], Encoding::MsgPack, &["a"]), None);
+        assert_eq!(
+            top_level(&[0x81, 0xa1, b'a'], Encoding::MsgPack, &["a"]),
+            None
+        );
     }
 }

@@ -34,7 +34,8 @@ impl Worker {
             subject: &incoming.subject,
             nats_reply: incoming.nats_reply.as_deref(),
         };
-        let decision = decision::decide(input, &self.rules, &mut self.identity.clone());
+        let decision =
+            crate::transport::offload::decide(input, &self.rules, &mut self.identity.clone()).await;
         let outcome = decision.outcome;
         let request_id = decision.request_id.as_deref();
         if self.options.defer_when_fenced

@@ -9,9 +9,9 @@
 
 use super::handle::Handler;
 use super::{JetStreamError, setup};
-use crate::transport::budget::ByteBudget;
 use crate::config::Config;
 use crate::metrics::Readiness;
+use crate::transport::budget::ByteBudget;
 use async_nats::Client;
 use async_nats::jetstream::{self, consumer::PullConsumer, context::ConsumerInfoErrorKind};
 use futures::StreamExt;

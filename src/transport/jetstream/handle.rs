@@ -64,7 +64,8 @@ impl Handler {
             subject: message.subject.as_str(),
             nats_reply: None,
         };
-        let mut decision = decision::decide(input, &self.rules, &mut self.identity.clone());
+        let mut decision =
+            crate::transport::offload::decide(input, &self.rules, &mut self.identity.clone()).await;
         let request_id = decision.request_id.clone().unwrap_or_default();
 
         let settle = match settle::plan(&decision.outcome, delivered, &self.redelivery) {
