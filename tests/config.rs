@@ -118,6 +118,7 @@ const PRECEDENCE: &[&str] = &[
     r#"id_epoch | "2024-01-01T00:00:00Z" -> 2024-01-01T00:00:00Z | 2023-01-01T00:00:00Z | 2022-01-01T00:00:00Z"#,
     r#"max_payload_bytes | 2048 | 4096 | 8192"#,
     r#"max_in_flight | 1 | 2 | 3"#,
+    r#"max_in_flight_bytes | 2097152 | 3145728 | 4194304"#,
     r#"log_format | "json" -> json | text | json"#,
     r#"nats.tls.required | true | false | true"#,
     r#"nats.tls.first | true | false | true"#,

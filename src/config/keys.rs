@@ -81,6 +81,7 @@ pub(crate) const KEYS: &[(&str, Kind)] = &[
     ("id_epoch", Kind::Str),
     ("max_payload_bytes", Kind::UInt),
     ("max_in_flight", Kind::UInt),
+    ("max_in_flight_bytes", Kind::UInt),
     ("log_format", Kind::Enum(&["text", "json"])),
 ];
 

@@ -50,6 +50,9 @@ pub struct Config {
     pub max_payload_bytes: usize,
     /// Results processed concurrently by one worker.
     pub max_in_flight: usize,
+    /// Bytes of prefill results one worker holds at once: taken from NATS and
+    /// not yet answered (waiting, being decided, being published).
+    pub max_in_flight_bytes: usize,
     /// `text` or `json` log lines.
     pub log_format: String,
 }
@@ -236,6 +239,7 @@ impl Default for Config {
             id_epoch: "2025-01-01T00:00:00Z".into(),
             max_payload_bytes: 1024 * 1024,
             max_in_flight: 256,
+            max_in_flight_bytes: 8 * 1024 * 1024,
             log_format: "text".into(),
         }
     }

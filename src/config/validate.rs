@@ -411,6 +411,29 @@ fn limits(c: &Config) -> Result<(), ConfigError> {
             ));
         }
     }
+    in_flight_bytes(c)
+}
+
+fn in_flight_bytes(c: &Config) -> Result<(), ConfigError> {
+    let bytes = c.max_in_flight_bytes;
+    if bytes < c.max_payload_bytes {
+        return Err(err(
+            "max_in_flight_bytes",
+            format!(
+                "{bytes} is smaller than max_payload_bytes ({}); expected at least that, or the largest accepted result could never be taken",
+                c.max_payload_bytes
+            ),
+        ));
+    }
+    if bytes > u32::MAX as usize {
+        return Err(err(
+            "max_in_flight_bytes",
+            format!(
+                "{bytes} is too large; expected at most {} (4 GiB - 1)",
+                u32::MAX
+            ),
+        ));
+    }
     Ok(())
 }
 

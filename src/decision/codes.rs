@@ -63,14 +63,18 @@ pub enum DeadLetterCode {
     TooLarge,
     MissingReplyTo,
     ReplyToNotAllowed,
+    /// The worker held its whole byte budget (`max_in_flight_bytes`) when the
+    /// input came; the dead letter goes without the input's bytes.
+    OverBudget,
 }
 
 impl DeadLetterCode {
-    pub const ALL: [DeadLetterCode; 4] = [
+    pub const ALL: [DeadLetterCode; 5] = [
         DeadLetterCode::Malformed,
         DeadLetterCode::TooLarge,
         DeadLetterCode::MissingReplyTo,
         DeadLetterCode::ReplyToNotAllowed,
+        DeadLetterCode::OverBudget,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -79,6 +83,7 @@ impl DeadLetterCode {
             DeadLetterCode::TooLarge => "too_large",
             DeadLetterCode::MissingReplyTo => "missing_reply_to",
             DeadLetterCode::ReplyToNotAllowed => "reply_to_not_allowed",
+            DeadLetterCode::OverBudget => "over_budget",
         }
     }
 }

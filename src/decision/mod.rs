@@ -5,6 +5,7 @@
 //! this function plus printing; `run` is this function plus transports.
 
 pub mod codes;
+mod complex;
 mod fast;
 mod handoff;
 mod headers;
@@ -13,6 +14,7 @@ mod request;
 mod trace;
 
 pub use codes::{Backend, DeadLetterCode, ErrorCode, FinishReason};
+pub use complex::MAX_TREE_VALUES;
 pub use handoff::{backend_of, describe};
 pub use headers::{PAYLOAD_OMITTED, dead_letter_headers, msg_id, without_payload};
 pub use reply::{Refusal, ReplyPolicy};
@@ -113,12 +115,20 @@ pub struct Decision {
 ///
 /// Common MessagePack results are decided on the input's bytes in place (the
 /// `fast` module); everything else, and all JSON, through value trees
-/// ([`decide_values`]). Both give the same decision for every input.
+/// ([`decide_values`]). Both give the same decision for every input the
+/// tree path reads; a result holding more than [`MAX_TREE_VALUES`] values
+/// that the in-place path declines is refused as `malformed` instead (see
+/// `complex`), so no input costs more than a bounded tree.
 pub fn decide(input: Input<'_>, rules: &Rules, ids: &mut dyn IdSource) -> Decision {
-    match fast::decide(input, rules, ids) {
-        Some(decision) => decision,
-        None => decide_values(input, rules, ids),
+    if let Some(decision) = fast::decide(input, rules, ids) {
+        return decision;
     }
+    if input.payload.len() <= rules.max_payload_bytes
+        && wire::more_values_than(input.payload, input.encoding, MAX_TREE_VALUES)
+    {
+        return complex::refuse(input, rules);
+    }
+    decide_values(input, rules, ids)
 }
 
 /// [`decide`] on the input's bytes in place, or `None` (with no ID minted)

@@ -20,7 +20,7 @@ mod watch;
 pub use latency::LatencyHistogram;
 pub use readiness::{Readiness, ReadinessReport};
 pub use server::{ServeError, Server, serve};
-pub use watch::{IdentityTracker, on_nats_event};
+pub use watch::{IdentityTracker, RateLimitedLog, on_nats_event};
 
 use crate::decision::{Backend, DeadLetterCode, ErrorCode, FinishReason, Outcome, TraceHeader};
 use crate::id_service::IdRequestResult;

@@ -124,9 +124,10 @@ pub fn on_nats_event(
 /// the count since the last line, instead of one line per dropped message.
 const SLOW_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
-/// Counts events and says when a summary line is due.
+/// Counts events and says when a summary line is due. Also used for what
+/// the byte budget refuses (`worker::intake`).
 #[derive(Default)]
-struct RateLimitedLog {
+pub struct RateLimitedLog {
     /// (events not yet logged, when the last line was written)
     state: Mutex<(u64, Option<Instant>)>,
 }
@@ -134,7 +135,7 @@ struct RateLimitedLog {
 impl RateLimitedLog {
     /// Records one event; returns the count to log when a line is due (the
     /// first event, then at most once per [`SLOW_LOG_INTERVAL`]).
-    fn due(&self, now: Instant) -> Option<u64> {
+    pub fn due(&self, now: Instant) -> Option<u64> {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         state.0 += 1;
         if state

@@ -19,10 +19,12 @@
 //! decision core, and its ack/nak/term rules live in `jetstream::settle`.
 
 pub mod ack;
+pub mod budget;
 pub mod connect;
 pub mod core;
 mod header_block;
 pub mod jetstream;
+pub mod offload;
 pub mod outbound;
 
 pub use ack::{Ack, Settlement};

@@ -5,10 +5,14 @@
 //! values, and keys that are not strings — flows through a decode → re-encode
 //! round trip byte-for-byte equivalent. New upstream fields need no release.
 
+mod count;
 pub mod map;
 pub mod messages;
 pub mod msgpack;
 pub mod scan;
+pub mod shallow;
+
+pub use count::more_values_than;
 
 use rmpv::Value;
 use thiserror::Error;

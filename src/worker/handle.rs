@@ -32,7 +32,9 @@ impl Worker {
             nats_reply: incoming.nats_reply.as_deref(),
         };
         let headers = incoming.headers.as_ref();
-        let decision = transport::decide(input, headers, &self.rules, &mut self.identity.clone());
+        let decision =
+            transport::offload::decide(input, headers, &self.rules, &mut self.identity.clone())
+                .await;
         let outcome = decision.outcome;
         let request_id = decision.request_id.as_deref();
         if self.options.defer_when_fenced

@@ -2,6 +2,8 @@
 //! its one output, settle it; on shutdown stop taking input and finish what
 //! was taken.
 //!
+//! - `intake.rs`: takes results off the transport into the byte budget, or
+//!   refuses them when it is spent.
 //! - `handle.rs`: one result, from bytes to published output.
 //! - `settle.rs`: which settlement (ack, nak, term) follows what happened.
 //! - [`shutdown`]: SIGTERM and SIGINT.
@@ -17,6 +19,7 @@
 //! shutdown, not per message.
 
 mod handle;
+mod intake;
 pub mod settle;
 pub mod shutdown;
 pub mod stats;
@@ -28,8 +31,9 @@ use crate::config::{Config, Mode};
 use crate::decision::Rules;
 use crate::identity::Identity;
 use crate::metrics::Metrics;
-use crate::transport::{Inbound, Incoming, Outbound};
-use futures::FutureExt;
+use crate::transport::budget::ByteBudget;
+use crate::transport::{Inbound, Outbound};
+use intake::{Admitted, Intake};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,6 +45,8 @@ use tokio::time::Instant;
 pub struct Options {
     /// Results handled concurrently (1 to `u32::MAX`).
     pub max_in_flight: usize,
+    /// Bytes of results held at once (see `intake`).
+    pub max_in_flight_bytes: usize,
     /// How long shutdown may take to finish the results already taken.
     pub shutdown_timeout: Duration,
     /// Durable mode: a result that needs an ID while the worker holds no slot
@@ -54,6 +60,7 @@ impl Options {
         Options {
             // A semaphore counts in u32 when waiting for all permits at once.
             max_in_flight: config.max_in_flight.clamp(1, u32::MAX as usize),
+            max_in_flight_bytes: config.max_in_flight_bytes.clamp(1, u32::MAX as usize),
             shutdown_timeout: Duration::from_secs(config.shutdown_timeout_secs),
             defer_when_fenced: config.mode == Mode::Jetstream,
         }
@@ -77,6 +84,7 @@ pub struct Worker {
     outbound: Outbound,
     options: Options,
     stats: Arc<Stats>,
+    budget: ByteBudget,
 }
 
 impl Worker {
@@ -92,6 +100,7 @@ impl Worker {
             identity,
             metrics,
             outbound,
+            budget: ByteBudget::new(options.max_in_flight_bytes),
             options,
             stats: Arc::new(Stats::default()),
         }
@@ -105,8 +114,9 @@ impl Worker {
     /// Handles results from `inbound` until `shutdown` completes (or the
     /// transport closes), then drains: stops taking input, finishes every
     /// result already taken (bounded by the shutdown timeout) and flushes.
-    pub async fn run(self, mut inbound: Inbound, shutdown: impl Future<Output = ()>) -> Report {
+    pub async fn run(self, inbound: Inbound, shutdown: impl Future<Output = ()>) -> Report {
         let worker = Arc::new(self);
+        let mut inbound = Intake::start(inbound, Arc::clone(&worker));
         let limit = worker.options.max_in_flight;
         let timeout = worker.options.shutdown_timeout;
         let permits = Arc::new(Semaphore::new(limit));
@@ -157,10 +167,12 @@ impl Worker {
             worker.stats.received(batch.results.len());
             let worker = Arc::clone(&worker);
             tokio::spawn(async move {
-                for incoming in batch.results {
+                for Admitted { incoming, held } in batch.results {
                     let handled = worker.handle(&incoming).await;
                     worker.stats.handled(&handled);
                     incoming.ack.settle(settle::settlement(&handled)).await;
+                    // Its bytes count until its output is out.
+                    drop(held);
                 }
                 drop(batch.permit);
             });
@@ -215,16 +227,16 @@ const BATCH: usize = 32;
 
 /// Results taken together, with one in-flight permit for each.
 struct Batch {
-    results: Vec<Incoming>,
+    results: Vec<Admitted>,
     permit: OwnedSemaphorePermit,
 }
 
 /// `first`, plus every result the transport already holds, up to [`BATCH`]
 /// and as many as there are free permits. Never waits.
 fn take_ready(
-    first: Incoming,
+    first: Admitted,
     mut permit: OwnedSemaphorePermit,
-    inbound: &mut Inbound,
+    inbound: &mut Intake,
     permits: &Arc<Semaphore>,
 ) -> Batch {
     let mut results = Vec::with_capacity(BATCH);
@@ -233,22 +245,21 @@ fn take_ready(
         let Ok(more) = Arc::clone(permits).try_acquire_owned() else {
             break;
         };
-        // `next` is cancel-safe, so polling it once and giving up loses
-        // nothing. A closed transport answers `None` again on the loop's
-        // next call, which ends the loop there.
-        match inbound.next().now_or_never() {
-            Some(Some(incoming)) => {
+        // A closed transport answers `None` on the loop's next call, which
+        // ends the loop there.
+        match inbound.ready() {
+            Some(admitted) => {
                 permit.merge(more);
-                results.push(incoming);
+                results.push(admitted);
             }
-            Some(None) | None => break,
+            None => break,
         }
     }
     Batch { results, permit }
 }
 
 /// Stops taking input; returns the instant by which in-flight work must end.
-async fn begin_drain(inbound: &mut Inbound, timeout: Duration) -> Instant {
+async fn begin_drain(inbound: &mut Intake, timeout: Duration) -> Instant {
     let deadline = Instant::now() + timeout;
     tracing::info!(
         ?timeout,

@@ -11,6 +11,7 @@ use super::handle::Handler;
 use super::{JetStreamError, setup};
 use crate::config::Config;
 use crate::metrics::Readiness;
+use crate::transport::budget::ByteBudget;
 use async_nats::Client;
 use async_nats::jetstream::{self, consumer::PullConsumer, context::ConsumerInfoErrorKind};
 use futures::StreamExt;
@@ -29,6 +30,12 @@ const PULL_EXPIRES: Duration = Duration::from_secs(2);
 const RECONNECT_CHECK: Duration = Duration::from_millis(200);
 /// Pause after a failed pull or reopen, so a broken server is not hammered.
 const RETRY_PAUSE: Duration = Duration::from_millis(500);
+/// Room for a message's subject and headers beyond its payload, which the
+/// server counts against a pull's max_bytes.
+const PULL_OVERHEAD: usize = 16 * 1024;
+/// The status description the server ends a pull with when its max_bytes is
+/// used up (409); async-nats reports it as an error carrying this text.
+const BYTES_FILLED: &str = "Message Size Exceeds MaxBytes";
 /// How often an idle worker looks for acked messages the work queue kept
 /// (see [`sweep`](super::sweep)).
 const SWEEP_EVERY: Duration = Duration::from_secs(10);
@@ -40,6 +47,9 @@ pub struct Puller {
     pub config: Config,
     pub max_in_flight: usize,
     pub batch: usize,
+    /// Bytes of messages held at once (`max_in_flight_bytes`): each pull asks
+    /// for at most the bytes free, each message holds its size until settled.
+    pub budget: ByteBudget,
     /// Marked consuming while pulls are sent, for `/readyz`.
     pub readiness: Option<Readiness>,
 }
@@ -161,10 +171,19 @@ impl Puller {
                     Err(_) => break,
                 }
             }
+            // And only as many bytes as are free, waiting until the largest
+            // accepted message would fit (a pull whose max_bytes is below the
+            // next message's size gets nothing).
+            let least = self.config.max_payload_bytes.saturating_add(PULL_OVERHEAD);
+            let mut bytes = tokio::select! {
+                held = self.budget.hold_free(least) => held,
+                () = &mut shutdown => break,
+            };
             let connects = self.connects();
             let pull = current
                 .batch()
                 .max_messages(permits.len())
+                .max_bytes(bytes.bytes())
                 .expires(PULL_EXPIRES)
                 .messages()
                 .await;
@@ -190,11 +209,17 @@ impl Puller {
                                 Some(p) => p,
                                 None => acquire(&slots).await,
                             };
+                            let held = bytes.split(message.length.max(message.payload.len()));
                             let handler = handler.clone();
                             tasks.spawn(async move {
                                 handler.handle(message, received_at).await;
-                                drop(permit);
+                                drop((permit, held));
                             });
+                        }
+                        Some(Err(e)) if e.to_string().contains(BYTES_FILLED) => {
+                            // The pull's max_bytes is used up: a normal end.
+                            debug!("pull filled its max_bytes");
+                            break;
                         }
                         Some(Err(e)) => {
                             warn!(error = %e, "pull ended with an error; reopening the consumer");
@@ -220,7 +245,7 @@ impl Puller {
                     () = sleep_until_drained(stopped_at, drain_timeout) => break,
                 }
             }
-            drop(permits);
+            drop((permits, bytes));
             if healthy
                 && received == 0
                 && stopped_at.is_none()

@@ -86,8 +86,13 @@ impl Handler {
             nats_reply: None,
         };
         let headers = message.headers.as_ref();
-        let mut decision =
-            crate::transport::decide(input, headers, &self.rules, &mut self.identity.clone());
+        let mut decision = crate::transport::offload::decide(
+            input,
+            headers,
+            &self.rules,
+            &mut self.identity.clone(),
+        )
+        .await;
         let request_id = decision.request_id.clone().unwrap_or_default();
 
         let settle = match settle::plan(&decision.outcome, delivered, &self.redelivery) {

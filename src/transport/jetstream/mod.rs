@@ -78,6 +78,7 @@ pub async fn serve(
         config: config.clone(),
         max_in_flight: config.max_in_flight,
         batch: js_config.batch,
+        budget: crate::transport::budget::ByteBudget::new(config.max_in_flight_bytes),
         readiness,
     };
     tokio::pin!(shutdown);

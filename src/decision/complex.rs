@@ -1,0 +1,58 @@
+//! Results too complex to read as value trees: answered from their top level.
+//!
+//! A value tree costs ~50 bytes per value whatever the value's encoded size:
+//! a 1 MiB result whose first frame holds a million `nil` (one byte each)
+//! took 0.15 s and ~92 MB as a tree. Results the in-place path decides (any
+//! canonical MessagePack decode or terminal result, whatever its size) never
+//! get here; the rest are read as trees only up to [`MAX_TREE_VALUES`], and
+//! beyond are refused as `malformed` — to the requester when the top level
+//! names a usable reply subject, else as a dead letter.
+
+use super::request::{self, MAX_REQUEST_ID_BYTES};
+use super::{DeadLetterCode, Decision, ErrorCode, Input, Reply, Rules, dead_letter};
+use crate::wire::{map, shallow};
+use rmpv::Value;
+
+/// The most values (scalars, keys, arrays and maps) a result may hold when
+/// it is read as a value tree. At ~50 bytes each (plus up to twice that while
+/// an array grows) 32,768 values stay within ~3 MiB; a prefill result's
+/// first frame holds a few dozen, and a request carrying its prompt's token
+/// IDs one per token — prompts past 32k tokens still pass in place in
+/// canonical MessagePack, the encoding every MessagePack library writes.
+pub const MAX_TREE_VALUES: usize = 32_768;
+
+/// The answer for a result with more than [`MAX_TREE_VALUES`] values.
+pub(super) fn refuse(input: Input<'_>, rules: &Rules) -> Decision {
+    let why = format!(
+        "the message holds more than {MAX_TREE_VALUES} values (arrays, maps, keys and scalars); \
+         a result of that complexity is accepted only as canonical MessagePack with a decode or terminal outcome"
+    );
+    let Some(top) = shallow::top_level(input.payload, input.encoding, &["reply_to", "request_id"])
+    else {
+        return dead_letter(input, rules, DeadLetterCode::Malformed, why);
+    };
+    let subject = match request::reply_subject(&top, input, rules) {
+        Ok(subject) => subject,
+        Err((code, reason)) => return dead_letter(input, rules, code, format!("{reason}; {why}")),
+    };
+    let request_id = match map::get(&top, "request_id") {
+        Some(Value::String(s)) => s
+            .as_str()
+            .filter(|id| (1..=MAX_REQUEST_ID_BYTES).contains(&id.len()))
+            .map(str::to_string),
+        _ => None,
+    }
+    .filter(|_| {
+        top.iter()
+            .filter(|(k, _)| k.as_str() == Some("request_id"))
+            .count()
+            == 1
+    });
+    let reply = Reply {
+        encoding: input.encoding,
+        subject,
+        request_id,
+        size_hint: 0,
+    };
+    reply.error(ErrorCode::Malformed, why, 0)
+}

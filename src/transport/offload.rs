@@ -1,0 +1,54 @@
+//! Deciding a large result without stalling the connection.
+//!
+//! The decision is linear in the input's bytes, but a 1 MiB result still
+//! takes ~1 ms (and ~100 ms in a debug build), and the worker loop runs a
+//! batch of up to 32 results in one task. Run on the runtime's threads, a
+//! burst of large results kept the NATS connection and the intake from
+//! running: the server cut the worker off as a slow consumer (every message
+//! it had buffered for the worker lost, uncounted). Run each in its own
+//! `block_in_place` thread, dozens competed with them for two cores and the
+//! client's subscription buffer grew past 250 MiB behind them.
+//!
+//! So a result of at least [`LARGE`] bytes waits (asynchronously) for one of
+//! a few decision slots — one fewer than the CPUs, at least one — and is
+//! decided in `block_in_place`, which hands this runtime thread's other tasks
+//! to another thread meanwhile. The connection and the intake always keep a
+//! CPU's worth of room.
+
+use crate::decision::{Decision, IdSource, Input, Rules};
+use async_nats::HeaderMap;
+use std::sync::OnceLock;
+use tokio::runtime::{Handle, RuntimeFlavor};
+use tokio::sync::Semaphore;
+
+/// Results at least this large are decided beside the runtime. Typical
+/// results are a few KiB and never pay for the hand-off.
+pub const LARGE: usize = 64 * 1024;
+
+/// Large decisions running at once, across the process (one delivery mode
+/// runs per process; a static keeps both modes' handlers on one limit).
+fn slots() -> &'static Semaphore {
+    static SLOTS: OnceLock<Semaphore> = OnceLock::new();
+    SLOTS.get_or_init(|| {
+        let cpus = std::thread::available_parallelism().map_or(2, usize::from);
+        Semaphore::new(cpus.saturating_sub(1).max(1))
+    })
+}
+
+/// [`super::decide`] (the header block checked, then the decision); beside
+/// the runtime, a few at a time, for large inputs.
+pub async fn decide<I: IdSource + Send>(
+    input: Input<'_>,
+    headers: Option<&HeaderMap>,
+    rules: &Rules,
+    ids: &mut I,
+) -> Decision {
+    let multi_thread = Handle::try_current()
+        .is_ok_and(|runtime| runtime.runtime_flavor() == RuntimeFlavor::MultiThread);
+    if input.payload.len() < LARGE || !multi_thread {
+        return super::decide(input, headers, rules, ids);
+    }
+    // Never closed: on error, decide without a slot rather than not at all.
+    let _slot = slots().acquire().await;
+    tokio::task::block_in_place(|| super::decide(input, headers, rules, ids))
+}

@@ -1,0 +1,267 @@
+//! Counting the values of a body without building them: how large a value
+//! tree of it would be, found in one linear pass with no allocation.
+//!
+//! A value tree costs about 50 bytes per value however small the value's
+//! encoding (`nil` is one byte of MessagePack, five of JSON), so a 1 MiB
+//! array of a million `nil` would take ~50 MB as a tree. The decision asks
+//! [`more_values_than`] before it builds one (see `decision::decide`).
+
+use super::{Encoding, MAX_DEPTH};
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+use std::cell::Cell;
+use std::fmt;
+
+/// Whether `bytes` holds more than `limit` values (every scalar, array, map,
+/// key and item counts one). Stops counting at `limit + 1`. A body that is
+/// not valid (or nests deeper than [`MAX_DEPTH`]) before that point answers
+/// `false`: reading it as a tree fails within `limit` values too.
+pub fn more_values_than(bytes: &[u8], encoding: Encoding, limit: usize) -> bool {
+    match encoding {
+        Encoding::MsgPack => {
+            let mut walk = Walk {
+                bytes,
+                pos: 0,
+                left: limit,
+            };
+            walk.value(0) == Err(Stop::Over)
+        }
+        Encoding::Json => {
+            let left = Cell::new(limit);
+            let mut de = serde_json::Deserializer::from_slice(bytes);
+            match (Counter { left: &left }).deserialize(&mut de) {
+                Ok(()) => false,
+                Err(e) => e.to_string().starts_with(OVER),
+            }
+        }
+    }
+}
+
+/// The end of the MessagePack value starting at `pos` (any valid encoding,
+/// inside one container), without reading it.
+pub(super) fn skip_msgpack(bytes: &[u8], pos: usize) -> Option<usize> {
+    let mut walk = Walk {
+        bytes,
+        pos,
+        left: usize::MAX,
+    };
+    walk.value(1).ok()?;
+    Some(walk.pos)
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Stop {
+    Over,
+    Invalid,
+}
+
+/// A MessagePack value walker over any valid encoding (canonical or not).
+struct Walk<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+    left: usize,
+}
+
+impl Walk<'_> {
+    fn skip(&mut self, n: usize) -> Result<(), Stop> {
+        self.pos = self
+            .pos
+            .checked_add(n)
+            .filter(|end| *end <= self.bytes.len())
+            .ok_or(Stop::Invalid)?;
+        Ok(())
+    }
+
+    fn be(&mut self, width: usize) -> Result<usize, Stop> {
+        let start = self.pos;
+        self.skip(width)?;
+        Ok(self.bytes[start..self.pos]
+            .iter()
+            .fold(0usize, |n, b| (n << 8) | usize::from(*b)))
+    }
+
+    fn value(&mut self, depth: usize) -> Result<(), Stop> {
+        self.left = self.left.checked_sub(1).ok_or(Stop::Over)?;
+        let marker = *self.bytes.get(self.pos).ok_or(Stop::Invalid)?;
+        self.pos += 1;
+        match marker {
+            0x00..=0x7f | 0xe0..=0xff | 0xc0 | 0xc2 | 0xc3 => Ok(()),
+            0x80..=0x8f => self.container(usize::from(marker & 0x0f) * 2, depth),
+            0x90..=0x9f => self.container(usize::from(marker & 0x0f), depth),
+            0xa0..=0xbf => self.skip(usize::from(marker & 0x1f)),
+            0xc1 => Err(Stop::Invalid),
+            0xc4..=0xc6 => {
+                let n = self.be(1 << (marker - 0xc4))?;
+                self.skip(n)
+            }
+            0xc7..=0xc9 => {
+                let n = self.be(1 << (marker - 0xc7))?;
+                self.skip(n.checked_add(1).ok_or(Stop::Invalid)?)
+            }
+            0xca | 0xce | 0xd2 => self.skip(4),
+            0xcb | 0xcf | 0xd3 => self.skip(8),
+            0xcc | 0xd0 => self.skip(1),
+            0xcd | 0xd1 => self.skip(2),
+            0xd4..=0xd8 => self.skip(1 + (1 << (marker - 0xd4))),
+            0xd9..=0xdb => {
+                let n = self.be(1 << (marker - 0xd9))?;
+                self.skip(n)
+            }
+            0xdc | 0xdd => {
+                let n = self.be(2 << (marker - 0xdc))?;
+                self.container(n, depth)
+            }
+            0xde | 0xdf => {
+                let n = self.be(2 << (marker - 0xde))?;
+                self.container(n.checked_mul(2).ok_or(Stop::Invalid)?, depth)
+            }
+        }
+    }
+
+    /// `values` values inside a container that sits in `depth` containers.
+    fn container(&mut self, values: usize, depth: usize) -> Result<(), Stop> {
+        if depth >= MAX_DEPTH {
+            return Err(Stop::Invalid);
+        }
+        for _ in 0..values {
+            // One-byte values (all of a hostile array of `nil`) without a
+            // call: this loop is most of the refusal path's time.
+            match self.bytes.get(self.pos) {
+                Some(0x00..=0x7f | 0xe0..=0xff | 0xc0 | 0xc2 | 0xc3) => {
+                    self.left = self.left.checked_sub(1).ok_or(Stop::Over)?;
+                    self.pos += 1;
+                }
+                _ => self.value(depth + 1)?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The error text that means "over the limit" (serde errors are strings).
+const OVER: &str = "more values than the limit";
+
+/// Counts one JSON value and everything in it. serde_json bounds the
+/// recursion (128 levels) and reuses one scratch buffer for escaped strings.
+#[derive(Clone, Copy)]
+struct Counter<'c> {
+    left: &'c Cell<usize>,
+}
+
+impl Counter<'_> {
+    fn one<E: de::Error>(self) -> Result<(), E> {
+        match self.left.get().checked_sub(1) {
+            Some(left) => {
+                self.left.set(left);
+                Ok(())
+            }
+            None => Err(E::custom(OVER)),
+        }
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for Counter<'_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Counter<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<(), E> {
+        self.one()
+    }
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<(), E> {
+        self.one()
+    }
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<(), E> {
+        self.one()
+    }
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<(), E> {
+        self.one()
+    }
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<(), E> {
+        self.one()
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
+        self.one()
+    }
+    fn visit_none<E: de::Error>(self) -> Result<(), E> {
+        self.one()
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        self.one()?;
+        while seq.next_element_seed(self)?.is_some() {}
+        Ok(())
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        self.one()?;
+        while map.next_key_seed(self)?.is_some() {
+            map.next_value_seed(self)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::{decode, encode};
+    use rmpv::Value;
+
+    /// Every value of a tree: itself plus everything inside.
+    fn values(v: &Value) -> usize {
+        1 + match v {
+            Value::Array(items) => items.iter().map(values).sum(),
+            Value::Map(entries) => entries.iter().map(|(k, v)| values(k) + values(v)).sum(),
+            _ => 0,
+        }
+    }
+
+    #[test]
+    fn counts_what_a_tree_would_hold_in_both_encodings() {
+        let body = Value::Map(vec![
+            (Value::from("a"), Value::Array(vec![Value::Nil; 40])),
+            (Value::from("b"), Value::from(-300)),
+            (
+                Value::from("c"),
+                Value::Map(vec![(Value::from("d"), Value::F64(1.5))]),
+            ),
+        ]);
+        let n = values(&body);
+        for encoding in [Encoding::MsgPack, Encoding::Json] {
+            let bytes = encode(&body, encoding);
+            assert_eq!(values(&decode(&bytes, encoding).unwrap()), n);
+            assert!(more_values_than(&bytes, encoding, n - 1), "{encoding:?}");
+            assert!(!more_values_than(&bytes, encoding, n), "{encoding:?}");
+        }
+    }
+
+    #[test]
+    fn non_canonical_msgpack_counts_too() {
+        // array32 of 3 nils, an uint64 holding 1.
+        let bytes = [0xdd, 0, 0, 0, 3, 0xc0, 0xc0, 0xcf, 0, 0, 0, 0, 0, 0, 0, 1];
+        assert!(more_values_than(&bytes, Encoding::MsgPack, 3));
+        assert!(!more_values_than(&bytes, Encoding::MsgPack, 4));
+    }
+
+    #[test]
+    fn invalid_bodies_within_the_limit_are_left_to_the_reader() {
+        for bytes in [&[0x93, 0xc0][..], &[0xc1], &[0xdd, 0xff, 0xff, 0xff, 0xff]] {
+            assert!(
+                !more_values_than(bytes, Encoding::MsgPack, 10),
+                "{bytes:x?}"
+            );
+        }
+        assert!(!more_values_than(b"[null, nul", Encoding::Json, 10));
+        assert!(more_values_than(b"[null, null, nul", Encoding::Json, 2));
+    }
+}
