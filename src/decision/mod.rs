@@ -310,6 +310,16 @@ fn decide_request(
 
 /// The original bytes, unchanged, to the dead-letter subject. A JSON input
 /// keeps its `Content-Type`, so the dead letter can be replayed as it is.
+/// The decision for a message whose NATS header block could not be parsed
+/// (`what` says what was wrong): a `malformed` dead letter, whatever its body,
+/// since the headers it was sent with (content type, trace context) are
+/// unknown. The transports recognize such a message
+/// ([`crate::transport::decide`]).
+pub fn unreadable_headers(input: Input<'_>, rules: &Rules, what: &str) -> Decision {
+    let why = format!("the message's NATS header block could not be parsed: {what}");
+    dead_letter(input, rules, DeadLetterCode::Malformed, why)
+}
+
 fn dead_letter(input: Input<'_>, rules: &Rules, code: DeadLetterCode, why: String) -> Decision {
     let mut headers = dead_letter_headers(code, &why, input.subject);
     headers.extend(content_type(input.encoding));

@@ -21,11 +21,13 @@
 pub mod ack;
 pub mod connect;
 pub mod core;
+mod header_block;
 pub mod jetstream;
 pub mod outbound;
 
 pub use ack::{Ack, Settlement};
 pub use connect::connect;
+pub use header_block::decide;
 pub use outbound::{Outbound, OutputError};
 
 use async_nats::{HeaderMap, Subject};

@@ -4,7 +4,7 @@
 
 use super::Worker;
 use crate::decision::{self, DeadLetterCode, ErrorCode, Input, Outcome};
-use crate::transport::{Incoming, OutputError};
+use crate::transport::{self, Incoming, OutputError};
 use crate::wire::Encoding;
 use async_nats::{HeaderMap, HeaderValue};
 use bytes::Bytes;
@@ -34,7 +34,8 @@ impl Worker {
             subject: &incoming.subject,
             nats_reply: incoming.nats_reply.as_deref(),
         };
-        let decision = decision::decide(input, &self.rules, &mut self.identity.clone());
+        let headers = incoming.headers.as_ref();
+        let decision = transport::decide(input, headers, &self.rules, &mut self.identity.clone());
         let outcome = decision.outcome;
         let request_id = decision.request_id.as_deref();
         if self.options.defer_when_fenced

@@ -139,6 +139,43 @@ impl Nats {
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("nats.log")).unwrap_or_default()
     }
+
+    /// Publishes one message with exactly this header block, as a hostile
+    /// publisher could: a raw TCP connection, `CONNECT` with headers, `HPUB`,
+    /// then `PING` and waits for the `PONG`, so the server has routed the
+    /// message on return. No client library checks the block. Blocking.
+    pub fn raw_hpub(&self, subject: &str, header_block: &[u8], payload: &[u8]) {
+        use std::io::{BufRead, BufReader, Write};
+        let stream = TcpStream::connect(("127.0.0.1", self.port)).expect("connect to nats-server");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("read timeout");
+        let mut reader = BufReader::new(stream.try_clone().expect("clone the socket"));
+        let mut line = String::new();
+        reader.read_line(&mut line).expect("the server's INFO");
+        assert!(line.starts_with("INFO "), "expected INFO, got {line:?}");
+        let total = header_block.len() + payload.len();
+        let mut ops = format!(
+            "CONNECT {{\"verbose\":false,\"pedantic\":false,\"headers\":true,\"protocol\":1}}\r\n\
+             HPUB {subject} {} {total}\r\n",
+            header_block.len()
+        )
+        .into_bytes();
+        ops.extend_from_slice(header_block);
+        ops.extend_from_slice(payload);
+        ops.extend_from_slice(b"\r\nPING\r\n");
+        (&stream).write_all(&ops).expect("send HPUB");
+        loop {
+            line.clear();
+            reader
+                .read_line(&mut line)
+                .expect("the server answers PING");
+            assert!(!line.starts_with("-ERR"), "the server refused: {line:?}");
+            if line.starts_with("PONG") {
+                return;
+            }
+        }
+    }
 }
 
 impl Drop for Nats {
@@ -249,6 +286,20 @@ impl Etcd {
         self.kill();
         self.spawn();
     }
+
+    /// SIGSTOP: etcd keeps its connections but answers nothing until
+    /// [`Etcd::resume`].
+    pub fn pause(&self) {
+        if let Some(child) = &self.child {
+            signal(child, "STOP");
+        }
+    }
+
+    pub fn resume(&self) {
+        if let Some(child) = &self.child {
+            signal(child, "CONT");
+        }
+    }
 }
 
 impl Drop for Etcd {
@@ -304,6 +355,20 @@ impl Worker {
         if let Some(child) = &self.child {
             signal(child, "TERM");
         }
+    }
+
+    /// Sends a signal by name (`USR1`, `STOP`, ...).
+    pub fn signal(&self, sig: &str) {
+        if let Some(child) = &self.child {
+            signal(child, sig);
+        }
+    }
+
+    /// True while the process has not exited.
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|child| matches!(child.try_wait(), Ok(None)))
     }
 
     pub fn kill(&mut self) {

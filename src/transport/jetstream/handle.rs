@@ -64,7 +64,9 @@ impl Handler {
             subject: message.subject.as_str(),
             nats_reply: None,
         };
-        let mut decision = decision::decide(input, &self.rules, &mut self.identity.clone());
+        let headers = message.headers.as_ref();
+        let mut decision =
+            crate::transport::decide(input, headers, &self.rules, &mut self.identity.clone());
         let request_id = decision.request_id.clone().unwrap_or_default();
 
         let settle = match settle::plan(&decision.outcome, delivered, &self.redelivery) {

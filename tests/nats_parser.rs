@@ -1,0 +1,186 @@
+//! The patched async-nats parser (vendor/async-nats, docs/vendor-async-nats.md):
+//! what the server sends is parsed into ops or an error, never a panic.
+//! Driven through the crate's fuzz hook, with no socket.
+
+use async_nats::connection::parse_server_ops;
+use async_nats::header::HEADER_BLOCK_ERROR;
+use async_nats::{HeaderMap, ServerOp, StatusCode};
+
+#[test]
+fn the_fuzz_hook_parses_server_ops_without_a_socket() {
+    let ops = parse_server_ops(b"PING\r\n+OK\r\nMSG a.b 7 5\r\nhello\r\nPONG\r\n")
+        .expect("well-formed ops parse");
+    assert_eq!(ops.len(), 4);
+    assert_eq!(ops[0], ServerOp::Ping);
+    assert_eq!(ops[1], ServerOp::Ok);
+    let ServerOp::Message {
+        sid,
+        subject,
+        payload,
+        ..
+    } = &ops[2]
+    else {
+        panic!("expected a message, got {:?}", ops[2]);
+    };
+    assert_eq!(
+        (*sid, subject.as_str(), &payload[..]),
+        (7, "a.b", &b"hello"[..])
+    );
+    assert_eq!(ops[3], ServerOp::Pong);
+}
+
+#[test]
+fn an_incomplete_trailing_op_is_left_unparsed() {
+    let ops = parse_server_ops(b"PING\r\nMSG a.b 7 5\r\nhel").expect("no error");
+    assert_eq!(ops, vec![ServerOp::Ping]);
+}
+
+/// The inputs of nats-io/nats.rs PR #1612 that panicked the connection task
+/// of async-nats 0.51.0 and are protocol errors instead.
+#[test]
+fn protocol_errors_are_errors_not_panics() {
+    let max = usize::MAX;
+    let cases: [(&str, Vec<u8>); 4] = [
+        ("a bare -ERR", b"-ERR\r\n".to_vec()),
+        (
+            "a MSG length of usize::MAX",
+            format!("MSG a 1 {max}\r\n").into_bytes(),
+        ),
+        (
+            "a MSG length that overflows with the control line",
+            format!("MSG a 1 {}\r\n", max - 3).into_bytes(),
+        ),
+        (
+            "an HMSG total length of usize::MAX",
+            format!("HMSG a 1 12 {max}\r\nNATS/1.0\r\n\r\n\r\n").into_bytes(),
+        ),
+    ];
+    for (what, bytes) in cases {
+        let outcome = std::panic::catch_unwind(|| parse_server_ops(&bytes));
+        match outcome {
+            Ok(Err(_)) => {}
+            Ok(Ok(ops)) => panic!("{what}: parsed as {ops:?}, expected an error"),
+            Err(_) => panic!("{what}: the parser panicked"),
+        }
+    }
+}
+
+/// An `HMSG` on subject `s`, sid 1, reply `r`, with `block` as its header
+/// block and `body` as its payload.
+fn hmsg(block: &[u8], body: &[u8]) -> Vec<u8> {
+    let mut op = format!(
+        "HMSG s 1 r {} {}\r\n",
+        block.len(),
+        block.len() + body.len()
+    )
+    .into_bytes();
+    op.extend_from_slice(block);
+    op.extend_from_slice(body);
+    op.extend_from_slice(b"\r\n");
+    op
+}
+
+/// The one message parsed from `bytes`, as (headers, status, payload).
+fn one_message(bytes: &[u8]) -> (HeaderMap, Option<StatusCode>, Vec<u8>) {
+    let ops = match std::panic::catch_unwind(|| parse_server_ops(bytes)) {
+        Ok(Ok(ops)) => ops,
+        Ok(Err(e)) => panic!("error instead of a message: {e}"),
+        Err(_) => panic!("the parser panicked"),
+    };
+    let [
+        ServerOp::Message {
+            headers,
+            status,
+            payload,
+            subject,
+            reply,
+            ..
+        },
+    ] = &ops[..]
+    else {
+        panic!("expected one message, got {ops:?}");
+    };
+    // Subject and reply still arrive: a JetStream message must stay ackable.
+    assert_eq!(subject.as_str(), "s");
+    assert_eq!(reply.as_ref().map(|r| r.as_str()), Some("r"));
+    let headers = headers.clone().expect("an HMSG has headers");
+    (headers, *status, payload.to_vec())
+}
+
+#[test]
+fn an_unparsable_header_block_is_delivered_marked_with_why() {
+    let cases: [(&str, &[u8], &str); 8] = [
+        (
+            "a lone CR in a value",
+            b"NATS/1.0\r\nX-Evil: a\rb\r\n\r\n",
+            "value of header X-Evil",
+        ),
+        (
+            "a line without a colon",
+            b"NATS/1.0\r\nno colon here\r\n\r\n",
+            "has no `:`",
+        ),
+        (
+            "a space in a name",
+            b"NATS/1.0\r\nBad Name: v\r\n\r\n",
+            "header name \"Bad Name\"",
+        ),
+        (
+            "bytes that are not UTF-8",
+            b"NATS/1.0\r\nX: \xff\xfe\r\n\r\n",
+            "utf-8",
+        ),
+        ("no version line", b"HTTP/1.1\r\nX: v\r\n\r\n", "NATS/1.0"),
+        (
+            "a status that is no number",
+            b"NATS/1.0 abc\r\n\r\n",
+            "status",
+        ),
+        (
+            "the marker itself, forged",
+            b"NATS/1.0\r\nAsync-Nats-Header-Block-Error: all fine\r\n\r\n",
+            "reserved",
+        ),
+        (
+            "the marker forged in another case, beside a trace header",
+            b"NATS/1.0\r\ntraceparent: t\r\nasync-nats-header-block-error: x\r\n\r\n",
+            "reserved",
+        ),
+    ];
+    for (what, block, reason) in cases {
+        let (headers, status, payload) = one_message(&hmsg(block, b"\x80"));
+        let why = headers
+            .get(HEADER_BLOCK_ERROR)
+            .unwrap_or_else(|| panic!("{what}: no marker in {headers:?}"))
+            .as_str();
+        assert!(
+            why.contains(reason),
+            "{what}: reason {why:?} lacks {reason:?}"
+        );
+        assert!(!why.contains(['\r', '\n']), "{what}: {why:?}");
+        assert_eq!(
+            headers.iter().count(),
+            1,
+            "{what}: only the marker: {headers:?}"
+        );
+        assert_eq!(status, None, "{what}");
+        assert_eq!(payload, b"\x80", "{what}: the payload arrives intact");
+    }
+}
+
+#[test]
+fn a_well_formed_header_block_has_no_marker() {
+    let block = b"NATS/1.0\r\nContent-Type: application/json\r\nX-Two: a\r\nX-Two: b\r\n\r\n";
+    let (headers, status, payload) = one_message(&hmsg(block, b"{}"));
+    assert_eq!(headers.get(HEADER_BLOCK_ERROR), None);
+    assert_eq!(
+        headers.get("Content-Type").map(|v| v.as_str()),
+        Some("application/json")
+    );
+    assert_eq!(headers.get_all("X-Two").count(), 2);
+    assert_eq!((status, payload), (None, b"{}".to_vec()));
+
+    let (headers, status, _) = one_message(&hmsg(b"NATS/1.0 503\r\n\r\n", b""));
+    assert_eq!(headers.get(HEADER_BLOCK_ERROR), None);
+    assert_eq!(status, Some(StatusCode::NO_RESPONDERS));
+}
