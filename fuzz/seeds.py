@@ -224,6 +224,52 @@ def wire_only():
     return cases
 
 
+def hmsg(headers, payload, subject="llm.prefill.results", reply="_INBOX.client.1", status=b""):
+    """An HMSG op as the server sends it: a header block and a body."""
+    block = b"NATS/1.0" + status + b"\r\n" + b"".join(h + b"\r\n" for h in headers) + b"\r\n"
+    args = [subject.encode(), b"7"] + ([reply.encode()] if reply else [])
+    args += [str(len(block)).encode(), str(len(block) + len(payload)).encode()]
+    return b"HMSG " + b" ".join(args) + b"\r\n" + block + payload + b"\r\n"
+
+
+def msg(payload, subject="llm.prefill.results", reply="_INBOX.client.1"):
+    args = [subject.encode(), b"7"] + ([reply.encode()] if reply else []) + [str(len(payload)).encode()]
+    return b"MSG " + b" ".join(args) + b"\r\n" + payload + b"\r\n"
+
+
+# What the NATS server sends a subscriber, for the client's server-op parser
+# and our header handling behind it.
+def server_ops():
+    mp = pack(handoff(trt()))
+    js = json.dumps(json_able()["sglang_handoff"]).encode()
+    trace = b"traceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    info = (
+        b'INFO {"server_id":"NDUMMY","server_name":"n1","version":"2.10.22","proto":1,'
+        b'"host":"127.0.0.1","port":4222,"headers":true,"max_payload":1048576,"client_id":3}\r\n'
+    )
+    return {
+        "msgpack_with_trace": hmsg([trace, b"tracestate: congo=t61rcWkgMzE"], mp),
+        "json_content_type": hmsg([b"Content-Type: application/json", trace], js),
+        "json_content_type_params": hmsg([b"content-type: Application/JSON; charset=utf-8"], js),
+        "json_body_no_content_type": msg(js),
+        "plain_msg": msg(mp),
+        "no_reply": hmsg([trace], pack(result([frame("stop")]))),
+        "trace_two_spellings": hmsg([trace, b"TraceParent: 00-x-y-01", b"TRACESTATE: a=b"], mp),
+        "multi_value": hmsg([b"Content-Type: application/json", b"Content-Type: text/plain"], js),
+        "lone_cr_in_value": hmsg([b"traceparent: 00-abc\r-01", b"Content-Type: application/json"], js),
+        "no_colon": hmsg([b"traceparent 00-abc-01"], mp),
+        "non_utf8_value": hmsg([b"tracestate: \xff\xfe"], mp),
+        "forged_block_error": hmsg([b"Async-Nats-Header-Block-Error: forged"], mp),
+        "status_503": hmsg([], b"", subject="_INBOX.x.1", reply=None, status=b" 503"),
+        "status_with_description": hmsg([b"Nats-Pending-Messages: 3"], b"", reply=None, status=b" 408 Request Timeout"),
+        "session": info + b"+OK\r\nPING\r\n" + hmsg([trace], mp) + msg(js) + b"PONG\r\n",
+        "err": b"-ERR 'Authorization Violation'\r\n",
+        "bare_err": b"-ERR\r\n",
+        "lengths_lie": b"HMSG llm.prefill.results 7 18446744073709551615 18446744073709551615\r\nNATS/1.0\r\n\r\n",
+        "header_longer_than_total": b"HMSG a 1 20 10\r\nNATS/1.0\r\n\r\n0123456789\r\n",
+    }
+
+
 def write(target, name, data):
     d = os.path.join(HERE, "corpus", target)
     os.makedirs(d, exist_ok=True)
@@ -242,6 +288,8 @@ def main():
         write("wire_msgpack", name + ".mp", data)
     for name, data in wire_only().items():
         write("wire_msgpack", name + ".mp", data)
+    for name, data in server_ops().items():
+        write("nats_headers", name + ".ops", data)
     for name in ("trtllm_handoff", "vllm_handoff", "terminal_error_map", "request_id_crlf"):
         write("wire_msgpack", name + ".mp", pack(json_able()[name]))
 

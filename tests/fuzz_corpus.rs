@@ -42,3 +42,8 @@ fn decide_msgpack_seeds() {
 fn decide_json_seeds() {
     replay("decide_json", targets::decide_json);
 }
+
+#[test]
+fn nats_headers_seeds() {
+    replay("nats_headers", targets::nats_headers);
+}

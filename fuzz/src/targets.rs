@@ -3,10 +3,14 @@
 //! over the seed corpus by the normal test suite (tests/fuzz_corpus.rs).
 
 use crate::decision_support::{SOURCE, TestIds, invariants, jetstream_rules, rules};
+use async_nats::ServerOp;
+use async_nats::connection::parse_server_ops;
 use prefill_handoff::decision::{Decision, Input, Rules, decide, decide_in_place, decide_values};
 use prefill_handoff::transport::jetstream::handle::output_headers;
+use prefill_handoff::transport::{self, Ack, Incoming};
 use prefill_handoff::wire::{self, Encoding, MAX_DEPTH, scan};
 use rmpv::Value;
+use std::time::Instant;
 
 /// The MessagePack reader ([`wire::decode`]) and the zero-copy scanner
 /// ([`scan`]) on arbitrary bytes:
@@ -174,6 +178,81 @@ pub fn decide_json(data: &[u8]) {
                 (&m.outcome, &m.subject, &m.request_id, m.trailing_frames),
                 "JSON and MessagePack bodies of the same value are decided differently"
             );
+        }
+    }
+}
+
+/// Bytes as the NATS server would send them, through the vendored client's
+/// server-op parser (`parse_server_ops`, docs/vendor-async-nats.md) and then
+/// our handling of each message it yields:
+/// - the parser never panics (an error is fine: the connection would close);
+/// - no header value it delivers holds CR or LF;
+/// - the content type read from the headers ([`Incoming::content_type`]),
+///   [`transport::decide`] (which dead-letters an unparsable header block)
+///   and the output's headers with the input's trace headers copied
+///   ([`output_headers`]) never panic, and the decision keeps its
+///   invariants ([`invariants::check`]);
+/// - every trace header of the input reaches the output unchanged.
+pub fn nats_headers(data: &[u8]) {
+    let Ok(ops) = parse_server_ops(data) else {
+        return;
+    };
+    for op in ops {
+        let ServerOp::Message {
+            subject,
+            reply,
+            payload,
+            headers,
+            ..
+        } = op
+        else {
+            continue;
+        };
+        for (name, values) in headers.iter().flat_map(|h| h.iter()) {
+            for value in values {
+                assert!(
+                    !value.as_str().contains(['\r', '\n']),
+                    "header {name} holds a line break: {value:?}"
+                );
+            }
+        }
+        let incoming = Incoming {
+            subject,
+            payload,
+            headers,
+            nats_reply: reply,
+            received_at: Instant::now(),
+            ack: Ack::Core,
+        };
+        let encoding = Encoding::from_content_type(incoming.content_type());
+        for (rules, _, fenced) in situations() {
+            let input = Input {
+                payload: &incoming.payload,
+                encoding,
+                subject: &incoming.subject,
+                nats_reply: incoming.nats_reply.as_deref(),
+            };
+            let headers = incoming.headers.as_ref();
+            let d = transport::decide(input, headers, &rules, &mut ids(fenced));
+            invariants::check(&d, &incoming.payload, encoding, &rules);
+            let out = output_headers(&d.headers, headers);
+            for trace in ["traceparent", "tracestate"] {
+                // Names match without regard to case, so an input may carry
+                // the header under two spellings; either one's value will do.
+                let sent: Vec<&str> = headers
+                    .iter()
+                    .flat_map(|h| h.iter())
+                    .filter(|(n, _)| AsRef::<str>::as_ref(*n).eq_ignore_ascii_case(trace))
+                    .filter_map(|(_, v)| v.first().map(|v| v.as_str()))
+                    .collect();
+                if !sent.is_empty() {
+                    let copied = out.get(trace).map(|v| v.as_str());
+                    assert!(
+                        copied.is_some_and(|c| sent.contains(&c)),
+                        "the {trace} header {sent:?} is copied as {copied:?}"
+                    );
+                }
+            }
         }
     }
 }
