@@ -24,7 +24,11 @@ fn replay(target: &str, check: fn(&[u8])) {
     for seed in seeds {
         let bytes = std::fs::read(&seed).expect("a seed file reads");
         let outcome = std::panic::catch_unwind(|| check(&bytes));
-        assert!(outcome.is_ok(), "seed {} fails its target's checks", seed.display());
+        assert!(
+            outcome.is_ok(),
+            "seed {} fails its target's checks",
+            seed.display()
+        );
     }
 }
 

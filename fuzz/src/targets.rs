@@ -10,6 +10,7 @@ use prefill_handoff::transport::jetstream::handle::output_headers;
 use prefill_handoff::transport::{self, Ack, Incoming};
 use prefill_handoff::wire::{self, Encoding, MAX_DEPTH, scan};
 use rmpv::Value;
+use std::sync::LazyLock;
 use std::time::Instant;
 
 /// The MessagePack reader ([`wire::decode`]) and the zero-copy scanner
@@ -37,7 +38,10 @@ pub fn wire_msgpack(data: &[u8]) {
             return;
         }
     };
-    assert!(wire::depth(&value) <= MAX_DEPTH, "read past the depth limit");
+    assert!(
+        wire::depth(&value) <= MAX_DEPTH,
+        "read past the depth limit"
+    );
     let written = wire::encode(&value, Encoding::MsgPack);
     let reread = wire::decode(&written, Encoding::MsgPack)
         .unwrap_or_else(|e| panic!("the reader refuses the writer's output: {e}"));
@@ -100,13 +104,21 @@ fn walk(raw: &[u8], value: &Value) {
 
 /// The worker's three situations: core mode with a NATS reply subject and a
 /// slot held, core mode without a NATS reply subject while fenced (no slot),
-/// and JetStream mode (the reply subject must be in the body).
-fn situations() -> [(Rules, Option<&'static str>, bool); 3] {
-    [
-        (rules(), Some("_INBOX.nats.9"), false),
-        (rules(), None, true),
-        (jetstream_rules(), Some("$JS.ACK.LLM_PREFILL.handoff.1.1.1.0.0"), false),
-    ]
+/// and JetStream mode (the reply subject must be in the body). Built once:
+/// resolving the configuration for every input took most of a run's time.
+fn situations() -> &'static [(Rules, Option<&'static str>, bool); 3] {
+    static SITUATIONS: LazyLock<[(Rules, Option<&'static str>, bool); 3]> = LazyLock::new(|| {
+        [
+            (rules(), Some("_INBOX.nats.9"), false),
+            (rules(), None, true),
+            (
+                jetstream_rules(),
+                Some("$JS.ACK.LLM_PREFILL.handoff.1.1.1.0.0"),
+                false,
+            ),
+        ]
+    });
+    &SITUATIONS
 }
 
 fn ids(fenced: bool) -> TestIds {
@@ -141,12 +153,16 @@ fn check_decision(d: &Decision, payload: &[u8], encoding: Encoding, rules: &Rule
 /// minted), as tests/decision_fast.rs checks on generated results.
 pub fn decide_msgpack(data: &[u8]) {
     for (rules, nats_reply, fenced) in situations() {
+        let (nats_reply, fenced) = (*nats_reply, *fenced);
         let input = input(data, Encoding::MsgPack, nats_reply);
         let (mut fast_ids, mut tree_ids) = (ids(fenced), ids(fenced));
-        let d = decide(input, &rules, &mut fast_ids);
-        check_decision(&d, data, Encoding::MsgPack, &rules);
-        let reference = decide_values(input, &rules, &mut tree_ids);
-        assert_eq!(d, reference, "the in-place path and the value-tree path differ");
+        let d = decide(input, rules, &mut fast_ids);
+        check_decision(&d, data, Encoding::MsgPack, rules);
+        let reference = decide_values(input, rules, &mut tree_ids);
+        assert_eq!(
+            d, reference,
+            "the in-place path and the value-tree path differ"
+        );
         assert_eq!(
             fast_ids.minted, tree_ids.minted,
             "the paths minted different numbers of IDs"
@@ -163,16 +179,17 @@ pub fn decide_json(data: &[u8]) {
         .ok()
         .map(|value| wire::encode(&value, Encoding::MsgPack));
     for (rules, nats_reply, fenced) in situations() {
+        let (nats_reply, fenced) = (*nats_reply, *fenced);
         let input = input(data, Encoding::Json, nats_reply);
         assert!(
-            decide_in_place(input, &rules, &mut ids(fenced)).is_none(),
+            decide_in_place(input, rules, &mut ids(fenced)).is_none(),
             "JSON was decided in place"
         );
-        let d = decide(input, &rules, &mut ids(fenced));
-        check_decision(&d, data, Encoding::Json, &rules);
+        let d = decide(input, rules, &mut ids(fenced));
+        check_decision(&d, data, Encoding::Json, rules);
         if let Some(bytes) = &as_msgpack {
             let input = self::input(bytes, Encoding::MsgPack, nats_reply);
-            let m = decide(input, &rules, &mut ids(fenced));
+            let m = decide(input, rules, &mut ids(fenced));
             assert_eq!(
                 (&d.outcome, &d.subject, &d.request_id, d.trailing_frames),
                 (&m.outcome, &m.subject, &m.request_id, m.trailing_frames),
@@ -226,6 +243,7 @@ pub fn nats_headers(data: &[u8]) {
         };
         let encoding = Encoding::from_content_type(incoming.content_type());
         for (rules, _, fenced) in situations() {
+            let fenced = *fenced;
             let input = Input {
                 payload: &incoming.payload,
                 encoding,
@@ -233,8 +251,8 @@ pub fn nats_headers(data: &[u8]) {
                 nats_reply: incoming.nats_reply.as_deref(),
             };
             let headers = incoming.headers.as_ref();
-            let d = transport::decide(input, headers, &rules, &mut ids(fenced));
-            invariants::check(&d, &incoming.payload, encoding, &rules);
+            let d = transport::decide(input, headers, rules, &mut ids(fenced));
+            invariants::check(&d, &incoming.payload, encoding, rules);
             let out = output_headers(&d.headers, headers);
             for trace in ["traceparent", "tracestate"] {
                 // Names match without regard to case, so an input may carry
