@@ -8,8 +8,8 @@
 # them) for SECONDS_PER_TARGET (default 60) and prints, per target, the inputs
 # executed and whether it crashed. Exits 1 when any target crashed (the
 # crashing input is kept under fuzz/artifacts/<target>/; replay it with
-# `RUSTC_BOOTSTRAP=1 cargo fuzz run --fuzz-dir fuzz <target> <file>`), 2 on a
-# usage or setup error.
+# `RUSTC_BOOTSTRAP=1 cargo fuzz run --fuzz-dir fuzz <target> <file>`) or a
+# run was interrupted, 2 on a usage or setup error.
 #
 # Toolchain: cargo-fuzz needs nightly-only rustc flags (-Zsanitizer,
 # sancov instrumentation options); the stable toolchain accepts them with
@@ -86,6 +86,7 @@ fi
 echo "fuzz.sh: build took $(($(date +%s) - build_start)) s" >&2
 
 crashed=0
+failed=0
 results=()
 for t in "${targets[@]}"; do
     work="fuzz/work/corpus/$t"
@@ -102,7 +103,11 @@ for t in "${targets[@]}"; do
     took=$(($(date +%s) - start))
     execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)
     crash=$(sed -n 's/.*Test unit written to \(.*\)$/\1/p' "$log" | tail -n 1)
-    if [ "$rc" -ne 0 ] || [ -n "$crash" ]; then
+    if [ -z "$crash" ] && grep -q "libFuzzer: run interrupted" "$log"; then
+        # Stopped from outside (SIGINT): not a crash, but not a full run.
+        failed=1
+        status="INTERRUPTED after ${execs:-?} executions"
+    elif [ "$rc" -ne 0 ] || [ -n "$crash" ]; then
         crashed=1
         status="CRASH (exit $rc): ${crash:-see $log}"
         grep -m 3 -E "panicked at|ERROR: |SUMMARY" "$log" | sed "s/^/  $t: /" >&2 || true
@@ -116,5 +121,9 @@ echo "fuzz.sh: $seconds s per target, sanitizer $sanitizer, logs in $logs"
 printf '  %s\n' "${results[@]}"
 if [ "$crashed" -ne 0 ]; then
     echo "fuzz.sh: FAILED: a target crashed" >&2
+    exit 1
+fi
+if [ "$failed" -ne 0 ]; then
+    echo "fuzz.sh: FAILED: a run was interrupted" >&2
     exit 1
 fi
