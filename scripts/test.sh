@@ -6,9 +6,11 @@
 #   4. every test (cargo nextest run; doc tests with cargo test --doc);
 #      integration tests start real nats-server and etcd processes
 #   5. the JetStream tests again against the second nats-server build
+#   6. a short smoke run of every fuzz target (scripts/fuzz.sh, 15 s each)
 # Exits non-zero on the first failure and says which step it was.
 #
 # HANDOFF_TEST_THREADS: tests run at once (default: CPUs, at most 4).
+# HANDOFF_FUZZ_SECONDS: seconds per fuzz target in step 6 (default 15; 0 skips it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -75,5 +77,17 @@ if [ -n "$other" ]; then
     second="ran with $version"
 fi
 
+# --- Fuzz smoke ----------------------------------------------------------------
+# A short run of each fuzz target from its seed corpus: catches a target that
+# no longer builds or an input near the seeds that crashes. The long runs
+# (millions of executions) are scripts/fuzz.sh by hand; see fuzz/README.md.
+step="fuzz smoke (scripts/fuzz.sh)"
+fuzz_seconds="${HANDOFF_FUZZ_SECONDS:-15}"
+fuzz="skipped (HANDOFF_FUZZ_SECONDS=0)"
+if [ "$fuzz_seconds" -gt 0 ]; then
+    bash scripts/fuzz.sh "$fuzz_seconds"
+    fuzz="${fuzz_seconds} s per target, no crash"
+fi
+
 step="done"
-echo "test.sh: OK: fmt, clippy, all tests and doc tests passed; JetStream re-run: $second"
+echo "test.sh: OK: fmt, clippy, all tests and doc tests passed; JetStream re-run: $second; fuzz smoke: $fuzz"

@@ -4,7 +4,7 @@
 mod decision_support;
 
 use decision_support::*;
-use prefill_handoff::decision::{Backend, Decision, Input, Outcome, Rules, decide};
+use prefill_handoff::decision::{Input, decide};
 use prefill_handoff::wire::{self, Encoding};
 use proptest::prelude::*;
 use rmpv::Value;
@@ -192,62 +192,6 @@ fn nats_reply() -> impl Strategy<Value = Option<&'static str>> {
     ))
 }
 
-/// The invariants every decision holds, whatever the input.
-fn check_invariants(d: &Decision, payload: &[u8], encoding: Encoding, rules: &Rules) {
-    for (name, value) in &d.headers {
-        assert!(!value.contains(['\r', '\n']), "{name}: {value:?}");
-    }
-    match &d.outcome {
-        Outcome::DeadLetter { .. } => {
-            assert_eq!(d.subject, DEAD);
-            assert_eq!(d.payload, payload, "a dead letter is the original bytes");
-            return;
-        }
-        Outcome::Decode { backend, minted } => {
-            assert_eq!(d.subject, GEN);
-            assert!(header(d, "Nats-Msg-Id").is_some_and(|id| id.starts_with("handoff-")));
-            let job = body(d, encoding);
-            let id = field(&job, "disagg_request_id").map(Value::as_u64);
-            if *backend == Backend::Trtllm {
-                let id = id.flatten().expect("a TensorRT-LLM job has an ID");
-                assert!((1..(1 << 63) - 1).contains(&id));
-                assert_eq!(
-                    path(&job, &["handoff", "request_type"]).and_then(Value::as_str),
-                    Some("generation_only")
-                );
-            } else {
-                assert_eq!(id, None);
-                assert!(!minted);
-            }
-            assert!(
-                field(&job, "prefill_output")
-                    .and_then(|o| field(o, "disaggregated_params"))
-                    .is_none()
-            );
-        }
-        Outcome::Terminal { .. } | Outcome::Error { .. } => {
-            assert!(
-                rules.reply_policy.check(&d.subject).is_ok(),
-                "answered on a refused subject {:?}",
-                d.subject
-            );
-            let answer = body(d, encoding);
-            assert_eq!(
-                field(&answer, "kind").and_then(Value::as_str),
-                Some(d.outcome.kind())
-            );
-            assert!(
-                field(&answer, "output")
-                    .and_then(|o| field(o, "disaggregated_params"))
-                    .is_none()
-            );
-        }
-    }
-    if encoding == Encoding::Json {
-        assert_eq!(header(d, "Content-Type"), Some("application/json"));
-    }
-}
-
 fn run(payload: &[u8], encoding: Encoding, jetstream: bool, nats_reply: Option<&str>) {
     let rules = if jetstream {
         jetstream_rules()
@@ -261,7 +205,7 @@ fn run(payload: &[u8], encoding: Encoding, jetstream: bool, nats_reply: Option<&
         nats_reply,
     };
     let d = decide(input, &rules, &mut TestIds::holding_slot());
-    check_invariants(&d, payload, encoding, &rules);
+    invariants::check(&d, payload, encoding, &rules);
 }
 
 proptest! {

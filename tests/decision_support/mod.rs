@@ -7,6 +7,8 @@
 
 #![allow(dead_code)]
 
+pub mod invariants;
+
 use prefill_handoff::config::Config;
 use prefill_handoff::decision::{
     Backend, DeadLetterCode, Decision, ErrorCode, FinishReason, IdSource, IdentityUnavailable,

@@ -1,0 +1,276 @@
+//! One function per fuzz target: the input bytes in, a panic when a property
+//! breaks. Used by the libFuzzer binaries (fuzz/fuzz_targets/) and replayed
+//! over the seed corpus by the normal test suite (tests/fuzz_corpus.rs).
+
+use crate::decision_support::{SOURCE, TestIds, invariants, jetstream_rules, rules};
+use async_nats::ServerOp;
+use async_nats::connection::parse_server_ops;
+use prefill_handoff::decision::{Decision, Input, Rules, decide, decide_in_place, decide_values};
+use prefill_handoff::transport::jetstream::handle::output_headers;
+use prefill_handoff::transport::{self, Ack, Incoming};
+use prefill_handoff::wire::{self, Encoding, MAX_DEPTH, scan};
+use rmpv::Value;
+use std::sync::LazyLock;
+use std::time::Instant;
+
+/// The MessagePack reader ([`wire::decode`]) and the zero-copy scanner
+/// ([`scan`]) on arbitrary bytes:
+/// - neither panics, and the scanner's accessors never panic on any span;
+/// - what the reader accepts nests at most [`MAX_DEPTH`] deep, and writing
+///   it gives bytes the reader reads back to the same bytes, in the
+///   scanner's canonical form;
+/// - the scanner accepts only what the reader accepts, and for what it
+///   accepts, decoding and encoding again gives the input byte for byte
+///   (the promise the in-place decision splices outputs on);
+/// - every value also renders as JSON that parses.
+pub fn wire_msgpack(data: &[u8]) {
+    let canonical = scan::validate(data);
+    // The accessors on unvalidated bytes: `None` at worst.
+    let _ = (scan::str_bytes(data), scan::uint(data), scan::is_nil(data));
+    let _ = scan::entries(data).map(|(_, spans)| spans.count());
+    let _ = scan::items(data).map(|(_, spans)| spans.count());
+    let _ = scan::validate_entries(data, |_, _| Some(()));
+
+    let value = match wire::decode(data, Encoding::MsgPack) {
+        Ok(value) => value,
+        Err(_) => {
+            assert!(!canonical, "the scanner accepted bytes the reader refuses");
+            return;
+        }
+    };
+    assert!(
+        wire::depth(&value) <= MAX_DEPTH,
+        "read past the depth limit"
+    );
+    let written = wire::encode(&value, Encoding::MsgPack);
+    let reread = wire::decode(&written, Encoding::MsgPack)
+        .unwrap_or_else(|e| panic!("the reader refuses the writer's output: {e}"));
+    assert_eq!(
+        wire::encode(&reread, Encoding::MsgPack),
+        written,
+        "writing what was read back changes it"
+    );
+    assert!(
+        scan::validate(&written),
+        "the writer's output is not in the scanner's canonical form"
+    );
+    if canonical {
+        assert_eq!(
+            written, data,
+            "a canonical body does not re-encode to itself"
+        );
+        walk(data, &value);
+    }
+    let json = wire::encode(&value, Encoding::Json);
+    assert!(
+        serde_json::from_slice::<serde_json::Value>(&json).is_ok(),
+        "the JSON rendering does not parse"
+    );
+}
+
+/// The scanner's accessors on a validated span agree with the value read
+/// from it.
+fn walk(raw: &[u8], value: &Value) {
+    assert_eq!(scan::is_nil(raw), value.is_nil());
+    if let Some(n) = scan::uint(raw) {
+        assert_eq!(Some(n), value.as_u64());
+    }
+    if let Some(s) = scan::str_bytes(raw) {
+        assert!(matches!(value, Value::String(v) if v.as_bytes() == s));
+    }
+    match value {
+        Value::Array(items) => {
+            let (n, spans) = scan::items(raw).expect("an array's span reads as items");
+            assert_eq!(n, items.len());
+            let spans: Vec<_> = spans.collect();
+            assert_eq!(spans.len(), items.len());
+            for (span, item) in spans.into_iter().zip(items) {
+                walk(span, item);
+            }
+        }
+        Value::Map(entries) => {
+            let (n, spans) = scan::entries(raw).expect("a map's span reads as entries");
+            assert_eq!(n, entries.len());
+            let spans: Vec<_> = spans.collect();
+            assert_eq!(spans.len(), 2 * entries.len());
+            for (pair, (k, v)) in spans.chunks(2).zip(entries) {
+                walk(pair[0], k);
+                walk(pair[1], v);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The worker's three situations: core mode with a NATS reply subject and a
+/// slot held, core mode without a NATS reply subject while fenced (no slot),
+/// and JetStream mode (the reply subject must be in the body). Built once:
+/// resolving the configuration for every input took most of a run's time.
+fn situations() -> &'static [(Rules, Option<&'static str>, bool); 3] {
+    static SITUATIONS: LazyLock<[(Rules, Option<&'static str>, bool); 3]> = LazyLock::new(|| {
+        [
+            (rules(), Some("_INBOX.nats.9"), false),
+            (rules(), None, true),
+            (
+                jetstream_rules(),
+                Some("$JS.ACK.LLM_PREFILL.handoff.1.1.1.0.0"),
+                false,
+            ),
+        ]
+    });
+    &SITUATIONS
+}
+
+fn ids(fenced: bool) -> TestIds {
+    if fenced {
+        TestIds::fenced()
+    } else {
+        TestIds::holding_slot()
+    }
+}
+
+fn input<'a>(payload: &'a [u8], encoding: Encoding, nats_reply: Option<&'a str>) -> Input<'a> {
+    Input {
+        payload,
+        encoding,
+        subject: SOURCE,
+        nats_reply,
+    }
+}
+
+/// The decision's invariants ([`invariants::check`]: one output, on an
+/// allowed subject, no CR or LF in a header, a body the worker can read
+/// back), and the headers going through the transport's header builder
+/// (which panics on a CR or LF).
+fn check_decision(d: &Decision, payload: &[u8], encoding: Encoding, rules: &Rules) {
+    invariants::check(d, payload, encoding, rules);
+    let _ = output_headers(&d.headers, None);
+}
+
+/// The decision on arbitrary bytes as a MessagePack body, in each of the
+/// worker's situations: its invariants hold, and the in-place path decides
+/// exactly as the value-tree path does (same decision, same number of IDs
+/// minted), as tests/decision_fast.rs checks on generated results.
+pub fn decide_msgpack(data: &[u8]) {
+    for (rules, nats_reply, fenced) in situations() {
+        let (nats_reply, fenced) = (*nats_reply, *fenced);
+        let input = input(data, Encoding::MsgPack, nats_reply);
+        let (mut fast_ids, mut tree_ids) = (ids(fenced), ids(fenced));
+        let d = decide(input, rules, &mut fast_ids);
+        check_decision(&d, data, Encoding::MsgPack, rules);
+        let reference = decide_values(input, rules, &mut tree_ids);
+        assert_eq!(
+            d, reference,
+            "the in-place path and the value-tree path differ"
+        );
+        assert_eq!(
+            fast_ids.minted, tree_ids.minted,
+            "the paths minted different numbers of IDs"
+        );
+    }
+}
+
+/// The decision on arbitrary bytes as a JSON body, in each of the worker's
+/// situations: its invariants hold, JSON is never decided in place, and a
+/// body that reads as JSON is decided as the same value sent as MessagePack
+/// is (same outcome, subject, request ID and frame count).
+pub fn decide_json(data: &[u8]) {
+    let as_msgpack = wire::decode(data, Encoding::Json)
+        .ok()
+        .map(|value| wire::encode(&value, Encoding::MsgPack));
+    for (rules, nats_reply, fenced) in situations() {
+        let (nats_reply, fenced) = (*nats_reply, *fenced);
+        let input = input(data, Encoding::Json, nats_reply);
+        assert!(
+            decide_in_place(input, rules, &mut ids(fenced)).is_none(),
+            "JSON was decided in place"
+        );
+        let d = decide(input, rules, &mut ids(fenced));
+        check_decision(&d, data, Encoding::Json, rules);
+        if let Some(bytes) = &as_msgpack {
+            let input = self::input(bytes, Encoding::MsgPack, nats_reply);
+            let m = decide(input, rules, &mut ids(fenced));
+            assert_eq!(
+                (&d.outcome, &d.subject, &d.request_id, d.trailing_frames),
+                (&m.outcome, &m.subject, &m.request_id, m.trailing_frames),
+                "JSON and MessagePack bodies of the same value are decided differently"
+            );
+        }
+    }
+}
+
+/// Bytes as the NATS server would send them, through the vendored client's
+/// server-op parser (`parse_server_ops`, docs/vendor-async-nats.md) and then
+/// our handling of each message it yields:
+/// - the parser never panics (an error is fine: the connection would close);
+/// - no header value it delivers holds CR or LF;
+/// - the content type read from the headers ([`Incoming::content_type`]),
+///   [`transport::decide`] (which dead-letters an unparsable header block)
+///   and the output's headers with the input's trace headers copied
+///   ([`output_headers`]) never panic, and the decision keeps its
+///   invariants ([`invariants::check`]);
+/// - every trace header of the input reaches the output unchanged.
+pub fn nats_headers(data: &[u8]) {
+    let Ok(ops) = parse_server_ops(data) else {
+        return;
+    };
+    for op in ops {
+        let ServerOp::Message {
+            subject,
+            reply,
+            payload,
+            headers,
+            ..
+        } = op
+        else {
+            continue;
+        };
+        for (name, values) in headers.iter().flat_map(|h| h.iter()) {
+            for value in values {
+                assert!(
+                    !value.as_str().contains(['\r', '\n']),
+                    "header {name} holds a line break: {value:?}"
+                );
+            }
+        }
+        let incoming = Incoming {
+            subject,
+            payload,
+            headers,
+            nats_reply: reply,
+            received_at: Instant::now(),
+            ack: Ack::Core,
+        };
+        let encoding = Encoding::from_content_type(incoming.content_type());
+        for (rules, _, fenced) in situations() {
+            let fenced = *fenced;
+            let input = Input {
+                payload: &incoming.payload,
+                encoding,
+                subject: &incoming.subject,
+                nats_reply: incoming.nats_reply.as_deref(),
+            };
+            let headers = incoming.headers.as_ref();
+            let d = transport::decide(input, headers, rules, &mut ids(fenced));
+            invariants::check(&d, &incoming.payload, encoding, rules);
+            let out = output_headers(&d.headers, headers);
+            for trace in ["traceparent", "tracestate"] {
+                // Names match without regard to case, so an input may carry
+                // the header under two spellings; either one's value will do.
+                let sent: Vec<&str> = headers
+                    .iter()
+                    .flat_map(|h| h.iter())
+                    .filter(|(n, _)| AsRef::<str>::as_ref(*n).eq_ignore_ascii_case(trace))
+                    .filter_map(|(_, v)| v.first().map(|v| v.as_str()))
+                    .collect();
+                if !sent.is_empty() {
+                    let copied = out.get(trace).map(|v| v.as_str());
+                    assert!(
+                        copied.is_some_and(|c| sent.contains(&c)),
+                        "the {trace} header {sent:?} is copied as {copied:?}"
+                    );
+                }
+            }
+        }
+    }
+}
