@@ -5,7 +5,11 @@
 use crate::decision_support::{SOURCE, TestIds, invariants, jetstream_rules, rules};
 use async_nats::ServerOp;
 use async_nats::connection::parse_server_ops;
-use prefill_handoff::decision::{Decision, Input, Rules, decide, decide_in_place, decide_values};
+
+use prefill_handoff::decision::{
+    Decision, Input, MAX_TRACESTATE_BYTES, Rules, TRACEPARENT_LEN, TraceHeader, decide,
+    decide_in_place, decide_values,
+};
 use prefill_handoff::transport::jetstream::handle::output_headers;
 use prefill_handoff::transport::{self, Ack, Incoming};
 use prefill_handoff::wire::{self, Encoding, MAX_DEPTH, scan};
@@ -144,7 +148,7 @@ fn input<'a>(payload: &'a [u8], encoding: Encoding, nats_reply: Option<&'a str>)
 /// (which panics on a CR or LF).
 fn check_decision(d: &Decision, payload: &[u8], encoding: Encoding, rules: &Rules) {
     invariants::check(d, payload, encoding, rules);
-    let _ = output_headers(&d.headers, None);
+    let _ = output_headers(&d.headers, &transport::trace_headers(None));
 }
 
 /// The decision on arbitrary bytes as a MessagePack body, in each of the
@@ -253,22 +257,35 @@ pub fn nats_headers(data: &[u8]) {
             let headers = incoming.headers.as_ref();
             let d = transport::decide(input, headers, rules, &mut ids(fenced));
             invariants::check(&d, &incoming.payload, encoding, rules);
-            let out = output_headers(&d.headers, headers);
-            for trace in ["traceparent", "tracestate"] {
+            let trace = transport::trace_headers(headers);
+            let out = output_headers(&d.headers, &trace);
+            for (name, max) in [
+                (TraceHeader::Traceparent, TRACEPARENT_LEN),
+                (TraceHeader::Tracestate, MAX_TRACESTATE_BYTES),
+            ] {
                 // Names match without regard to case, so an input may carry
-                // the header under two spellings; either one's value will do.
-                let sent: Vec<&str> = headers
+                // the header under two spellings.
+                let sent = headers
                     .iter()
                     .flat_map(|h| h.iter())
-                    .filter(|(n, _)| AsRef::<str>::as_ref(*n).eq_ignore_ascii_case(trace))
-                    .filter_map(|(_, v)| v.first().map(|v| v.as_str()))
-                    .collect();
-                if !sent.is_empty() {
-                    let copied = out.get(trace).map(|v| v.as_str());
-                    assert!(
-                        copied.is_some_and(|c| sent.contains(&c)),
-                        "the {trace} header {sent:?} is copied as {copied:?}"
-                    );
+                    .any(|(n, _)| AsRef::<str>::as_ref(n).eq_ignore_ascii_case(name.as_str()));
+                match out.get(name.as_str()).map(|v| v.as_str()) {
+                    // Copied: only what was sent, and within the W3C size.
+                    Some(copied) => {
+                        assert!(sent, "{} copied though none was sent", name.as_str());
+                        assert!(
+                            copied.len() <= max,
+                            "{} copied with {} bytes",
+                            name.as_str(),
+                            copied.len()
+                        );
+                    }
+                    // Sent and not copied: reported as dropped (and counted).
+                    None => assert!(
+                        !sent || trace.dropped.contains(&name),
+                        "{} sent, neither copied nor dropped",
+                        name.as_str()
+                    ),
                 }
             }
         }
