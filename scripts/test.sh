@@ -73,7 +73,7 @@ if [ -n "$other" ]; then
     echo "test.sh: JetStream tests again with $other ($version)"
     HANDOFF_TEST_NATS_SERVER="$other" cargo nextest run --locked --no-fail-fast \
         --test-threads "$threads" --no-tests=pass \
-        -E 'test(/jetstream/) | binary(hostile_publisher)'
+        -E 'test(/jetstream/) | binary(hostile_publisher) | (binary(cluster_etcd) & !test(/full_fleet/))'
     second="ran with $version"
 fi
 

@@ -33,9 +33,13 @@ const RETRY_PAUSE: Duration = Duration::from_millis(500);
 /// Room for a message's subject and headers beyond its payload, which the
 /// server counts against a pull's max_bytes.
 const PULL_OVERHEAD: usize = 16 * 1024;
-/// The status description the server ends a pull with when its max_bytes is
-/// used up (409); async-nats reports it as an error carrying this text.
-const BYTES_FILLED: &str = "Message Size Exceeds MaxBytes";
+/// The status descriptions (409) the server ends a pull with when it has
+/// served the pull in full: its max_bytes used up, or (nats-server 2.10 and
+/// later, after a pull bounded in bytes) its batch complete. async-nats
+/// reports them as errors carrying this text; for the worker they are the
+/// pull's normal end. Read as errors, every pull on 2.15 reopened the
+/// consumer after a 500 ms pause, and a backlog took minutes to drain.
+const PULL_SERVED: [&str; 2] = ["Message Size Exceeds MaxBytes", "Batch Completed"];
 /// How often an idle worker looks for acked messages the work queue kept
 /// (see [`sweep`](super::sweep)).
 const SWEEP_EVERY: Duration = Duration::from_secs(10);
@@ -216,9 +220,8 @@ impl Puller {
                                 drop((permit, held));
                             });
                         }
-                        Some(Err(e)) if e.to_string().contains(BYTES_FILLED) => {
-                            // The pull's max_bytes is used up: a normal end.
-                            debug!("pull filled its max_bytes");
+                        Some(Err(e)) if PULL_SERVED.iter().any(|s| e.to_string().contains(s)) => {
+                            debug!(status = %e, "pull served in full");
                             break;
                         }
                         Some(Err(e)) => {
