@@ -220,14 +220,7 @@ pub async fn write_as(
         etcd: config.etcd.clone(),
         keys: Keys::new(&config.namespace),
         ttl_secs: 1,
-        record: super::registry::InstanceRecord {
-            host: String::new(),
-            pid: 0,
-            machine_id: None,
-            version: String::new(),
-            subjects: Vec::new(),
-            started_at: String::new(),
-        },
+        record: super::registry::InstanceRecord::default(),
     };
     let client = super::claim::connect(&settings).await?;
     write(&settings, &client, lease_id, machine_id, floor_ms)

@@ -15,14 +15,7 @@ pub async fn read_slots(config: &Config) -> Result<Vec<SlotEntry>, LeaseError> {
         etcd: config.etcd.clone(),
         keys: keys.clone(),
         ttl_secs: 0,
-        record: InstanceRecord {
-            host: String::new(),
-            pid: 0,
-            machine_id: None,
-            version: String::new(),
-            subjects: Vec::new(),
-            started_at: String::new(),
-        },
+        record: InstanceRecord::default(),
     };
     let client = claim::connect(&settings).await?;
     // Both prefixes at one revision, so a slot and its instance agree.

@@ -73,8 +73,9 @@ impl Keys {
     }
 }
 
-/// The JSON value of an instance key.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// The JSON value of an instance key. `Default` is the empty record of an
+/// etcd session that registers no instance (`slots`, a floor write).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InstanceRecord {
     pub host: String,
     pub pid: u32,
