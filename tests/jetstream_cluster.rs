@@ -75,11 +75,9 @@ async fn stream_leader(js: &jetstream::Context, cluster: &NatsCluster, name: &st
     cluster.index_of(&leader).expect("a server of the cluster")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn jetstream_cluster_prefill_stream_leader_killed_loses_nothing() {
-    let mut cluster = NatsCluster::start();
-    let config = cluster_config(&cluster);
-    let client = async_nats::ConnectOptions::new()
+/// A client of the whole cluster (every node's URL), as the workers connect.
+async fn connect_cluster(cluster: &NatsCluster) -> async_nats::Client {
+    async_nats::ConnectOptions::new()
         .retry_on_initial_connect()
         .connect(
             prefill_handoff::transport::connect::parse_url(&cluster.urls())
@@ -87,7 +85,14 @@ async fn jetstream_cluster_prefill_stream_leader_killed_loses_nothing() {
                 .addrs,
         )
         .await
-        .expect("connect");
+        .expect("connect")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn jetstream_cluster_prefill_stream_leader_killed_loses_nothing() {
+    let mut cluster = NatsCluster::start();
+    let config = cluster_config(&cluster);
+    let client = connect_cluster(&cluster).await;
     let js = jetstream::new(client.clone());
     setup(&js, &config).await;
     for name in ["LLM_PREFILL", "LLM_GEN"] {
@@ -191,15 +196,7 @@ async fn jetstream_cluster_setup_raises_replicas_in_place() {
     let cluster = NatsCluster::start();
     let mut config = cluster_config(&cluster);
     config.jetstream.replicas = 1;
-    let client = async_nats::ConnectOptions::new()
-        .retry_on_initial_connect()
-        .connect(
-            prefill_handoff::transport::connect::parse_url(&cluster.urls())
-                .expect("server URLs")
-                .addrs,
-        )
-        .await
-        .expect("connect");
+    let client = connect_cluster(&cluster).await;
     let js = jetstream::new(client);
     setup(&js, &config).await;
     let stored = Input {
