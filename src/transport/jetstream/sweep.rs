@@ -8,6 +8,13 @@
 //! limits, and with discard policy `new` a full stream refuses new results.
 //! Our consumer has no filter, so it is the only consumer the work queue
 //! allows: its ack floor speaks for every message.
+//!
+//! The same restart can leave the ack floor's *stream* sequence stale while
+//! its *consumer* sequence has caught up with the last delivery (seen on
+//! 2.9.10: ack floor consumer 9965 / stream 1672, delivered consumer 9965 /
+//! stream 10000, nothing pending). The consumer sequences are the server's
+//! own count of what it handed out and what came back: when they are equal,
+//! every message up to the last delivered stream sequence is settled.
 
 use async_nats::jetstream;
 use tracing::warn;
@@ -29,7 +36,16 @@ pub async fn orphans(
         .consumer_info(consumer_name)
         .await
         .map_err(|e| format!("reading consumer {stream_name}/{consumer_name}: {e}"))?;
-    let floor = consumer.ack_floor.stream_sequence;
+    let floor = settled_floor(
+        (
+            consumer.ack_floor.consumer_sequence,
+            consumer.ack_floor.stream_sequence,
+        ),
+        (
+            consumer.delivered.consumer_sequence,
+            consumer.delivered.stream_sequence,
+        ),
+    );
     if stored == 0 || first == 0 || first > floor {
         return Ok(0);
     }
@@ -49,4 +65,35 @@ pub async fn orphans(
         );
     }
     Ok(purged)
+}
+
+/// The highest stream sequence at or below which every message is settled,
+/// from the consumer's `(consumer, stream)` ack floor and last delivery.
+fn settled_floor(ack_floor: (u64, u64), delivered: (u64, u64)) -> u64 {
+    if ack_floor.0 >= delivered.0 {
+        ack_floor.1.max(delivered.1)
+    } else {
+        ack_floor.1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::settled_floor;
+
+    #[test]
+    fn the_ack_floor_is_the_floor_while_deliveries_are_outstanding() {
+        assert_eq!(settled_floor((90, 100), (95, 120)), 100);
+    }
+
+    #[test]
+    fn a_stale_stream_floor_is_lifted_when_every_delivery_came_back() {
+        // The state a restarted nats-server 2.9.10 reported in CI.
+        assert_eq!(settled_floor((9965, 1672), (9965, 10000)), 10000);
+    }
+
+    #[test]
+    fn nothing_delivered_means_nothing_settled() {
+        assert_eq!(settled_floor((0, 0), (0, 0)), 0);
+    }
 }
