@@ -28,6 +28,7 @@
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod connect;
 pub mod decision;
 pub mod id_service;
 pub mod identity;

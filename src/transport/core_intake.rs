@@ -1,6 +1,6 @@
-//! The core source's intake: takes every result off the subscriptions as soon as it arrives and
-//! holds its bytes in the worker's byte budget (`max_in_flight_bytes`), or
-//! refuses it when the budget is spent.
+//! The core source's intake: takes every result off the subscriptions as
+//! soon as it arrives and holds its bytes in the worker's byte budget
+//! (`max_in_flight_bytes`), or refuses it when the budget is spent.
 //!
 //! Reading is not gated on free in-flight slots: a result waiting for a slot
 //! waits here, in bytes the budget counts, not in the NATS client's

@@ -17,17 +17,16 @@
 //!   consumer; outputs are confirmed by the server before the delivery is
 //!   acked.
 //!
-//! Beside them: [`connect`] (the one NATS connection a worker holds) and
-//! [`budget`] (the byte budget both modes hold their results' bytes in).
+//! Beside them: [`budget`], the byte budget both modes hold their results'
+//! bytes in. The connection itself is made by [`crate::connect`], from the
+//! configuration.
 
 pub mod budget;
-pub mod connect;
 pub mod core;
 pub mod core_intake;
 pub mod core_sink;
 pub mod jetstream;
 
-pub use connect::connect;
 pub use core_intake::CoreSource;
 pub use core_sink::CoreSink;
 
@@ -293,27 +292,10 @@ impl Sink {
     }
 }
 
-/// Why a transport could not be set up. Failures after start (disconnects,
-/// publish errors) are logged and counted, not returned.
+/// Why the core transport could not be set up. Failures after start
+/// (disconnects, publish errors) are logged and counted, not returned.
 #[derive(Debug, thiserror::Error)]
 pub enum TransportError {
-    /// `nats.url` cannot be used (the message names the key).
-    #[error(transparent)]
-    Url(crate::config::ConfigError),
-    #[error("nats.user and nats.password must be set together")]
-    HalfUserPassword,
-    #[error("nats.credentials_file {path:?} cannot be used: {reason}")]
-    Credentials { path: String, reason: String },
-    #[error("cannot connect to NATS at {url}: {reason}")]
-    Connect { url: String, reason: String },
-    #[error(
-        "cannot connect to NATS at {url}: no server answered within {secs} s (nats.connect_timeout_secs); check that nats-server runs there and is reachable"
-    )]
-    Unreachable { url: String, secs: u64 },
-    #[error("TLS to NATS at {url} failed: {reason}")]
-    Tls { url: String, reason: String },
-    #[error(transparent)]
-    Security(#[from] crate::security::SecurityError),
     #[error("subjects.prefill_results is empty; the worker needs at least one subject to consume")]
     NoSubjects,
     #[error("cannot subscribe to {subject:?} (queue group {queue_group:?}): {reason}")]
