@@ -136,16 +136,16 @@ impl Pipeline {
         let publish = self.publish(&delivery, &decision, outgoing, payload);
         let (outcome, done) = match delivery.while_pending(publish).await {
             Ok(()) => (decision.outcome.clone(), done),
-            Err(e @ (PublishError::TooLarge(_) | PublishError::InvalidSubject { .. })) => {
-                match self
-                    .dead_letter_instead(&delivery, &trace, &decision, &e)
+            Err(e) => match fallback_code(&e) {
+                Some(code) => match self
+                    .dead_letter_instead(&delivery, &trace, &decision, code, &e)
                     .await
                 {
-                    Ok(code) => (Outcome::DeadLetter { code }, Settle::Term),
+                    Ok(()) => (Outcome::DeadLetter { code }, Settle::Term),
                     Err(e) => return self.failed(&delivery, &decision, e).await,
-                }
-            }
-            Err(e) => return self.failed(&delivery, &decision, e).await,
+                },
+                None => return self.failed(&delivery, &decision, e).await,
+            },
         };
 
         self.metrics.record(
@@ -239,11 +239,13 @@ impl Pipeline {
     }
 }
 
-/// The dead-letter code that stands in for an output that can never be
-/// published.
-fn fallback_code(e: &PublishError) -> DeadLetterCode {
+/// The dead letter that stands in for an output that can never be
+/// published; `None` when a later try may succeed. Both modes dead-letter
+/// an invalid reply subject (core mode used to publish nothing for it).
+fn fallback_code(e: &PublishError) -> Option<DeadLetterCode> {
     match e {
-        PublishError::InvalidSubject { .. } => DeadLetterCode::ReplyToNotAllowed,
-        PublishError::TooLarge(_) | PublishError::Failed { .. } => DeadLetterCode::TooLarge,
+        PublishError::TooLarge(_) => Some(DeadLetterCode::TooLarge),
+        PublishError::InvalidSubject { .. } => Some(DeadLetterCode::ReplyToNotAllowed),
+        PublishError::Failed { .. } => None,
     }
 }
