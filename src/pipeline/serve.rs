@@ -8,9 +8,7 @@ use crate::config::{Config, ConfigError, Mode};
 use crate::identity::Identity;
 use crate::metrics::{Metrics, Readiness};
 use crate::setup::{self, JetStreamError};
-use crate::transport::jetstream::{
-    self, PullSource, Puller, confirm::Confirmer, publish::Publisher,
-};
+use crate::transport::jetstream::{self, Puller, confirm::Confirmer, publish::Publisher};
 use crate::transport::{self, CoreSink, Sink, Source, TransportError};
 use async_nats::Client;
 use std::future::Future;
@@ -92,10 +90,7 @@ pub async fn start(
                 runner.limits(),
             )
             .await?;
-            Ok(Worker {
-                runner,
-                source: Source::Core(source),
-            })
+            Ok(Worker { runner, source })
         }
         Mode::Jetstream => {
             let js_config = &config.jetstream;
@@ -164,11 +159,8 @@ pub async fn start(
                 ack_wait_ms = ack_wait.as_millis() as u64,
                 "consuming from JetStream"
             );
-            let source = PullSource::start(puller, consumer, runner.limits().clone());
-            Ok(Worker {
-                runner,
-                source: Source::JetStream(source),
-            })
+            let source = jetstream::start(puller, consumer, runner.limits().clone());
+            Ok(Worker { runner, source })
         }
     }
 }

@@ -3,7 +3,7 @@
 //! configuration is imported here; the pipeline passes plain values in.
 //!
 //! - [`Source`]: where deliveries come from, each admitted within the
-//!   in-flight [`Limits`] (a count and a byte budget).
+//!   in-flight [`Limits`] (a count and a byte budget), and stopped on drain.
 //! - [`Delivery`]: one prefill result, which can be settled (ack, nak with a
 //!   delay, term), report progress while its output is confirmed, and tell
 //!   its delivery attempt.
@@ -23,11 +23,10 @@
 
 pub mod budget;
 pub mod core;
-pub mod core_intake;
+mod core_intake;
 pub mod core_sink;
 pub mod jetstream;
 
-pub use core_intake::CoreSource;
 pub use core_sink::CoreSink;
 
 use async_nats::{HeaderMap, Subject};
@@ -36,7 +35,7 @@ use bytes::Bytes;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
 /// One received prefill result, whatever transport it came from.
 #[derive(Debug)]
@@ -188,36 +187,58 @@ pub enum Admission {
     },
 }
 
-/// Where deliveries come from: one variant per delivery mode.
-pub enum Source {
-    Core(core_intake::CoreSource),
-    JetStream(jetstream::PullSource),
+/// Where deliveries come from, whichever the mode: a task of the transport
+/// ([`core::subscribe`], [`jetstream::start`]) takes them and
+/// hands them on here.
+pub struct Source {
+    admitted: mpsc::UnboundedReceiver<Admission>,
+    drain: Option<oneshot::Sender<oneshot::Sender<()>>>,
+}
+
+/// The transport task's side of a [`Source`].
+pub struct Feed {
+    /// Unbounded in count; bounded by the limits each admission holds.
+    pub admitted: mpsc::UnboundedSender<Admission>,
+    /// A drain request, answered once the task takes no new input.
+    pub drain: oneshot::Receiver<oneshot::Sender<()>>,
 }
 
 impl Source {
+    pub fn new() -> (Source, Feed) {
+        let (tx, admitted) = mpsc::unbounded_channel();
+        let (drain, drain_rx) = oneshot::channel();
+        let source = Source {
+            admitted,
+            drain: Some(drain),
+        };
+        let feed = Feed {
+            admitted: tx,
+            drain: drain_rx,
+        };
+        (source, feed)
+    }
+
     /// The next admission; `None` once the source is drained or closed and
     /// everything it took is handed on. Cancel-safe.
     pub async fn next(&mut self) -> Option<Admission> {
-        match self {
-            Source::Core(s) => s.next().await,
-            Source::JetStream(s) => s.next().await,
-        }
+        self.admitted.recv().await
     }
 
     /// An admission already taken, if any; never waits.
     pub fn ready(&mut self) -> Option<Admission> {
-        match self {
-            Source::Core(s) => s.ready(),
-            Source::JetStream(s) => s.ready(),
-        }
+        self.admitted.try_recv().ok()
     }
 
-    /// Stops taking new input; what was already accepted still comes out of
-    /// [`Source::next`], which then returns `None`.
+    /// Stops taking new input; returns once the transport did. What was
+    /// already accepted still comes out of [`Source::next`], which then
+    /// returns `None`.
     pub async fn drain(&mut self) {
-        match self {
-            Source::Core(s) => s.drain().await,
-            Source::JetStream(s) => s.drain().await,
+        let Some(drain) = self.drain.take() else {
+            return;
+        };
+        let (done, accepted) = oneshot::channel();
+        if drain.send(done).is_ok() {
+            let _ = accepted.await;
         }
     }
 }
