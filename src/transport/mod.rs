@@ -12,7 +12,8 @@
 //! Two implementations:
 //!
 //! - [`core`]: core NATS, a queue subscription on every prefill subject (at
-//!   most once, contract 7); its outputs are only enqueued on the connection.
+//!   most once, contract 7), read by `core_intake.rs` into the byte budget;
+//!   its outputs are only enqueued on the connection ([`core_sink`]).
 //! - [`jetstream`]: the durable mode, a work-queue stream and a shared pull
 //!   consumer; outputs are confirmed by the server before the delivery is
 //!   acked.
@@ -21,116 +22,25 @@
 //! bytes in. The connection itself is made by [`crate::connect`], from the
 //! configuration.
 
-pub mod budget;
+mod delivery;
+mod sink;
+mod source;
+
 pub mod core;
 mod core_intake;
 pub mod core_sink;
 pub mod jetstream;
 
+pub mod budget;
+
 pub use core_sink::CoreSink;
+pub use delivery::{Attempt, Delivery, Settle};
+pub use sink::{PublishError, Sink, Target};
+pub use source::{Admission, Admitted, Feed, Limits, Source};
 
-use async_nats::{HeaderMap, Subject};
-use budget::{ByteBudget, Held};
-use bytes::Bytes;
-use std::future::Future;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+pub(crate) use delivery::Settler;
 
-/// One received prefill result, whatever transport it came from.
-#[derive(Debug)]
-pub struct Delivery {
-    /// The subject it arrived on.
-    pub subject: Subject,
-    pub payload: Bytes,
-    pub headers: Option<HeaderMap>,
-    /// The NATS message's own reply subject, where a request's answer may
-    /// go. Always `None` from a durable source: there the NATS reply subject
-    /// is the ack subject, which never leaves the transport (this is the one
-    /// place that keeps durable mode from answering on it).
-    pub reply: Option<Subject>,
-    /// When the worker took it from the transport; latency is measured from here.
-    pub received_at: Instant,
-    pub attempt: Attempt,
-    settler: Settler,
-}
-
-/// Which delivery of its message this is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Attempt {
-    /// 1 for the first delivery.
-    pub number: i64,
-    /// When the server stored the message (durable mode only).
-    pub stored_at: Option<time::OffsetDateTime>,
-}
-
-impl Attempt {
-    /// The only delivery an at-most-once transport makes.
-    pub const ONLY: Attempt = Attempt {
-        number: 1,
-        stored_at: None,
-    };
-}
-
-/// What is done with a delivery once its fate is known.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Settle {
-    /// Done: never deliver it again.
-    Ack,
-    /// Done, and never to be redelivered: marked terminated, not done.
-    Term,
-    /// Not done: deliver it again after the delay.
-    Nak(Duration),
-}
-
-/// How a delivery is settled with its transport.
-enum Settler {
-    /// Core NATS: at most once, nothing to settle.
-    AtMostOnce,
-    /// JetStream: the message's ack subject; progress every `every`.
-    JetStream {
-        acker: Box<async_nats::jetstream::message::Acker>,
-        every: Duration,
-    },
-}
-
-impl std::fmt::Debug for Settler {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Settler::AtMostOnce => f.write_str("AtMostOnce"),
-            Settler::JetStream { every, .. } => {
-                f.debug_struct("JetStream").field("every", every).finish()
-            }
-        }
-    }
-}
-
-impl Delivery {
-    /// Whether this transport can deliver the message again (a nak means
-    /// something).
-    pub fn redeliverable(&self) -> bool {
-        matches!(self.settler, Settler::JetStream { .. })
-    }
-
-    /// Settles the delivery. A settlement that cannot be sent is logged: the
-    /// server's ack wait redelivers the message anyway.
-    pub async fn settle(&self, settle: Settle) {
-        if let Settler::JetStream { acker, .. } = &self.settler {
-            jetstream::settle(acker, settle).await;
-        }
-    }
-
-    /// Runs `work` (publishing this delivery's output), reporting progress
-    /// to the server while it is pending so the delivery does not time out.
-    pub async fn while_pending<F: Future>(&self, work: F) -> F::Output {
-        match &self.settler {
-            Settler::AtMostOnce => work.await,
-            Settler::JetStream { acker, every } => {
-                jetstream::with_progress(work, acker, *every).await
-            }
-        }
-    }
-}
+use async_nats::HeaderMap;
 
 /// The first value of the header `name`, matched without regard to case, as
 /// HTTP and most NATS clients do. Every header read in this crate goes
@@ -141,176 +51,6 @@ pub fn first_header<'a>(headers: Option<&'a HeaderMap>, name: &str) -> Option<&'
         .find(|(n, _)| AsRef::<str>::as_ref(n).eq_ignore_ascii_case(name))
         .and_then(|(_, values)| values.first())
         .map(|v| v.as_str())
-}
-
-/// The in-flight bounds every source admits deliveries within, shared with
-/// the runner that frees them: processing slots (`max_in_flight`) and bytes
-/// (`max_in_flight_bytes`).
-#[derive(Clone, Debug)]
-pub struct Limits {
-    pub slots: Arc<Semaphore>,
-    pub budget: ByteBudget,
-}
-
-impl Limits {
-    pub fn new(max_in_flight: usize, max_in_flight_bytes: usize) -> Limits {
-        // A semaphore counts in u32 when waiting for all permits at once.
-        let slots = max_in_flight.clamp(1, u32::MAX as usize);
-        Limits {
-            slots: Arc::new(Semaphore::new(slots)),
-            budget: ByteBudget::new(max_in_flight_bytes),
-        }
-    }
-}
-
-/// A delivery taken, holding its bytes (and, once given, its processing
-/// slot) until dropped.
-#[derive(Debug)]
-pub struct Admitted {
-    pub delivery: Delivery,
-    pub held: Held,
-    /// The processing slot, when the source took one before it pulled; the
-    /// runner takes one otherwise.
-    pub slot: Option<OwnedSemaphorePermit>,
-}
-
-/// What a source hands on.
-#[derive(Debug)]
-pub enum Admission {
-    Admitted(Admitted),
-    /// The byte budget had no room: the delivery, its payload already
-    /// dropped (its length in `bytes`), must be answered without being
-    /// decided.
-    OverBudget {
-        delivery: Delivery,
-        bytes: usize,
-    },
-}
-
-/// Where deliveries come from, whichever the mode: a task of the transport
-/// ([`core::subscribe`], [`jetstream::start`]) takes them and
-/// hands them on here.
-pub struct Source {
-    admitted: mpsc::UnboundedReceiver<Admission>,
-    drain: Option<oneshot::Sender<oneshot::Sender<()>>>,
-}
-
-/// The transport task's side of a [`Source`].
-pub struct Feed {
-    /// Unbounded in count; bounded by the limits each admission holds.
-    pub admitted: mpsc::UnboundedSender<Admission>,
-    /// A drain request, answered once the task takes no new input.
-    pub drain: oneshot::Receiver<oneshot::Sender<()>>,
-}
-
-impl Source {
-    pub fn new() -> (Source, Feed) {
-        let (tx, admitted) = mpsc::unbounded_channel();
-        let (drain, drain_rx) = oneshot::channel();
-        let source = Source {
-            admitted,
-            drain: Some(drain),
-        };
-        let feed = Feed {
-            admitted: tx,
-            drain: drain_rx,
-        };
-        (source, feed)
-    }
-
-    /// The next admission; `None` once the source is drained or closed and
-    /// everything it took is handed on. Cancel-safe.
-    pub async fn next(&mut self) -> Option<Admission> {
-        self.admitted.recv().await
-    }
-
-    /// An admission already taken, if any; never waits.
-    pub fn ready(&mut self) -> Option<Admission> {
-        self.admitted.try_recv().ok()
-    }
-
-    /// Stops taking new input; returns once the transport did. What was
-    /// already accepted still comes out of [`Source::next`], which then
-    /// returns `None`.
-    pub async fn drain(&mut self) {
-        let Some(drain) = self.drain.take() else {
-            return;
-        };
-        let (done, accepted) = oneshot::channel();
-        if drain.send(done).is_ok() {
-            let _ = accepted.await;
-        }
-    }
-}
-
-/// Why an output is not known to have reached the server.
-#[derive(Debug, thiserror::Error)]
-pub enum PublishError {
-    /// Bigger than the server's `max_payload`: this output can never be sent.
-    #[error("the output is larger than the NATS server accepts: {0}")]
-    TooLarge(String),
-    /// A subject the client refuses: this output can never be sent there.
-    #[error("{subject:?} is not a subject NATS accepts: {reason}")]
-    InvalidSubject { subject: String, reason: String },
-    /// Worth retrying later: the server, the connection or the stream failed.
-    #[error("publishing to {subject}: {reason}")]
-    Failed { subject: String, reason: String },
-}
-
-/// Whether an output goes into a stream (waiting for its stored ack) or
-/// onto a plain subject.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Target {
-    Subject,
-    Stream,
-}
-
-/// Where outputs go: one variant per delivery mode.
-#[derive(Clone)]
-pub enum Sink {
-    /// Enqueued on the connection; pipelined, flushed at shutdown.
-    Core(CoreSink),
-    /// Known to have reached the server before the call returns.
-    JetStream(Box<jetstream::publish::Publisher>),
-}
-
-impl Sink {
-    /// Publishes one output. An empty header map publishes without headers.
-    pub async fn publish(
-        &self,
-        subject: &str,
-        headers: HeaderMap,
-        payload: Bytes,
-        target: Target,
-    ) -> Result<(), PublishError> {
-        match self {
-            Sink::Core(sink) => sink.publish(subject, headers, payload).await,
-            Sink::JetStream(sink) => match target {
-                Target::Stream => sink.stored(subject, headers, payload).await,
-                Target::Subject => sink.confirmed(subject, headers, payload).await,
-            },
-        }
-    }
-
-    /// Waits until the server has received everything published so far, or
-    /// `timeout` passes. True when flushed.
-    pub async fn flush(&self, timeout: Duration) -> bool {
-        let client = match self {
-            Sink::Core(sink) => sink.client(),
-            Sink::JetStream(sink) => &sink.client,
-        };
-        match tokio::time::timeout(timeout, client.flush()).await {
-            Ok(Ok(())) => true,
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, "flushing NATS failed");
-                false
-            }
-            Err(_) => {
-                tracing::warn!(?timeout, "flushing NATS timed out");
-                false
-            }
-        }
-    }
 }
 
 /// Why the core transport could not be set up. Failures after start
