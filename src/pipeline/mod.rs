@@ -1,6 +1,6 @@
 //! The pipeline: one delivery, from either transport, through
 //! decode → decide → publish → settle. Both delivery modes run this one path;
-//! what differs between them is in the [`transport`](crate::transport)
+//! what differs between them is in [`crate::transport`]
 //! (how a delivery is settled, how an output is confirmed).
 //!
 //! - here: [`Pipeline::handle`], where a delivery starts and ends.

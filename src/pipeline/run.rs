@@ -11,7 +11,7 @@
 //! Deliveries are handled in spawned tasks, so decisions run on every
 //! runtime thread (handling all results inside the loop's task measured
 //! ~20% slower on two cores). A task takes every delivery already waiting,
-//! up to [`BATCH`], so a burst does not pay one spawn per result; they run
+//! up to `BATCH`, so a burst does not pay one spawn per result; they run
 //! concurrently inside it, so a slow confirmation holds up none of the others.
 
 use super::{Pipeline, Stats};

@@ -52,7 +52,7 @@ pub enum Admission {
 }
 
 /// Where deliveries come from, whichever the mode: a task of the transport
-/// ([`core::subscribe`], [`jetstream::start`]) takes them and
+/// ([`super::core::subscribe`], [`super::jetstream::start`]) takes them and
 /// hands them on here.
 pub struct Source {
     admitted: mpsc::UnboundedReceiver<Admission>,
