@@ -90,6 +90,10 @@ pub struct Pipeline {
 impl Pipeline {
     /// Takes one delivery to its end: decided, its one output published,
     /// settled. Never panics on the message's content.
+    ///
+    /// The one place a delivery starts and ends, in both modes: its headers
+    /// are read here (`incoming`) and its output's built here (`outgoing`),
+    /// so a trace span around a delivery belongs here.
     pub async fn handle(&self, delivery: Delivery) -> Handled {
         let _in_flight = self.metrics.in_flight();
         let attempt = delivery.attempt.number;
