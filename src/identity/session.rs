@@ -8,10 +8,10 @@
 //! answering does not lose it: the holder keeps trying (a new etcd leader
 //! keeps every lease), and minting meanwhile stays within the reservation.
 
-use super::Identity;
 use super::claim::{Claimed, Settings};
 use super::floor;
 use super::keepalive::Beat;
+use super::{Identity, LeaseError};
 use crate::wire::messages::instance_id;
 use etcd_client::{WatchOptions, WatchStream};
 use std::fmt;
@@ -155,14 +155,30 @@ pub(super) async fn stopped(stop: &mut watch::Receiver<bool>) {
 
 enum WatchNews {
     Changed,
-    Broken(String),
+    Broken(WatchBroken),
+}
+
+/// Why the slot watch stopped telling us anything; it is reopened.
+#[derive(Debug, thiserror::Error)]
+enum WatchBroken {
+    #[error("{0}")]
+    Request(#[from] LeaseError),
+    #[error("etcd canceled the watch (compact revision {compact_revision}): {reason}")]
+    Canceled {
+        compact_revision: i64,
+        reason: String,
+    },
+    #[error("etcd closed the watch stream")]
+    Closed,
+    #[error("the watch failed: {0}")]
+    Failed(#[source] etcd_client::Error),
 }
 
 async fn open_watch(
     settings: &Settings,
     claimed: &Claimed,
     start_revision: i64,
-) -> Result<WatchStream, String> {
+) -> Result<WatchStream, LeaseError> {
     let key = settings.keys.slot(claimed.machine_id);
     let options = WatchOptions::new().with_start_revision(start_revision);
     settings
@@ -171,7 +187,6 @@ async fn open_watch(
             claimed.client.watch_client().watch(key, Some(options)),
         )
         .await
-        .map_err(|e| e.to_string())
 }
 
 /// After the watch broke, events may have been missed: check that the slot
@@ -184,7 +199,7 @@ async fn reopen_watch(settings: &Settings, claimed: &Claimed) -> Result<WatchStr
             claimed.client.kv_client().get(key, None),
         )
         .await
-        .map_err(|e| WatchNews::Broken(e.to_string()))?;
+        .map_err(|e| WatchNews::Broken(e.into()))?;
     let ours = answer.kvs().first().is_some_and(|kv| {
         kv.lease() == claimed.lease_id && kv.create_revision() == claimed.revision
     });
@@ -194,7 +209,7 @@ async fn reopen_watch(settings: &Settings, claimed: &Claimed) -> Result<WatchStr
     let revision = answer.header().map_or(claimed.revision, |h| h.revision());
     open_watch(settings, claimed, revision + 1)
         .await
-        .map_err(WatchNews::Broken)
+        .map_err(|e| WatchNews::Broken(e.into()))
 }
 
 /// The next thing that matters on the slot watch; pending forever without one.
@@ -206,16 +221,15 @@ async fn next_change(slot_watch: &mut Option<WatchStream>) -> WatchNews {
         match stream.message().await {
             Ok(Some(answer)) if !answer.events().is_empty() => return WatchNews::Changed,
             Ok(Some(answer)) if answer.canceled() => {
-                return WatchNews::Broken(format!(
-                    "etcd canceled the watch (compact revision {}): {}",
-                    answer.compact_revision(),
-                    answer.cancel_reason()
-                ));
+                return WatchNews::Broken(WatchBroken::Canceled {
+                    compact_revision: answer.compact_revision(),
+                    reason: answer.cancel_reason().to_string(),
+                });
             }
             // The "created" notice and progress notices carry no events.
             Ok(Some(_)) => continue,
-            Ok(None) => return WatchNews::Broken("etcd closed the watch stream".into()),
-            Err(e) => return WatchNews::Broken(e.to_string()),
+            Ok(None) => return WatchNews::Broken(WatchBroken::Closed),
+            Err(e) => return WatchNews::Broken(WatchBroken::Failed(e)),
         }
     }
 }
