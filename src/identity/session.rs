@@ -1,6 +1,6 @@
-//! Holding a claimed slot: keepalive every TTL/3 (each followed by a renewal
-//! of the slot's ID floor), a watch on the slot key, and the deadline after
-//! which the lease may have expired.
+//! Holding a claimed slot: keepalive every TTL/3, the renewal of the slot's
+//! ID floor beside it on its own schedule, a watch on the slot key, and the
+//! deadline after which the lease may have expired.
 //!
 //! The slot is lost when the keepalive answers TTL 0, when the slot key
 //! changes under us (deleted by a revoke or by hand, or overwritten), or when
@@ -57,8 +57,34 @@ impl fmt::Display for Loss {
 }
 
 /// Keeps the slot until it is lost or `stop` turns true (or its sender
-/// drops), extending `identity` after every successful keepalive.
+/// drops), extending `identity` after every successful keepalive and
+/// renewing the ID floor on its own schedule (`floor::keep_renewing`): a
+/// keepalive or a watch waiting on etcd never delays a renewal.
 pub(super) async fn hold(
+    settings: &Settings,
+    claimed: &mut Claimed,
+    identity: &Identity,
+    stop: &mut watch::Receiver<bool>,
+) -> Ended {
+    let floor_client = claimed.client.clone();
+    let holder = floor::Holder {
+        client: &floor_client,
+        lease_id: claimed.lease_id,
+        machine_id: claimed.machine_id,
+        ttl: claimed.ttl,
+    };
+    // The claim wrote the first reservation as the lease was granted.
+    let first_renewal = claimed.valid_until - claimed.ttl + floor::renewal_interval(claimed.ttl);
+    tokio::select! {
+        ended = keep_alive(settings, claimed, identity, stop) => ended,
+        () = floor::keep_renewing(settings, holder, identity, first_renewal) => {
+            Ended::Lost(Loss::SlotChanged)
+        }
+    }
+}
+
+/// The keepalive every TTL/3 and the watch on the slot key.
+async fn keep_alive(
     settings: &Settings,
     claimed: &mut Claimed,
     identity: &Identity,
@@ -89,29 +115,12 @@ pub(super) async fn hold(
             _ = tokio::time::sleep_until(next_beat.into()) => {
                 // No deadline from the lease's validity: a lease that cannot be
                 // confirmed is not given up (minting is bounded by the
-                // reservation, not by it). The keepalive and the floor renewal
-                // run side by side, each bounded by etcd.request_timeout_ms:
-                // either alone can keep minting going while the other waits on
-                // an etcd member that lost its leader.
+                // reservation, not by it). Bounded by etcd.request_timeout_ms.
                 let deadline = Instant::now() + settings.request_timeout();
-                let holder = floor::Holder {
-                    client: &claimed.client,
-                    lease_id: claimed.lease_id,
-                    machine_id: claimed.machine_id,
-                    ttl: claimed.ttl,
-                };
-                let (beat, renewal) = tokio::select! {
-                    both = async {
-                        tokio::join!(
-                            claimed.keepalive.beat(deadline),
-                            floor::renew(settings, holder, identity),
-                        )
-                    } => both,
+                let beat = tokio::select! {
+                    beat = claimed.keepalive.beat(deadline) => beat,
                     _ = stopped(stop) => return Ended::Shutdown,
                 };
-                if renewal == floor::Renewal::SlotMoved {
-                    return Ended::Lost(Loss::SlotChanged);
-                }
                 match beat {
                     Ok(Beat::Alive { valid_until }) => {
                         claimed.valid_until = valid_until;
