@@ -11,7 +11,7 @@
 //! missing. Prints `raw_js_relay: ready` on stderr once consuming.
 
 use clap::Parser;
-use prefill_handoff::loadgen::relay::{JsRelay, JsRelaySettings};
+use prefill_handoff_loadgen::relay::{JsRelay, JsRelaySettings};
 
 #[derive(Parser)]
 struct Args {

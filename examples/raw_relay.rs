@@ -9,7 +9,7 @@
 //! Ctrl-C after draining the subscription.
 
 use clap::Parser;
-use prefill_handoff::loadgen::relay::CoreRelay;
+use prefill_handoff_loadgen::relay::CoreRelay;
 
 #[derive(Parser)]
 struct Args {

@@ -32,7 +32,9 @@
 //! - [`security`]: TLS files and NKey seeds for NATS and etcd, checked at start.
 //! - [`metrics`]: Prometheus metrics, `/healthz` and `/readyz`.
 //! - [`cli`]: the `prefill-handoff` subcommands.
-//! - [`loadgen`]: the load generator and the raw relays it is compared with.
+//!
+//! The load generator and the raw relays it is compared with are a crate of
+//! their own, `crates/loadgen`; the binary adds its `loadgen` command.
 
 pub mod cli;
 pub mod clock;
@@ -42,7 +44,6 @@ pub mod decision;
 pub mod id_service;
 pub mod identity;
 pub mod ids;
-pub mod loadgen;
 pub mod metrics;
 pub mod pipeline;
 pub mod security;

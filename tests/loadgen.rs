@@ -6,7 +6,7 @@
 mod common;
 
 use common::{Etcd, Nats, Worker, free_port};
-use prefill_handoff::loadgen::relay::{CoreRelay, JsRelay, JsRelaySettings};
+use prefill_handoff_loadgen::relay::{CoreRelay, JsRelay, JsRelaySettings};
 use serde_json::Value;
 use std::process::Command;
 

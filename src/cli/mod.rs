@@ -1,10 +1,10 @@
-//! The `prefill-handoff` command line (contract 8).
+//! The `prefill-handoff` command line (contract 8): the worker's commands.
+//! The binary (src/main.rs) adds `loadgen` from the load generator's crate.
 //!
 //! Exit codes: 0 success, 2 usage or config error, 1 anything else.
 
 mod explain;
 mod ids;
-mod loadgen;
 pub mod logging;
 mod run;
 mod setup;
@@ -14,11 +14,14 @@ mod supervise;
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 
+/// What `prefill-handoff --help` says the program does.
+pub const ABOUT: &str = "Hands prefill results to decode: one output per result.";
+
 #[derive(Debug, Parser)]
 #[command(
     name = "prefill-handoff",
     version,
-    about = "Hands prefill results to decode: one output per result."
+    about = ABOUT
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -39,8 +42,6 @@ pub enum Command {
     DecodeId(ids::DecodeArgs),
     /// List claimed machine-ID slots and live instances from etcd.
     Slots(slots::SlotsArgs),
-    /// Publish synthetic prefill results and report throughput and latency.
-    Loadgen(loadgen::LoadgenArgs),
 }
 
 /// Flags that override configuration keys; every key can also be set in the
@@ -122,17 +123,19 @@ impl ConfigArgs {
 #[error("{0}")]
 pub struct UsageError(pub String);
 
-/// Parses the command line, runs the command and returns the exit code.
-pub fn main() -> i32 {
-    let cli = match Cli::try_parse() {
-        Ok(cli) => cli,
-        Err(e) => {
-            let code = if e.use_stderr() { 2 } else { 0 };
-            let _ = e.print();
-            return code;
-        }
-    };
-    match dispatch(cli.command) {
+/// The command line parsed, or the exit code when it cannot be (2) or asked
+/// only for `--help` or `--version` (0, after printing them).
+pub fn parse<P: Parser>() -> Result<P, i32> {
+    P::try_parse().map_err(|e| {
+        let code = if e.use_stderr() { 2 } else { 0 };
+        let _ = e.print();
+        code
+    })
+}
+
+/// The exit code for a command's result, after printing its error.
+pub fn exit_code(result: anyhow::Result<()>) -> i32 {
+    match result {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("prefill-handoff: {e:#}");
@@ -147,7 +150,8 @@ pub fn main() -> i32 {
     }
 }
 
-fn dispatch(command: Command) -> anyhow::Result<()> {
+/// Runs one of the worker's commands.
+pub fn dispatch(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Run(args) => run::run(args),
         Command::Setup(args) => setup::run(args),
@@ -155,6 +159,5 @@ fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::MintId(args) => ids::mint(args),
         Command::DecodeId(args) => ids::decode(args),
         Command::Slots(args) => slots::run(args),
-        Command::Loadgen(args) => loadgen::run(args),
     }
 }

@@ -116,7 +116,7 @@ pub(crate) fn unknown(key: &str, how: impl Fn(&str) -> String) -> String {
 
 fn nearest(key: &str) -> Option<&'static str> {
     KEYS.iter()
-        .map(|(k, _)| (edit_distance(key, k), *k))
+        .map(|(k, _)| (strsim::levenshtein(key, k), *k))
         .filter(|(d, k)| {
             let close = *d <= (k.len().max(key.len()) / 3).max(2);
             let prefix = key.len() >= 4 && (k.starts_with(key) || key.starts_with(k));
@@ -124,23 +124,6 @@ fn nearest(key: &str) -> Option<&'static str> {
         })
         .min()
         .map(|(_, k)| k)
-}
-
-fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut diag = row[0];
-        row[0] = i + 1;
-        for (j, cb) in b.iter().enumerate() {
-            let next = (row[j + 1] + 1)
-                .min(row[j] + 1)
-                .min(diag + usize::from(ca != *cb));
-            diag = row[j + 1];
-            row[j + 1] = next;
-        }
-    }
-    row[b.len()]
 }
 
 /// The kind's expectation, for messages.

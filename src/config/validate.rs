@@ -507,7 +507,7 @@ fn id_epoch(c: &Config) -> Result<(), ConfigError> {
     Ok(())
 }
 
-pub(super) fn epoch_error(text: &str, why: &str) -> ConfigError {
+pub(super) fn epoch_error(text: &str, why: &epoch::EpochError) -> ConfigError {
     err(
         "id_epoch",
         format!("{text:?} is not an RFC 3339 UTC instant like 2025-01-01T00:00:00Z: {why}"),

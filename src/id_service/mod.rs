@@ -80,27 +80,43 @@ pub struct Answer {
 const EXPECTED: &str =
     "an ID request is an empty body or a map {\"count\": N} with N an integer in 1..=1024";
 
+/// Why a request body is refused (`malformed`). Every message ends with what
+/// a request should look like.
+#[derive(Debug, thiserror::Error)]
+pub enum BadRequest {
+    #[error("the request is {0} bytes; {EXPECTED}")]
+    TooLarge(usize),
+    #[error("{0}; {EXPECTED}")]
+    Undecodable(#[from] wire::WireError),
+    /// What the body is instead (`describe`'s words).
+    #[error("the body is {0}; {EXPECTED}")]
+    NotAMap(String),
+    #[error("the request holds count {0} times; {EXPECTED}")]
+    RepeatedCount(usize),
+    /// What `count` is instead.
+    #[error("count is {0}; {EXPECTED}")]
+    BadCount(String),
+}
+
 /// How many IDs a request body asks for: 1 for an empty body, a map without
 /// `count`, or `count: null`. Other keys are ignored, so requests can grow.
-pub fn requested_count(body: &[u8], encoding: Encoding) -> Result<usize, String> {
+pub fn requested_count(body: &[u8], encoding: Encoding) -> Result<usize, BadRequest> {
     if body.is_empty() {
         return Ok(1);
     }
     if body.len() > MAX_REQUEST_BYTES {
-        return Err(format!("the request is {} bytes; {EXPECTED}", body.len()));
+        return Err(BadRequest::TooLarge(body.len()));
     }
-    let value = wire::decode(body, encoding).map_err(|e| format!("{e}; {EXPECTED}"))?;
+    let value = wire::decode(body, encoding)?;
     let Value::Map(entries) = value else {
-        return Err(format!("the body is {}; {EXPECTED}", describe(&value)));
+        return Err(BadRequest::NotAMap(describe(&value)));
     };
     let counts = entries
         .iter()
         .filter(|(k, _)| k.as_str() == Some("count"))
         .count();
     if counts > 1 {
-        return Err(format!(
-            "the request holds count {counts} times; {EXPECTED}"
-        ));
+        return Err(BadRequest::RepeatedCount(counts));
     }
     let Some(count) = map::get_non_nil(&entries, "count") else {
         return Ok(1);
@@ -108,7 +124,7 @@ pub fn requested_count(body: &[u8], encoding: Encoding) -> Result<usize, String>
     match count.as_u64() {
         // `as_u64` is None for floats, so 2.0 is refused like the contract says.
         Some(n) if (1..=MAX_COUNT).contains(&n) => Ok(n as usize),
-        _ => Err(format!("count is {}; {EXPECTED}", describe(count))),
+        _ => Err(BadRequest::BadCount(describe(count))),
     }
 }
 
@@ -133,7 +149,13 @@ pub fn answer(
     };
     let count = match requested_count(body, encoding) {
         Ok(count) => count,
-        Err(why) => return failed(IdRequestResult::Malformed, ErrorCode::Malformed, why),
+        Err(why) => {
+            return failed(
+                IdRequestResult::Malformed,
+                ErrorCode::Malformed,
+                why.to_string(),
+            );
+        }
     };
     if let Err(over) = budget.take(count as u64, now) {
         return failed(

@@ -139,6 +139,7 @@ fn request_bodies() {
         match (got, want) {
             (Ok(got), Ok(want)) => assert_eq!(got, want, "{name}"),
             (Err(got), Err(want)) => {
+                let got = got.to_string();
                 assert!(got.contains(want), "{name}: {got}");
                 assert!(
                     got.contains("1..=1024"),

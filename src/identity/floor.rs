@@ -9,10 +9,12 @@
 //!
 //! - Claim: the claim transaction reads the floor (atomically with taking the
 //!   slot); then the holder writes `max(floor, own high water, now) + TTL`.
-//! - Every keepalive round (TTL/3), whether the keepalive succeeded or not:
-//!   the holder writes `max(now, last minted) + TTL`, never less than what it
-//!   holds. A write without an answer only leaves minting bounded by the
-//!   reservation already held; a refused write means the slot moved.
+//! - Every TTL/3 after its last successful write, on a schedule of its own
+//!   (beside the keepalive, whatever that does): the holder writes
+//!   `max(now, last minted) + TTL`, never less than what it holds, and sends
+//!   the write again until etcd answers (see "Timing budget" below). Until
+//!   then minting stays bounded by the reservation already held; a refused
+//!   write means the slot moved.
 //! - Shutdown, after fencing: the exact floor, the last minted millisecond, so
 //!   the next holder is not held back by a TTL-long reservation.
 //!
@@ -20,14 +22,55 @@
 //! attached to the writer's lease: a late write from a holder that lost its
 //! slot can never move the floor of the next one.
 
+//!
+//! # Timing budget (why a leader election is invisible to clients)
+//!
+//! With the 5 s TTL of the cluster test (`tests/cluster_etcd.rs`), each
+//! successful write reserves 5 s ahead and the next one is due 1.67 s (TTL/3)
+//! later, so when an etcd leader dies the reservation has at least
+//! 5 - 1.67 = 3.33 s left. etcd needs its election timeout (1 s by default,
+//! randomized up to 2 s) to notice, then a vote: about 1-2 s on loopback,
+//! 3 s seen on a loaded 2-core machine. A write sent to a member without a
+//! leader is not refused: etcd drops the proposal and holds the request
+//! until its own request timeout (7 s by default), and one sent to the dead
+//! member fails at once. So a renewal never waits on a single request: it
+//! sends a try every 400 ms ([`TRY_EVERY`]; 100 ms after a try that failed,
+//! [`AFTER_FAILURE`]) while earlier ones still wait, each bounded by
+//! `etcd.request_timeout_ms` (2 s), and takes the first answer. Once a new
+//! leader is elected, a renewal gets through within about 0.4 s plus one
+//! commit (the old schedule waited out a 2 s timeout, then 0.5 s, per try,
+//! and ran out 330 ms short in such an election). Budget: an election of up
+//! to about 3.33 - 0.5 = 2.8 s after the kill costs clients nothing at TTL
+//! 5 s; at the default TTL of 10 s, 6.67 - 0.5 = 6.1 s. Every try of one
+//! renewal writes the same value, so their order in etcd does not matter.
+//!
+//! Measured with slower elections (the cluster test's etcd run with
+//! `ETCD_ELECTION_TIMEOUT=1500 ETCD_HEARTBEAT_INTERVAL=150`): the former
+//! schedule failed 2 of 4 runs (67 and 16 `identity_unavailable`); this one
+//! passed 4 of 4, its slowest renewal getting through 2.4 s (10 tries) after
+//! it started.
+
 use super::claim::{Claimed, Settings};
 use super::registry::Keys;
 use super::{Identity, LeaseError, Reservation};
 use crate::ids::MachineId;
 use crate::wire::messages::instance_id;
 use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp, TxnOpResponse, TxnResponse};
-use std::time::Duration;
+use futures::stream::{FuturesUnordered, StreamExt};
+use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
+
+/// How often a renewal without an answer is sent again, beside the tries
+/// still waiting (see "Timing budget" above).
+const TRY_EVERY: Duration = Duration::from_millis(400);
+/// How soon a try follows one that failed (a dead member refuses the
+/// connection at once).
+const AFTER_FAILURE: Duration = Duration::from_millis(100);
+/// Tries of one renewal waiting at once. Each ends by
+/// `etcd.request_timeout_ms` (2 s by default: about 5 tries at 400 ms). The
+/// cap bounds what an etcd slower than 400 ms per write gets from a holder:
+/// at most 5 floor writes at once instead of 1, once every TTL/3.
+const MAX_TRIES_WAITING: usize = 5;
 
 /// The read the claim transaction carries for `machine_id`'s floor.
 pub(super) fn read_op(keys: &Keys, machine_id: MachineId) -> TxnOp {
@@ -135,44 +178,102 @@ pub(super) enum Renewal {
     SlotMoved,
 }
 
-/// Extends the reservation, on the keepalive's rhythm but whether or not the
-/// keepalive succeeded: a successful write proves by itself that the slot key
-/// was still attached to our lease. A failure for want of an answer is only
-/// logged: minting stays bounded by the reservation already held.
+/// The time from one successful renewal to the next: a third of the TTL, like
+/// the keepalive, so a reservation of one TTL has two thirds left when the
+/// next renewal starts.
+pub(super) fn renewal_interval(ttl: Duration) -> Duration {
+    ttl / 3
+}
+
+/// Renews the reservation on its own schedule until etcd refuses a write
+/// (the slot moved): first at `first`, then [`renewal_interval`] after each
+/// successful write. Independent of the keepalive: a successful write proves
+/// by itself that the slot key was still attached to our lease.
+pub(super) async fn keep_renewing(
+    settings: &Settings,
+    holder: Holder<'_>,
+    identity: &Identity,
+    first: Instant,
+) {
+    let mut due = first;
+    loop {
+        tokio::time::sleep_until(due.into()).await;
+        if renew(settings, holder, identity).await == Renewal::SlotMoved {
+            return;
+        }
+        due = Instant::now() + renewal_interval(holder.ttl);
+    }
+}
+
+/// Extends the reservation: sends the write, and again every [`TRY_EVERY`]
+/// while no try has an answer, until one is written or refused. Without an
+/// answer it only logs (once per `etcd.request_timeout_ms`): minting stays
+/// bounded by the reservation already held.
 pub(super) async fn renew(settings: &Settings, holder: Holder<'_>, identity: &Identity) -> Renewal {
     let Some(until_ms) = identity.renewal_floor(window_ms(holder.ttl)) else {
         return Renewal::Held;
     };
-    let written = write(
-        settings,
-        holder.client,
-        holder.lease_id,
-        holder.machine_id,
-        until_ms,
-    )
-    .await;
-    match written {
-        Ok(()) => {
-            identity.reserve(until_ms);
-            Renewal::Held
-        }
-        Err(WriteError::SlotMoved(e)) => {
-            warn!(
-                lease = %instance_id(holder.lease_id),
-                machine_id = holder.machine_id.get(),
-                error = %e,
-                "the ID floor write was refused: the slot is no longer held by this lease"
-            );
-            Renewal::SlotMoved
-        }
-        Err(WriteError::Etcd(e)) => {
-            warn!(
-                lease = %instance_id(holder.lease_id),
-                machine_id = holder.machine_id.get(),
-                error = %e,
-                "cannot renew the ID floor; minting stays bounded by the reservation held"
-            );
-            Renewal::Held
+    let try_once = || {
+        write_once(
+            settings,
+            holder.client,
+            holder.lease_id,
+            holder.machine_id,
+            until_ms,
+        )
+    };
+    let mut tries = FuturesUnordered::new();
+    let started = Instant::now();
+    let mut sent = 0u32;
+    let mut next_try = started;
+    let mut next_warning = started + settings.request_timeout();
+    let mut last_error = None;
+    loop {
+        tokio::select! {
+            biased;
+            answer = tries.next(), if !tries.is_empty() => match answer {
+                Some(Ok(())) => {
+                    identity.reserve(until_ms);
+                    debug!(
+                        machine_id = holder.machine_id.get(),
+                        reserved_until_ms = until_ms,
+                        tries = sent,
+                        took_ms = started.elapsed().as_millis(),
+                        "ID floor renewed"
+                    );
+                    return Renewal::Held;
+                }
+                Some(Err(WriteError::SlotMoved(e))) => {
+                    warn!(
+                        lease = %instance_id(holder.lease_id),
+                        machine_id = holder.machine_id.get(),
+                        error = %e,
+                        "the ID floor write was refused: the slot is no longer held by this lease"
+                    );
+                    return Renewal::SlotMoved;
+                }
+                Some(Err(WriteError::Etcd(e))) => {
+                    debug!(error = %e, "an ID floor write failed; sending it again");
+                    next_try = next_try.min(Instant::now() + AFTER_FAILURE);
+                    last_error = Some(e);
+                }
+                None => {}
+            },
+            _ = tokio::time::sleep_until(next_try.into()), if tries.len() < MAX_TRIES_WAITING => {
+                tries.push(try_once());
+                sent += 1;
+                next_try = Instant::now() + TRY_EVERY;
+            }
+            _ = tokio::time::sleep_until(next_warning.into()) => {
+                warn!(
+                    lease = %instance_id(holder.lease_id),
+                    machine_id = holder.machine_id.get(),
+                    error = last_error.as_ref().map(tracing::field::display),
+                    reserved_for_ms = identity.reserved_for_ms(),
+                    "cannot renew the ID floor yet; still trying (minting stays bounded by the reservation held)"
+                );
+                next_warning = Instant::now() + settings.request_timeout();
+            }
         }
     }
 }
@@ -228,16 +329,10 @@ pub async fn write_as(
         .map_err(LeaseError::from)
 }
 
-/// Puts the floor, provided the slot key is still attached to `lease_id`.
-async fn write(
-    settings: &Settings,
-    client: &Client,
-    lease_id: i64,
-    machine_id: MachineId,
-    floor_ms: u64,
-) -> Result<(), WriteError> {
-    let keys = &settings.keys;
-    let txn = Txn::new()
+/// The floor write: put the floor, provided the slot key is still attached
+/// to `lease_id`.
+fn floor_txn(keys: &Keys, lease_id: i64, machine_id: MachineId, floor_ms: u64) -> Txn {
+    Txn::new()
         .when([Compare::lease(
             keys.slot(machine_id),
             CompareOp::Equal,
@@ -247,7 +342,20 @@ async fn write(
             keys.id_floor(machine_id),
             floor_ms.to_string(),
             None,
-        )]);
+        )])
+}
+
+/// Puts the floor, provided the slot key is still attached to `lease_id`;
+/// sent again at once to another member when a try fails
+/// (`Settings::failing_over`).
+async fn write(
+    settings: &Settings,
+    client: &Client,
+    lease_id: i64,
+    machine_id: MachineId,
+    floor_ms: u64,
+) -> Result<(), WriteError> {
+    let txn = floor_txn(&settings.keys, lease_id, machine_id, floor_ms);
     let answer = settings
         .failing_over("writing the ID floor", || {
             let mut kv = client.kv_client();
@@ -256,6 +364,32 @@ async fn write(
         })
         .await
         .map_err(WriteError::Etcd)?;
+    outcome(&settings.keys, lease_id, machine_id, &answer)
+}
+
+/// One try of the floor write, bounded by `etcd.request_timeout_ms`.
+async fn write_once(
+    settings: &Settings,
+    client: &Client,
+    lease_id: i64,
+    machine_id: MachineId,
+    floor_ms: u64,
+) -> Result<(), WriteError> {
+    let txn = floor_txn(&settings.keys, lease_id, machine_id, floor_ms);
+    let answer = settings
+        .bounded("writing the ID floor", client.kv_client().txn(txn))
+        .await
+        .map_err(WriteError::Etcd)?;
+    outcome(&settings.keys, lease_id, machine_id, &answer)
+}
+
+/// Written, or refused because the slot key is no longer ours.
+fn outcome(
+    keys: &Keys,
+    lease_id: i64,
+    machine_id: MachineId,
+    answer: &TxnResponse,
+) -> Result<(), WriteError> {
     if answer.succeeded() {
         Ok(())
     } else {

@@ -13,6 +13,23 @@ use tracing::debug;
 /// member of a 3-member cluster.
 const FAILOVER_TRIES: u32 = 6;
 
+/// Why a keepalive round trip proved nothing; the caller tries again.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum KeepAliveError {
+    #[error("cannot open the keepalive stream: {0}")]
+    Open(#[source] etcd_client::Error),
+    #[error("cannot send the keepalive: {0}")]
+    Send(#[source] etcd_client::Error),
+    #[error("keepalive failed: {0}")]
+    Answer(#[source] etcd_client::Error),
+    #[error("etcd closed the keepalive stream")]
+    Closed,
+    #[error("etcd did not answer the keepalive in time")]
+    TimedOut,
+    #[error("etcd answered an unusable TTL of {0} s")]
+    UnusableTtl(i64),
+}
+
 /// What one keepalive round trip proved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Beat {
@@ -47,7 +64,7 @@ impl KeepAlive {
     /// once, up to [`FAILOVER_TRIES`] times before `deadline`: the client
     /// opens the new stream on another endpoint, so losing the member the
     /// stream ran on costs milliseconds, not a keepalive period.
-    pub(super) async fn beat(&mut self, deadline: Instant) -> Result<Beat, String> {
+    pub(super) async fn beat(&mut self, deadline: Instant) -> Result<Beat, KeepAliveError> {
         let mut tries = 0;
         loop {
             tries += 1;
@@ -56,7 +73,7 @@ impl KeepAlive {
                 Ok(Ok(ttl)) if ttl > 0 => sent
                     .checked_add(Duration::from_secs(ttl.unsigned_abs()))
                     .map(|valid_until| Beat::Alive { valid_until })
-                    .ok_or_else(|| format!("etcd answered an unusable TTL of {ttl} s")),
+                    .ok_or(KeepAliveError::UnusableTtl(ttl)),
                 Ok(Ok(_)) => Ok(Beat::Gone),
                 Ok(Err(e)) => {
                     self.channel = None;
@@ -68,13 +85,13 @@ impl KeepAlive {
                 }
                 Err(_) => {
                     self.channel = None;
-                    Err("etcd did not answer the keepalive in time".into())
+                    Err(KeepAliveError::TimedOut)
                 }
             };
         }
     }
 
-    async fn round_trip(&mut self) -> Result<i64, String> {
+    async fn round_trip(&mut self) -> Result<i64, KeepAliveError> {
         let (keeper, stream) = match &mut self.channel {
             Some(channel) => channel,
             None => {
@@ -82,18 +99,15 @@ impl KeepAlive {
                     .client
                     .lease_keep_alive(self.lease_id)
                     .await
-                    .map_err(|e| format!("cannot open the keepalive stream: {e}"))?;
+                    .map_err(KeepAliveError::Open)?;
                 self.channel.insert(opened)
             }
         };
-        keeper
-            .keep_alive()
-            .await
-            .map_err(|e| format!("cannot send the keepalive: {e}"))?;
+        keeper.keep_alive().await.map_err(KeepAliveError::Send)?;
         match stream.message().await {
             Ok(Some(answer)) => Ok(answer.ttl()),
-            Ok(None) => Err("etcd closed the keepalive stream".into()),
-            Err(e) => Err(format!("keepalive failed: {e}")),
+            Ok(None) => Err(KeepAliveError::Closed),
+            Err(e) => Err(KeepAliveError::Answer(e)),
         }
     }
 }

@@ -23,8 +23,9 @@
 //! - `session.rs`: holding a slot: keepalive every TTL/3, the slot-key watch,
 //!   the validity deadline.
 //! - `keepalive.rs`: one keepalive round trip and the validity it proves.
-//! - `floor.rs`: the slot's ID floor in etcd: read at the claim, renewed with
-//!   every keepalive, lowered to the last minted millisecond on shutdown.
+//! - `floor.rs`: the slot's ID floor in etcd: read at the claim, renewed every
+//!   TTL/3 on its own schedule (beside the keepalive), lowered to the last
+//!   minted millisecond on shutdown.
 //! - [`registry`]: key names, the instance record, probe order, the `slots`
 //!   listing (pure); `inspect.rs` reads it from etcd.
 

@@ -1,6 +1,6 @@
-//! Holding a claimed slot: keepalive every TTL/3 (each followed by a renewal
-//! of the slot's ID floor), a watch on the slot key, and the deadline after
-//! which the lease may have expired.
+//! Holding a claimed slot: keepalive every TTL/3, the renewal of the slot's
+//! ID floor beside it on its own schedule, a watch on the slot key, and the
+//! deadline after which the lease may have expired.
 //!
 //! The slot is lost when the keepalive answers TTL 0, when the slot key
 //! changes under us (deleted by a revoke or by hand, or overwritten), or when
@@ -8,10 +8,10 @@
 //! answering does not lose it: the holder keeps trying (a new etcd leader
 //! keeps every lease), and minting meanwhile stays within the reservation.
 
-use super::Identity;
 use super::claim::{Claimed, Settings};
 use super::floor;
 use super::keepalive::Beat;
+use super::{Identity, LeaseError};
 use crate::wire::messages::instance_id;
 use etcd_client::{WatchOptions, WatchStream};
 use std::fmt;
@@ -57,8 +57,34 @@ impl fmt::Display for Loss {
 }
 
 /// Keeps the slot until it is lost or `stop` turns true (or its sender
-/// drops), extending `identity` after every successful keepalive.
+/// drops), extending `identity` after every successful keepalive and
+/// renewing the ID floor on its own schedule (`floor::keep_renewing`): a
+/// keepalive or a watch waiting on etcd never delays a renewal.
 pub(super) async fn hold(
+    settings: &Settings,
+    claimed: &mut Claimed,
+    identity: &Identity,
+    stop: &mut watch::Receiver<bool>,
+) -> Ended {
+    let floor_client = claimed.client.clone();
+    let holder = floor::Holder {
+        client: &floor_client,
+        lease_id: claimed.lease_id,
+        machine_id: claimed.machine_id,
+        ttl: claimed.ttl,
+    };
+    // The claim wrote the first reservation as the lease was granted.
+    let first_renewal = claimed.valid_until - claimed.ttl + floor::renewal_interval(claimed.ttl);
+    tokio::select! {
+        ended = keep_alive(settings, claimed, identity, stop) => ended,
+        () = floor::keep_renewing(settings, holder, identity, first_renewal) => {
+            Ended::Lost(Loss::SlotChanged)
+        }
+    }
+}
+
+/// The keepalive every TTL/3 and the watch on the slot key.
+async fn keep_alive(
     settings: &Settings,
     claimed: &mut Claimed,
     identity: &Identity,
@@ -89,29 +115,12 @@ pub(super) async fn hold(
             _ = tokio::time::sleep_until(next_beat.into()) => {
                 // No deadline from the lease's validity: a lease that cannot be
                 // confirmed is not given up (minting is bounded by the
-                // reservation, not by it). The keepalive and the floor renewal
-                // run side by side, each bounded by etcd.request_timeout_ms:
-                // either alone can keep minting going while the other waits on
-                // an etcd member that lost its leader.
+                // reservation, not by it). Bounded by etcd.request_timeout_ms.
                 let deadline = Instant::now() + settings.request_timeout();
-                let holder = floor::Holder {
-                    client: &claimed.client,
-                    lease_id: claimed.lease_id,
-                    machine_id: claimed.machine_id,
-                    ttl: claimed.ttl,
-                };
-                let (beat, renewal) = tokio::select! {
-                    both = async {
-                        tokio::join!(
-                            claimed.keepalive.beat(deadline),
-                            floor::renew(settings, holder, identity),
-                        )
-                    } => both,
+                let beat = tokio::select! {
+                    beat = claimed.keepalive.beat(deadline) => beat,
                     _ = stopped(stop) => return Ended::Shutdown,
                 };
-                if renewal == floor::Renewal::SlotMoved {
-                    return Ended::Lost(Loss::SlotChanged);
-                }
                 match beat {
                     Ok(Beat::Alive { valid_until }) => {
                         claimed.valid_until = valid_until;
@@ -155,14 +164,30 @@ pub(super) async fn stopped(stop: &mut watch::Receiver<bool>) {
 
 enum WatchNews {
     Changed,
-    Broken(String),
+    Broken(WatchBroken),
+}
+
+/// Why the slot watch stopped telling us anything; it is reopened.
+#[derive(Debug, thiserror::Error)]
+enum WatchBroken {
+    #[error("{0}")]
+    Request(#[from] LeaseError),
+    #[error("etcd canceled the watch (compact revision {compact_revision}): {reason}")]
+    Canceled {
+        compact_revision: i64,
+        reason: String,
+    },
+    #[error("etcd closed the watch stream")]
+    Closed,
+    #[error("the watch failed: {0}")]
+    Failed(#[source] etcd_client::Error),
 }
 
 async fn open_watch(
     settings: &Settings,
     claimed: &Claimed,
     start_revision: i64,
-) -> Result<WatchStream, String> {
+) -> Result<WatchStream, LeaseError> {
     let key = settings.keys.slot(claimed.machine_id);
     let options = WatchOptions::new().with_start_revision(start_revision);
     settings
@@ -171,7 +196,6 @@ async fn open_watch(
             claimed.client.watch_client().watch(key, Some(options)),
         )
         .await
-        .map_err(|e| e.to_string())
 }
 
 /// After the watch broke, events may have been missed: check that the slot
@@ -184,7 +208,7 @@ async fn reopen_watch(settings: &Settings, claimed: &Claimed) -> Result<WatchStr
             claimed.client.kv_client().get(key, None),
         )
         .await
-        .map_err(|e| WatchNews::Broken(e.to_string()))?;
+        .map_err(|e| WatchNews::Broken(e.into()))?;
     let ours = answer.kvs().first().is_some_and(|kv| {
         kv.lease() == claimed.lease_id && kv.create_revision() == claimed.revision
     });
@@ -194,7 +218,7 @@ async fn reopen_watch(settings: &Settings, claimed: &Claimed) -> Result<WatchStr
     let revision = answer.header().map_or(claimed.revision, |h| h.revision());
     open_watch(settings, claimed, revision + 1)
         .await
-        .map_err(WatchNews::Broken)
+        .map_err(|e| WatchNews::Broken(e.into()))
 }
 
 /// The next thing that matters on the slot watch; pending forever without one.
@@ -206,16 +230,15 @@ async fn next_change(slot_watch: &mut Option<WatchStream>) -> WatchNews {
         match stream.message().await {
             Ok(Some(answer)) if !answer.events().is_empty() => return WatchNews::Changed,
             Ok(Some(answer)) if answer.canceled() => {
-                return WatchNews::Broken(format!(
-                    "etcd canceled the watch (compact revision {}): {}",
-                    answer.compact_revision(),
-                    answer.cancel_reason()
-                ));
+                return WatchNews::Broken(WatchBroken::Canceled {
+                    compact_revision: answer.compact_revision(),
+                    reason: answer.cancel_reason().to_string(),
+                });
             }
             // The "created" notice and progress notices carry no events.
             Ok(Some(_)) => continue,
-            Ok(None) => return WatchNews::Broken("etcd closed the watch stream".into()),
-            Err(e) => return WatchNews::Broken(e.to_string()),
+            Ok(None) => return WatchNews::Broken(WatchBroken::Closed),
+            Err(e) => return WatchNews::Broken(WatchBroken::Failed(e)),
         }
     }
 }

@@ -156,7 +156,7 @@ pub fn classify(channel: Channel, fields: &scan::Fields<'_>) -> OutputKind {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::{self, Encoding, map::from_pairs};
+    use crate::payload::{from_pairs, to_msgpack};
     use rmpv::Value;
 
     fn msg(pairs: Vec<(&str, Value)>) -> Vec<u8> {
@@ -166,7 +166,7 @@ mod tests {
                 .map(|(k, v)| (Value::from(k), v))
                 .collect(),
         );
-        wire::encode(&v, Encoding::MsgPack)
+        to_msgpack(&v)
     }
 
     fn id(seq: &str) -> (&'static str, Value) {
@@ -254,11 +254,7 @@ mod tests {
             1,
         );
         t.record(Channel::Gen, b"not msgpack", 1);
-        t.record(
-            Channel::Gen,
-            &wire::encode(&from_pairs([]), Encoding::MsgPack),
-            1,
-        );
+        t.record(Channel::Gen, &to_msgpack(&from_pairs([])), 1);
 
         assert_eq!(t.unique, 3);
         assert!(!t.complete());

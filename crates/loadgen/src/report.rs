@@ -235,9 +235,8 @@ impl fmt::Display for Report {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::loadgen::payload::RunIds;
-    use crate::loadgen::tally::Channel;
-    use crate::wire::{self, Encoding, map::from_pairs};
+    use crate::payload::{RunIds, from_pairs, to_msgpack};
+    use crate::tally::Channel;
     use rmpv::Value;
 
     #[test]
@@ -251,13 +250,10 @@ mod tests {
     }
 
     fn job(seq: usize) -> Vec<u8> {
-        wire::encode(
-            &from_pairs([
-                ("request_id", Value::from(format!("lg-r-{seq}"))),
-                ("backend", Value::from("opaque")),
-            ]),
-            Encoding::MsgPack,
-        )
+        to_msgpack(&from_pairs([
+            ("request_id", Value::from(format!("lg-r-{seq}"))),
+            ("backend", Value::from("opaque")),
+        ]))
     }
 
     fn timing(sent_ns: Vec<u64>) -> Timing {

@@ -12,7 +12,15 @@
 //! - [`report`]: counts, throughput, percentiles; text and JSON.
 //! - `driver`: the network side (subscribe, pace, publish, collect).
 //! - [`relay`]: the raw core and JetStream relays (benchmark baselines).
+//! - [`cli`]: the `loadgen` command's flags, checked into [`Options`].
+//!
+//! A crate of its own, outside the worker's library: it speaks the contract
+//! over NATS like any prefill worker would and needs nothing of the worker's
+//! code. How to connect (URL, authentication, TLS) is the caller's: the
+//! `prefill-handoff` binary builds [`Connect`] from the worker's `[nats]`
+//! configuration, so loadgen connects exactly like `run`.
 
+pub mod cli;
 pub mod mix;
 pub mod payload;
 pub mod relay;
@@ -27,12 +35,30 @@ pub use report::Report;
 
 use std::time::Duration;
 
+/// How to reach NATS: the servers and the client options (authentication,
+/// TLS) the caller built. Each connection of a run starts from a clone of
+/// `options` and adds its name, buffer sizes and event callback.
+#[derive(Clone)]
+pub struct Connect {
+    pub servers: Vec<async_nats::ServerAddr>,
+    pub options: async_nats::ConnectOptions,
+    /// The server list as errors show it, without passwords or tokens.
+    pub display: String,
+}
+
+// By hand: `ConnectOptions`' own Debug form could show credentials.
+impl std::fmt::Debug for Connect {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connect")
+            .field("servers", &self.display)
+            .finish_non_exhaustive()
+    }
+}
+
 /// Everything a run needs; the CLI fills it from flags.
 #[derive(Debug, Clone)]
 pub struct Options {
-    pub nats_url: String,
-    /// Authentication and TLS (`nats.url` is `nats_url`).
-    pub nats: crate::config::NatsConfig,
+    pub connect: Connect,
     pub prefill_subject: String,
     pub gen_subject: String,
     pub dead_letter_subject: String,
@@ -65,13 +91,9 @@ pub struct Options {
 
 impl Options {
     /// Defaults for a namespace (contract 2 subject names) and a run.
-    pub fn new(nats_url: &str, ns: &str, run_id: &str) -> Options {
+    pub fn new(connect: Connect, ns: &str, run_id: &str) -> Options {
         Options {
-            nats_url: nats_url.to_string(),
-            nats: crate::config::NatsConfig {
-                url: nats_url.to_string(),
-                ..Default::default()
-            },
+            connect,
             prefill_subject: format!("{ns}.prefill.results"),
             gen_subject: format!("{ns}.gen.jobs"),
             dead_letter_subject: format!("{ns}.handoff.dead"),

@@ -163,16 +163,10 @@ async fn connect(
     progress: &Arc<Progress>,
 ) -> Result<Client, LoadgenError> {
     let progress = progress.clone();
-    let servers = crate::config::nats_url::parse(&opts.nats_url)
-        .map_err(|e| LoadgenError::Nats(e.to_string()))?;
-    let options = crate::connect::auth_options(
-        async_nats::ConnectOptions::new(),
-        &opts.nats,
-        servers.credentials,
-    )
-    .await
-    .map_err(|e| LoadgenError::Nats(e.to_string()))?;
-    options
+    let connect = &opts.connect;
+    connect
+        .options
+        .clone()
         .name(format!("{name}-{}", opts.run_id))
         .subscription_capacity(capacity.max(65_536))
         .client_capacity(65_536)
@@ -182,14 +176,9 @@ async fn connect(
             }
             async {}
         })
-        .connect(servers.addrs)
+        .connect(connect.servers.clone())
         .await
-        .map_err(|e| {
-            LoadgenError::Nats(format!(
-                "connect to {}: {e}",
-                crate::config::redact_urls(&opts.nats_url)
-            ))
-        })
+        .map_err(|e| LoadgenError::Nats(format!("connect to {}: {e}", connect.display)))
 }
 
 fn nanos_since(origin: Instant) -> u64 {

@@ -148,11 +148,11 @@ impl<'a> Reader<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::{self, Encoding, map::from_pairs};
+    use crate::payload::{from_pairs, to_msgpack};
     use rmpv::Value;
 
     fn enc(v: &Value) -> Vec<u8> {
-        wire::encode(v, Encoding::MsgPack)
+        to_msgpack(v)
     }
 
     /// Every MessagePack type, to be skipped on the way to the fields we want.

@@ -5,7 +5,6 @@
 //! output can be matched to its send instant without a lookup table.
 
 use super::mix::Kind;
-use crate::wire::{self, Encoding, map::from_pairs};
 use rmpv::Value;
 
 /// The request IDs of one run: `lg-{run}-{seq}` for measured messages and
@@ -72,9 +71,26 @@ pub struct Template {
 /// The encoded prefill result for one message. `nth` counts messages of the
 /// same kind (it alternates the finish reason and the error flavour).
 pub fn encode(template: &Template, kind: Kind, request_id: &str, seq: u64, nth: u64) -> Vec<u8> {
-    wire::encode(
-        &build(template, kind, request_id, seq, nth),
-        Encoding::MsgPack,
+    to_msgpack(&build(template, kind, request_id, seq, nth))
+}
+
+/// A value as MessagePack. `rmpv`'s writer, not the worker's own: the load
+/// generator speaks the contract like any prefill worker would, so a fault
+/// in the worker's codec cannot cancel out here.
+pub fn to_msgpack(value: &Value) -> Vec<u8> {
+    let mut out = Vec::with_capacity(256);
+    // Writing into a Vec cannot fail: `io::Write for Vec` never errors.
+    rmpv::encode::write_value(&mut out, value).expect("writing to a Vec");
+    out
+}
+
+/// A MessagePack map with string keys, in the order given.
+pub fn from_pairs<const N: usize>(pairs: [(&str, Value); N]) -> Value {
+    Value::Map(
+        pairs
+            .into_iter()
+            .map(|(k, v)| (Value::from(k), v))
+            .collect(),
     )
 }
 
@@ -230,7 +246,13 @@ fn noise(seed: u64, len: usize) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::map;
+
+    /// The value under a string key of a map.
+    fn get<'a>(map: &'a [(Value, Value)], key: &str) -> Option<&'a Value> {
+        map.iter()
+            .find(|(k, _)| k.as_str() == Some(key))
+            .map(|(_, v)| v)
+    }
 
     #[test]
     fn request_ids_round_trip_and_foreign_ids_are_refused() {
@@ -260,14 +282,14 @@ mod tests {
             opaque_bytes: 256,
         };
         let bytes = encode(&template, kind, "lg-r-3", 3, nth);
-        match wire::decode(&bytes, Encoding::MsgPack) {
+        match rmpv::decode::read_value(&mut bytes.as_slice()) {
             Ok(Value::Map(m)) => m,
             other => panic!("{other:?}"),
         }
     }
 
     fn first_frame(top: &[(Value, Value)]) -> Vec<(Value, Value)> {
-        match map::get(top, "frames") {
+        match get(top, "frames") {
             Some(Value::Array(frames)) => match &frames[0] {
                 Value::Map(m) => m.clone(),
                 other => panic!("{other:?}"),
@@ -279,18 +301,18 @@ mod tests {
     #[test]
     fn trtllm_handoff_has_binary_opaque_state_of_the_asked_size() {
         let top = decoded(Kind::Trtllm, 0);
-        assert_eq!(map::get(&top, "request_id"), Some(&Value::from("lg-r-3")));
+        assert_eq!(get(&top, "request_id"), Some(&Value::from("lg-r-3")));
         let frame = first_frame(&top);
-        assert_eq!(map::get(&frame, "finish_reason"), Some(&Value::Nil));
-        let Some(Value::Map(params)) = map::get(&frame, "disaggregated_params") else {
+        assert_eq!(get(&frame, "finish_reason"), Some(&Value::Nil));
+        let Some(Value::Map(params)) = get(&frame, "disaggregated_params") else {
             panic!("no params")
         };
-        match map::get(params, "opaque_state") {
+        match get(params, "opaque_state") {
             Some(Value::Binary(b)) => assert_eq!(b.len(), 256),
             other => panic!("{other:?}"),
         }
         assert_eq!(
-            map::get(params, "ctx_request_id"),
+            get(params, "ctx_request_id"),
             Some(&Value::from(1_000_003u64))
         );
     }
@@ -327,15 +349,15 @@ mod tests {
             let frame = first_frame(&top);
             let label = format!("{} #{nth}", kind.as_str());
             assert_eq!(
-                map::get(&top, "reply_to"),
+                get(&top, "reply_to"),
                 Some(&Value::from(reply_to)),
                 "{label}"
             );
-            assert_eq!(map::get(&frame, "finish_reason"), Some(&reason), "{label}");
-            assert_eq!(map::has(&frame, "error"), has_error, "{label}");
-            let ctx_present = match map::get(&frame, "disaggregated_params") {
-                Some(Value::Map(p)) if map::has(p, "ctx_request_id") => {
-                    Some(map::get_non_nil(p, "ctx_request_id").is_some())
+            assert_eq!(get(&frame, "finish_reason"), Some(&reason), "{label}");
+            assert_eq!(get(&frame, "error").is_some(), has_error, "{label}");
+            let ctx_present = match get(&frame, "disaggregated_params") {
+                Some(Value::Map(p)) if get(p, "ctx_request_id").is_some() => {
+                    Some(get(p, "ctx_request_id").is_some_and(|v| !v.is_nil()))
                 }
                 _ => None,
             };

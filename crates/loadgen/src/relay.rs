@@ -8,7 +8,7 @@
 //!   prefill subject; publishes each message's bytes into the GEN stream,
 //!   waits for the store ack, then acks — the durable worker's I/O.
 //!
-//! They live in the library so that `examples/raw_relay.rs`,
+//! They live in this crate so that `examples/raw_relay.rs`,
 //! `examples/raw_js_relay.rs` and the integration tests share one
 //! implementation.
 

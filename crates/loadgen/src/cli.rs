@@ -1,9 +1,27 @@
 //! `prefill-handoff loadgen`: publish synthetic prefill results, report what
 //! came back. Exits 0 only when every output arrived exactly once.
+//!
+//! The `prefill-handoff` binary parses these flags, reads the worker's
+//! `[nats]` configuration named by `--config`, `--set` and `--nats-url` into
+//! a [`Connect`], and calls [`run`].
 
-use super::UsageError;
-use crate::loadgen::{self, Mix, Options};
+use crate::{Connect, LoadgenError, Mix, Options};
 use std::time::Duration;
+
+/// Why the command failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// The flags ask for something impossible (exit code 2).
+    #[error("{0}")]
+    Usage(String),
+    #[error(transparent)]
+    Run(#[from] LoadgenError),
+    /// The run ended, but not every output arrived exactly once.
+    #[error("loadgen: {0}")]
+    Incomplete(String),
+    #[error("printing the report: {0}")]
+    Print(#[from] serde_json::Error),
+}
 
 #[derive(Debug, clap::Args)]
 pub struct LoadgenArgs {
@@ -72,10 +90,10 @@ pub struct LoadgenArgs {
     pub run_id: Option<String>,
 }
 
-pub fn run(args: LoadgenArgs) -> anyhow::Result<()> {
-    let opts = options(&args)?;
-    let runtime = tokio::runtime::Runtime::new()?;
-    let report = runtime.block_on(loadgen::run(&opts))?;
+/// Runs the load test the flags ask for and prints its report.
+pub async fn run(args: &LoadgenArgs, connect: Connect) -> Result<(), CliError> {
+    let opts = options(args, connect)?;
+    let report = crate::run(&opts).await?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -83,12 +101,13 @@ pub fn run(args: LoadgenArgs) -> anyhow::Result<()> {
     }
     match report.failure() {
         None => Ok(()),
-        Some(why) => anyhow::bail!("loadgen: {why}"),
+        Some(why) => Err(CliError::Incomplete(why)),
     }
 }
 
-fn options(args: &LoadgenArgs) -> Result<Options, UsageError> {
-    let usage = |s: String| UsageError(s);
+/// The run the flags ask for, or why they make no sense.
+pub fn options(args: &LoadgenArgs, connect: Connect) -> Result<Options, CliError> {
+    let usage = CliError::Usage;
     let mix: Mix = args.mix.parse().map_err(|e| usage(format!("{e}")))?;
     if !(args.rate >= 0.0 && args.rate.is_finite()) {
         return Err(usage(format!(
@@ -117,24 +136,13 @@ fn options(args: &LoadgenArgs) -> Result<Options, UsageError> {
             args.namespace
         )));
     }
-    let run_id = args.run_id.clone().unwrap_or_else(loadgen::new_run_id);
+    let run_id = args.run_id.clone().unwrap_or_else(crate::new_run_id);
     if !valid_token(&run_id) {
         return Err(usage(format!(
             "--run-id {run_id:?}: expected one subject token (no dots, wildcards or spaces)"
         )));
     }
-    // The worker's NATS settings (URL, auth, TLS), from the same layers.
-    let nats = super::ConfigArgs {
-        config: args.config.clone(),
-        nats_url: args.nats_url.clone(),
-        set: args.set.clone(),
-        ..Default::default()
-    }
-    .load()
-    .map_err(|e| UsageError(e.to_string()))?
-    .nats;
-    let mut opts = Options::new(&nats.url, &args.namespace, &run_id);
-    opts.nats = nats;
+    let mut opts = Options::new(connect, &args.namespace, &run_id);
     if let Some(s) = &args.prefill_subject {
         opts.prefill_subject = s.clone();
     }
