@@ -2,8 +2,8 @@
 //! invisible to clients, and a full fleet of 1021 identities claims every
 //! slot at once.
 
-mod common;
-mod worker_support;
+use crate::common;
+use crate::common::worker_support;
 
 use common::cluster::EtcdCluster;
 use common::{Nats, eventually};

@@ -3,8 +3,8 @@
 //! and restarted later. Nothing is lost, GEN holds each decode job once, and
 //! the prefill stream ends empty.
 
-mod common;
-mod jetstream_support;
+use crate::common;
+use crate::common::jetstream_support;
 
 use async_nats::HeaderMap;
 use async_nats::jetstream;

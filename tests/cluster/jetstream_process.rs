@@ -2,8 +2,8 @@
 //! jetstream` processes against real nats-server and etcd. One worker is
 //! killed with SIGKILL mid-run; etcd goes away and comes back.
 
-mod common;
-mod jetstream_support;
+use crate::common;
+use crate::common::jetstream_support;
 
 use common::{Etcd, Nats, Worker, eventually};
 use jetstream_support::*;

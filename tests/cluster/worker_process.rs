@@ -2,8 +2,8 @@
 //! two workers share mixed traffic, and SIGTERM under load drains, answers
 //! everything accepted, revokes the lease and exits 0.
 
-mod common;
-mod worker_support;
+use crate::common;
+use crate::common::worker_support;
 
 use common::{Etcd, Nats, Worker, free_port};
 use serde_json::json;

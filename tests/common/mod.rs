@@ -10,7 +10,9 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod jetstream_support;
 pub mod tls;
+pub mod worker_support;
 
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};

@@ -10,9 +10,6 @@ mod epoch;
 mod errors;
 #[path = "config/secure.rs"]
 mod secure;
-#[path = "common/tls.rs"]
-#[allow(dead_code)]
-mod tls;
 
 use clap::Parser;
 use prefill_handoff::cli::{Cli, Command};

@@ -4,7 +4,7 @@
 //! `decision_job.rs`, dead letters and reply subjects in
 //! `decision_dead_letter.rs`.
 
-mod decision_support;
+use crate::decision_support;
 
 use decision_support::*;
 use prefill_handoff::decision::{Backend, ErrorCode, FinishReason};

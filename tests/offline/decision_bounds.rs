@@ -7,7 +7,7 @@
 //! [`LIMIT`]. Before the bound, the 1 MiB million-`nil` result peaked near
 //! 92 MB.
 
-mod decision_support;
+use crate::decision_support;
 
 use decision_support::*;
 use prefill_handoff::decision::{

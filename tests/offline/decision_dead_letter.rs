@@ -3,7 +3,7 @@
 //! original bytes, and a crafted `reply_to` never makes the worker publish
 //! outside the allowed patterns.
 
-mod decision_support;
+use crate::decision_support;
 
 use decision_support::*;
 use prefill_handoff::config::Config;

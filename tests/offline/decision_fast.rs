@@ -3,7 +3,7 @@
 //! minted — for generated results near the contract's shapes, for hostile
 //! byte-level mutations of them, and for non-canonical encodings.
 
-mod decision_support;
+use crate::decision_support;
 
 use decision_support::*;
 use prefill_handoff::decision::{

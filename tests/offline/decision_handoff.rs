@@ -2,7 +2,7 @@
 //! engine, one table row per case. The decode job built from valid params is
 //! in `decision_job.rs`.
 
-mod decision_support;
+use crate::decision_support;
 
 use decision_support::*;
 use prefill_handoff::decision::{Backend, ErrorCode, Outcome};

@@ -1,7 +1,7 @@
 //! Every input yields exactly one output, and hostile input never panics the
 //! worker or makes it publish where it must not (contract 4.2).
 
-mod decision_support;
+use crate::decision_support;
 
 use decision_support::*;
 use prefill_handoff::decision::{Input, decide};

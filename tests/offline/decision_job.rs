@@ -1,7 +1,7 @@
 //! The decode job (contract 4.3): its fields, the kept or minted
 //! `disagg_request_id`, the worker block, and `Nats-Msg-Id`.
 
-mod decision_support;
+use crate::decision_support;
 
 use decision_support::*;
 use prefill_handoff::decision::{Backend, ErrorCode, IdSource, Input, Outcome, decide};

@@ -2,7 +2,7 @@
 //! error `malformed` (or the specific code) to the reply subject, with the
 //! request ID when it was usable (contract 4.2).
 
-mod decision_support;
+use crate::decision_support;
 
 use decision_support::*;
 use prefill_handoff::decision::{ErrorCode, Outcome};

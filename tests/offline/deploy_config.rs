@@ -5,8 +5,8 @@
 
 use prefill_handoff::config::{Config, Mode};
 
-const DAEMONSET: &str = include_str!("../config/daemonset.yaml");
-const UNIT: &str = include_str!("../config/prefill-handoff.service");
+const DAEMONSET: &str = include_str!("../../config/daemonset.yaml");
+const UNIT: &str = include_str!("../../config/prefill-handoff.service");
 const CONFIG_PATH: &str = "/etc/prefill-handoff/handoff.toml";
 
 /// The block under `handoff.toml: |` in the ConfigMap, dedented.

@@ -3,8 +3,8 @@
 //! the fuzz targets' properties, replayed by the normal test suite without
 //! libFuzzer. The checks are the fuzz crate's own (fuzz/src/targets.rs).
 
-mod decision_support;
-#[path = "../fuzz/src/targets.rs"]
+// targets.rs uses `crate::decision_support`, declared in main.rs.
+#[path = "../../fuzz/src/targets.rs"]
 mod targets;
 
 use std::path::Path;

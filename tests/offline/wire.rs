@@ -3,7 +3,7 @@
 //! unchanged; JSON in gives JSON out; the MessagePack reader refuses what is
 //! not exactly one well-formed value.
 
-mod decision_support;
+use crate::decision_support;
 
 use decision_support::*;
 use prefill_handoff::decision::{Backend, FinishReason, Outcome};

@@ -1,6 +1,6 @@
 //! The harness itself: servers start on free ports, die and come back.
 
-mod common;
+use crate::common;
 
 use common::{Etcd, Nats};
 use std::net::TcpStream;

@@ -8,9 +8,9 @@
 //! Every test here also runs against the second nats-server build
 //! (scripts/test.sh re-runs this binary with `HANDOFF_TEST_NATS_SERVER`).
 
-mod common;
-mod jetstream_support;
-mod worker_support;
+use crate::common;
+use crate::common::jetstream_support;
+use crate::common::worker_support;
 
 use common::{Etcd, Nats, Worker, eventually, free_port, http_get};
 use serde_json::json;

@@ -1,6 +1,6 @@
 //! The ID mint service (contract 4.3) against a real nats-server.
 
-mod common;
+use crate::common;
 
 use common::Nats;
 use futures::StreamExt;

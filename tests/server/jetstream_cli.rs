@@ -1,7 +1,7 @@
 //! `prefill-handoff setup` as a process: idempotent, clear about what it did,
 //! exit 2 for configuration errors and 1 when NATS cannot be reached.
 
-mod common;
+use crate::common;
 
 use common::Nats;
 use std::process::{Command, Output};

@@ -3,7 +3,7 @@
 //! server, concurrent callers share probes without hanging, and a server
 //! that is gone yields an error, never a hang.
 
-mod common;
+use crate::common;
 
 use common::Nats;
 use futures::StreamExt;

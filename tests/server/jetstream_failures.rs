@@ -2,8 +2,8 @@
 //! the test process): a worker dies mid-run, nats-server restarts, poison
 //! input, no identity to mint with, the GEN stream missing.
 
-mod common;
-mod jetstream_support;
+use crate::common;
+use crate::common::jetstream_support;
 
 use common::Nats;
 use jetstream_support::*;

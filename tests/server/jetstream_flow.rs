@@ -2,8 +2,8 @@
 //! process against a real nats-server. Every published result yields exactly
 //! one output, and the work queue ends empty.
 
-mod common;
-mod jetstream_support;
+use crate::common;
+use crate::common::jetstream_support;
 
 use common::Nats;
 use jetstream_support::*;

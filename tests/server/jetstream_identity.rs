@@ -4,8 +4,8 @@
 //! etcd returns, with IDs from the slot held in etcd then. Results that need
 //! no ID flow on.
 
-mod common;
-mod jetstream_support;
+use crate::common;
+use crate::common::jetstream_support;
 
 use common::{Etcd, Nats, eventually};
 use jetstream_support::*;

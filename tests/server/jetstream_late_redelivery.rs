@@ -4,8 +4,8 @@
 //! looks for the first one. GEN still holds one decode job for the request;
 //! a late redelivery whose first handling never stored a job still gets one.
 
-mod common;
-mod jetstream_support;
+use crate::common;
+use crate::common::jetstream_support;
 
 use async_nats::HeaderMap;
 use async_nats::jetstream::{self, consumer::PullConsumer};

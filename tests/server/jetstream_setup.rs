@@ -2,7 +2,7 @@
 //! configured settings, a second run changes nothing, editable differences
 //! are updated, and differences the server cannot change are refused clearly.
 
-mod common;
+use crate::common;
 
 use async_nats::jetstream::{
     self,

@@ -2,8 +2,8 @@
 //! consumer's ack wait, in-progress acks keep the message from being
 //! redelivered (and its job from being sent twice).
 
-mod common;
-mod jetstream_support;
+use crate::common;
+use crate::common::jetstream_support;
 
 use common::Nats;
 use futures::StreamExt;

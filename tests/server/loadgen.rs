@@ -3,7 +3,7 @@
 //! missing, duplicated or of the wrong kind. Then against the real worker:
 //! every kind of the mix gets the output the contract calls for.
 
-mod common;
+use crate::common;
 
 use common::{Etcd, Nats, Worker, free_port};
 use prefill_handoff::loadgen::relay::{CoreRelay, JsRelay, JsRelaySettings};

@@ -2,7 +2,7 @@
 //! by a real nats-server connection and an identity that is fenced and
 //! recovered.
 
-mod common;
+use crate::common;
 
 use common::{HttpReply, Nats};
 use prefill_handoff::decision::{Backend, DeadLetterCode, ErrorCode, FinishReason, Outcome};

@@ -5,7 +5,7 @@
 //! NKey-seed auth; the least-privilege worker user of
 //! `config/nats/handoff-permissions.conf`.
 
-mod common;
+use crate::common;
 
 use async_nats::{Client, ConnectOptions, HeaderMap};
 use common::tls::{Pki, nats_server_version};

@@ -9,7 +9,7 @@
 //! through one of the panics just removed; the hook drains the client instead,
 //! which ends the same task the same way any other cause would.
 
-mod common;
+use crate::common;
 
 use common::{Etcd, Nats, Worker, free_port, http_send};
 use std::time::{Duration, Instant};

@@ -1,8 +1,8 @@
 //! The worker holds a bounded number of bytes (`max_in_flight_bytes`), and
 //! what the bound refuses still gets an output, counted (issue 9).
 
-mod common;
-mod worker_support;
+use crate::common;
+use crate::common::worker_support;
 
 use async_nats::HeaderMap;
 use bytes::Bytes;

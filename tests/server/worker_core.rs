@@ -2,8 +2,8 @@
 //! identities (no etcd): every result gets exactly one output, on the right
 //! subject, with the contract's fields.
 
-mod common;
-mod worker_support;
+use crate::common;
+use crate::common::worker_support;
 
 use common::Nats;
 use serde_json::json;

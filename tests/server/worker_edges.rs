@@ -3,8 +3,8 @@
 //! authenticate and are never printed), and an ID-service flood that must not
 //! cost any decode job its ID.
 
-mod common;
-mod worker_support;
+use crate::common;
+use crate::common::worker_support;
 
 use common::{Etcd, Nats, Worker, free_port, http_get, prometheus_samples};
 use futures::StreamExt;

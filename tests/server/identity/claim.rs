@@ -1,8 +1,8 @@
 //! Claiming a slot: `lease_id % 1021` first, then upward; exhaustion; many
 //! workers at once; the revoke on shutdown.
 
+use super::support::*;
 use crate::common::Etcd;
-use crate::support::*;
 use prefill_handoff::identity::registry::probe_order;
 use prefill_handoff::identity::{Lease, LeaseError};
 use prefill_handoff::ids::MachineId;

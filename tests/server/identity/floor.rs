@@ -5,8 +5,8 @@
 //! epoch is 5 s later reads a `ts` 5 s smaller, exactly like a clock 5 s
 //! behind. The only free slot steers both workers onto the same slot.
 
+use super::support::*;
 use crate::common::Etcd;
-use crate::support::*;
 use prefill_handoff::clock;
 use prefill_handoff::config::Config;
 use prefill_handoff::identity::{Identity, Lease};

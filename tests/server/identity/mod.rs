@@ -3,8 +3,6 @@
 //! revoke on shutdown, the ID floor that keeps IDs unique across successive
 //! holders of a slot, and the `slots` command that lists it all.
 
-#[path = "../common/mod.rs"]
-mod common;
 mod support;
 
 mod claim;

@@ -1,8 +1,8 @@
 //! Losing the slot and getting a new one: a revoked lease, a rewritten slot
 //! key, etcd down past the TTL, a short etcd outage; shutdown on a dead etcd.
 
+use super::support::*;
 use crate::common::Etcd;
-use crate::support::*;
 use etcd_client::PutOptions;
 use prefill_handoff::identity::Lease;
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! `prefill-handoff slots` against a real etcd with live leases.
 
+use super::support::*;
 use crate::common::{Etcd, free_port};
-use crate::support::*;
 use etcd_client::PutOptions;
 use prefill_handoff::identity::Lease;
 use std::process::{Command, Output};
