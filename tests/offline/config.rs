@@ -128,7 +128,7 @@ const CREDENTIALS: &[&str] = &[
     "nats.credentials_file",
     "etcd.user",
     "etcd.password",
-    // Files, read and checked at load: tests/config/secure.rs.
+    // Files, read and checked at load: config/secure.rs.
     "nats.nkey_seed_file",
     "nats.tls.ca_file",
     "nats.tls.cert_file",
