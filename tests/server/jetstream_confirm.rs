@@ -5,15 +5,22 @@
 
 use crate::common;
 
+use bytes::Bytes;
 use common::Nats;
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use prefill_handoff::transport::jetstream::confirm::Confirmer;
 use std::collections::BTreeSet;
 use std::time::Duration;
+use tokio::sync::mpsc;
 
 /// Far longer than any round trip or async-nats' 10 s request timeout: only
 /// a hang reaches it.
 const HANG: Duration = Duration::from_secs(60);
+
+/// Big enough that the server needs a while to read every publish: a
+/// confirmation that does not wait for the server returns long before
+/// (500 x 64 KiB = 32 MiB on one connection).
+const PAYLOAD: usize = 64 * 1024;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn jetstream_confirm_every_concurrent_publish_is_at_the_server_when_confirmed() {
@@ -29,8 +36,10 @@ async fn jetstream_confirm_every_concurrent_publish_is_at_the_server_when_confir
         .map(|i| {
             let (client, confirmer) = (client.clone(), confirmer.clone());
             tokio::spawn(async move {
+                let mut payload = vec![b' '; PAYLOAD];
+                payload[..4].copy_from_slice(&i.to_be_bytes());
                 client
-                    .publish("confirm.test", i.to_string().into())
+                    .publish("confirm.test", payload.into())
                     .await
                     .expect("publish");
                 confirmer.confirm().await
@@ -41,17 +50,22 @@ async fn jetstream_confirm_every_concurrent_publish_is_at_the_server_when_confir
         let outcome = tokio::time::timeout(HANG, task).await.expect("no hang");
         assert_eq!(outcome.expect("task"), Ok(()));
     }
-    // Every confirmed publish reached the server, which routes each to the
-    // observer: all of them arrive, none is missing.
+    // Every confirmed publish was processed by the server, which queued it
+    // to the observer then: after a round trip of the observer's own (the
+    // server's answer comes after those messages on its connection) all of
+    // them are already received, without waiting for more.
+    round_trip(&observer).await;
     let mut got = BTreeSet::new();
-    while got.len() < total as usize {
-        let message = tokio::time::timeout(HANG, seen.next())
-            .await
-            .expect("every confirmed publish is delivered")
-            .expect("subscription open");
-        got.insert(String::from_utf8_lossy(&message.payload).to_string());
+    // `unconstrained`: tokio's cooperative budget would otherwise report
+    // Pending after 128 receives, as if nothing more had arrived.
+    while let Some(Some(message)) = tokio::task::unconstrained(seen.next()).now_or_never() {
+        got.insert(message.payload[..4].to_vec());
     }
-    assert_eq!(got.len(), total as usize);
+    assert_eq!(
+        got.len(),
+        total as usize,
+        "confirmed publishes not yet at the server when confirmed"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -94,37 +108,88 @@ async fn jetstream_confirm_without_a_server_fails_instead_of_hanging() {
     assert!(confirmed.is_ok(), "confirmations resume after a restart");
 }
 
+/// Returns once the server has processed everything `client` sent before:
+/// a request nobody listens to, answered "no responders" by the server.
+/// (async-nats' `flush()` only writes; it does not wait for the server.)
+async fn round_trip(client: &async_nats::Client) {
+    let answer = client.request("confirm.nobody", Bytes::new()).await;
+    assert!(
+        answer.is_err_and(|e| e.kind() == async_nats::RequestErrorKind::NoResponders),
+        "the server answers a request nobody listens to"
+    );
+}
+
+/// A probe nobody answers: a subscriber on the probing client's inboxes
+/// (prefix `_PROBE`, so not on its own) that stays silent, so the server sends
+/// no "no responders" either. It hands each probe's reply subject to the
+/// test, which answers when it chooses.
+async fn silent_responder(nats: &Nats) -> (async_nats::Client, mpsc::UnboundedReceiver<String>) {
+    let hole = async_nats::connect(nats.url()).await.expect("connect");
+    // Probes go to `_PROBE.<id>`; replies to `_PROBE.<id>.<token>` do not match.
+    let mut requests = hole.subscribe("_PROBE.*").await.expect("subscribe");
+    // The subscription is at the server before any probe is sent.
+    round_trip(&hole).await;
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(message) = requests.next().await {
+            if let Some(reply) = message.reply {
+                let _ = tx.send(reply.to_string());
+            }
+        }
+    });
+    (hole, rx)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn jetstream_confirm_a_cancelled_prober_does_not_strand_the_others() {
-    let mut nats = Nats::start();
+    let nats = Nats::start();
+    // Longer than HANG: an unanswered probe never ends by itself here, so
+    // only the cancellation can free the waiter.
     let client = async_nats::ConnectOptions::new()
-        .request_timeout(Some(Duration::from_secs(30)))
+        .request_timeout(Some(10 * HANG))
+        .custom_inbox_prefix("_PROBE")
         .connect(nats.url())
         .await
         .expect("connect");
+    let (hole, mut probes) = silent_responder(&nats).await;
     let confirmer = Confirmer::new(client.clone());
-    // With the server gone, the first caller's probe stays out (up to the
-    // 30 s request timeout); the second waits for it or for the next one.
-    nats.kill();
+
+    // The first caller sends probe 1, which nobody answers.
     let prober = {
         let confirmer = confirmer.clone();
         tokio::spawn(async move { confirmer.confirm().await })
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let waiter = {
-        let confirmer = confirmer.clone();
-        tokio::spawn(async move { confirmer.confirm().await })
-    };
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    // Cancelling the prober ends its probe: the waiter is answered (by the
-    // cancelled probe or by its own next one), it does not wait forever.
-    prober.abort();
-    nats.restart();
-    let outcome = tokio::time::timeout(HANG, waiter)
+    tokio::time::timeout(HANG, probes.recv())
         .await
-        .expect("the waiter is not stranded")
-        .expect("task");
-    // Its own probe went out after the restart or failed: either is an
-    // answer; what matters is that there is one.
-    let _ = outcome;
+        .expect("probe 1 is sent")
+        .expect("responder running");
+
+    // The second caller arrives while probe 1 is out: it waits (polled once,
+    // so it is registered before the cancellation, not after).
+    let mut waiter = Box::pin(confirmer.confirm());
+    assert!(
+        futures::poll!(&mut waiter).is_pending(),
+        "no answer while probe 1 is out"
+    );
+
+    // Cancel the prober, and see that it was cancelled, not finished.
+    prober.abort();
+    let joined = tokio::time::timeout(HANG, prober)
+        .await
+        .expect("abort ends it");
+    assert!(
+        joined.is_err_and(|e| e.is_cancelled()),
+        "the prober was cancelled mid-probe"
+    );
+
+    // The waiter is not stranded: it sends probe 2, which is answered.
+    let answer = async {
+        let reply = probes.recv().await.expect("responder running");
+        hole.publish(reply, Bytes::new()).await.expect("reply");
+        hole.flush().await.expect("flush");
+    };
+    let (outcome, ()) = tokio::time::timeout(HANG, async { tokio::join!(&mut waiter, answer) })
+        .await
+        .expect("the waiter is not stranded by the cancelled probe");
+    assert_eq!(outcome, Ok(()));
 }
