@@ -2,8 +2,11 @@
 //! when the next holder's clock is behind: the slot's ID floor in etcd.
 //!
 //! A clock that is behind is simulated with a later `id_epoch`: a worker whose
-//! epoch is 5 s later reads a `ts` 5 s smaller, exactly like a clock 5 s
-//! behind. The only free slot steers both workers onto the same slot.
+//! epoch is an hour later reads a `ts` an hour smaller, exactly like a clock
+//! an hour behind. An hour, not seconds: the scenario (the next holder's clock
+//! reads below the previous holder's last ID) then holds however slowly a
+//! loaded machine gets from one holder to the next. The only free slot steers
+//! both workers onto the same slot.
 
 use super::support::*;
 use crate::common::Etcd;
@@ -16,15 +19,11 @@ use std::time::Duration;
 
 const SLOT: u16 = 517;
 /// How far behind the second holder's clock is.
-const BEHIND_MS: u64 = 5_000;
-
-fn floor_key(machine_id: u16) -> String {
-    format!("/llm/handoff/id-floors/{machine_id}")
-}
+const BEHIND_MS: u64 = 3_600_000;
 
 /// `config` for a worker whose clock is `BEHIND_MS` behind.
 fn behind(mut config: Config) -> Config {
-    config.id_epoch = "2025-01-01T00:00:05Z".into();
+    config.id_epoch = "2025-01-01T01:00:00Z".into();
     assert_eq!(
         config.epoch_unix_ms().expect("epoch"),
         DEFAULT_EPOCH_UNIX_MS + BEHIND_MS
@@ -80,9 +79,16 @@ async fn after_a_graceful_stop_a_holder_whose_clock_is_behind_starts_right_above
         .expect("start A");
     assert_eq!(held(&a.identity()).1.get(), SLOT);
     let mut minted_a = mint_rounds(&a.identity(), 5);
-    // Held past one TTL: the keepalive rounds renew the reservation, so
-    // minting goes on.
-    tokio::time::sleep(Duration::from_secs(TTL + 1)).await;
+    // Held past the first reservation: the keepalive rounds renew it, so
+    // minting goes on. Waits for the clock to pass the reservation read
+    // now, not for a fixed time.
+    let (_, first) = get(&mut c, &floor_key(SLOT)).await.expect("a floor");
+    let first: u64 = first.parse().expect("decimal ms");
+    let past = until(WAIT, || async {
+        clock::since_epoch_ms(DEFAULT_EPOCH_UNIX_MS) > first
+    })
+    .await;
+    assert!(past, "the clock passes the first reservation ({first})");
     minted_a.extend(mint_rounds(&a.identity(), 5));
     let max_a = minted_a.iter().map(|id| ts(*id)).max().expect("some IDs");
     let (floor_lease, reserved) = get(&mut c, &floor_key(SLOT)).await.expect("a floor");
@@ -108,7 +114,8 @@ async fn after_a_graceful_stop_a_holder_whose_clock_is_behind_starts_right_above
         .await
         .expect("start B");
     assert_eq!(held(&b.identity()).1.get(), SLOT, "B holds A's slot");
-    // The scenario is real: B's own clock reads below what A minted.
+    // The scenario is real: B's own clock reads below what A minted (by
+    // about an hour less the time since A's last ID).
     assert!(clock::since_epoch_ms(DEFAULT_EPOCH_UNIX_MS + BEHIND_MS) < max_a);
     let minted_b = mint_rounds(&b.identity(), 10);
     assert_after(&minted_a, &minted_b);

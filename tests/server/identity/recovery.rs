@@ -197,8 +197,18 @@ async fn a_short_etcd_outage_keeps_the_slot_and_the_slot_watch_comes_back() {
     let (lease_id, machine_id) = held(&identity);
 
     // Back well within the 10 s TTL: the same lease and slot, never fenced.
+    // Waits for a keepalive round against the restarted etcd (the floor
+    // renewal runs with each round; the slot watch is reopened right after
+    // the round's keepalive), not for a fixed time.
+    let before = floor_ms(&etcd, machine_id.get()).await.expect("a floor");
     etcd.restart();
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    let renewed = until(WAIT, || async {
+        floor_ms(&etcd, machine_id.get())
+            .await
+            .is_some_and(|ms| ms > before)
+    })
+    .await;
+    assert!(renewed, "a keepalive round reaches the restarted etcd");
     assert_eq!(held(&identity), (lease_id, machine_id));
     assert_eq!(lease.recoveries().get(), 0);
     assert_eq!(minted_machine_id(&identity), machine_id.get());

@@ -42,6 +42,20 @@ pub fn hex(lease: i64) -> String {
     format!("{:016x}", lease as u64)
 }
 
+/// The slot's ID floor: the millisecond its IDs are reserved up to.
+pub fn floor_key(machine_id: u16) -> String {
+    format!("/llm/handoff/id-floors/{machine_id}")
+}
+
+/// The slot's ID floor read from etcd (a fresh client, so it works across
+/// restarts); `None` while etcd does not answer or holds none.
+pub async fn floor_ms(etcd: &Etcd, machine_id: u16) -> Option<u64> {
+    let mut client = Client::connect([etcd.endpoint()], None).await.ok()?;
+    let answer = client.get(floor_key(machine_id), None).await.ok()?;
+    let value = answer.kvs().first()?.value_str().ok()?;
+    value.parse().ok()
+}
+
 pub fn slot_key(machine_id: u16) -> String {
     format!("/llm/handoff/machine-ids/{machine_id}")
 }
