@@ -246,18 +246,19 @@ async fn jetstream_fenced_worker_waits_then_mints_with_its_new_slot() {
 
     // Results that need no ID flow while fenced; the others wait.
     assert!(collector.wait_for(5, Duration::from_secs(20)).await);
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Every fenced result comes back at least once: by then each of them
+    // was handled while fenced, and nothing may have been published for it.
+    assert!(
+        wait_redelivered(&js, 5, Duration::from_secs(60)).await,
+        "the fenced results were nak'd and redelivered: {}",
+        queue_state(&js).await
+    );
     let seen = collector.all();
     assert!(
         seen.iter().all(|s| s.kind == Expect::Reply),
         "nothing may be published for results that need an ID while fenced: {seen:?}"
     );
     assert_eq!(seen.len(), 5);
-    let (_, redelivered, _) = consumer_counters(&js).await;
-    assert!(
-        redelivered >= 5,
-        "the fenced results were nak'd and redelivered"
-    );
 
     let slot = MachineId::new(321).expect("slot");
     identity.install(0x1234, slot, None);
@@ -339,14 +340,17 @@ async fn jetstream_failed_gen_publish_is_redelivered_until_stored() {
     let mut input = mixed(3); // SGLang: needs no ID
     input.request_id = "req-000003".into();
     publish_all(&js, &[input]).await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Handled, failed to store, nak'd and delivered again: still there.
+    assert!(
+        wait_redelivered(&js, 1, Duration::from_secs(60)).await,
+        "nak'd and redelivered: {}",
+        queue_state(&js).await
+    );
     assert_eq!(
         prefill_left(&js).await,
         1,
         "not acked while GEN cannot store it"
     );
-    let (_, redelivered, _) = consumer_counters(&js).await;
-    assert!(redelivered >= 1, "nak'd and redelivered");
 
     setup(&js, &config).await;
     assert!(wait_drained(&js, Duration::from_secs(20)).await);

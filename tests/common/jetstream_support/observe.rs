@@ -202,6 +202,19 @@ pub async fn consumer_counters(js: &jetstream::Context) -> (usize, usize, u64) {
     (info.num_ack_pending, info.num_redelivered, info.num_pending)
 }
 
+/// Waits until the shared consumer has redelivered at least `at_least`
+/// messages (an event to wait for instead of a fixed sleep).
+pub async fn wait_redelivered(js: &jetstream::Context, at_least: usize, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if consumer_counters(js).await.1 >= at_least {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
 /// Waits until the work queue is empty and nothing is pending an ack.
 pub async fn wait_drained(js: &jetstream::Context, timeout: Duration) -> bool {
     let deadline = Instant::now() + timeout;
