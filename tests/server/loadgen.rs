@@ -104,10 +104,8 @@ fn a_paced_run_sends_everything_and_matches_it() {
     );
     assert_eq!(code, Some(0), "{report:#}\n{stderr}");
     assert_eq!(report["matched"], 400);
-    // 400 messages at 400/s: the last is due after about one second. Only a
-    // lower bound: the pacer may never send early, but a busy machine may be late.
-    let publish_secs = report["publish_secs"].as_f64().unwrap_or(0.0);
-    assert!(publish_secs >= 0.99, "sent too early: {publish_secs} s");
+    // That the pacer never sends early is checked on its arithmetic, not on
+    // the wall clock: src/loadgen/driver.rs, a_message_is_never_due_before_its_time.
 }
 
 #[test]
