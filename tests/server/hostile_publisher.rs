@@ -12,7 +12,7 @@ use crate::common;
 use crate::common::jetstream_support;
 use crate::common::worker_support;
 
-use common::{Etcd, Nats, Worker, eventually, free_port, http_get};
+use common::{Etcd, Nats, Worker, http_get};
 use serde_json::json;
 use std::time::Duration;
 use tokio::task::block_in_place;
@@ -22,38 +22,12 @@ const HOSTILE_BLOCK: &[u8] = b"NATS/1.0\r\nX-Evil: a\rb\r\n\r\n";
 /// Why the dead letter says it was dead-lettered.
 const REASON: &str = "the message's NATS header block could not be parsed: value of header X-Evil";
 const NORMAL: usize = 1_000;
-const START: Duration = Duration::from_secs(30);
 
-/// `prefill-handoff run` in `mode`; returns it once `/readyz` says ready,
-/// with its metrics address.
+/// `prefill-handoff run` in `mode`, ready, with its metrics address; a short
+/// ack wait and nak delay so redeliveries come quickly.
 fn spawn_ready(nats: &Nats, etcd: &Etcd, mode: &str) -> (Worker, String) {
-    let metrics = format!("127.0.0.1:{}", free_port());
-    let worker = Worker::spawn(
-        &[
-            "run",
-            "--mode",
-            mode,
-            "--nats-url",
-            &nats.url(),
-            "--etcd-endpoints",
-            &etcd.endpoint(),
-            "--metrics-addr",
-            &metrics,
-            "--set",
-            "jetstream.ack_wait_secs=2",
-            "--set",
-            "jetstream.nak_delay_ms=100",
-        ],
-        &[("NO_COLOR", "1")],
-    );
-    let ready = block_in_place(|| {
-        eventually(START, || {
-            common::http_send(&metrics, b"GET /readyz HTTP/1.1\r\n\r\n")
-                .is_ok_and(|r| r.status == 200)
-        })
-    });
-    assert!(ready, "the worker did not become ready:\n{}", worker.log());
-    (worker, metrics)
+    let settings = ["jetstream.ack_wait_secs=2", "jetstream.nak_delay_ms=100"];
+    block_in_place(|| Worker::run_ready(nats, etcd, mode, &settings, &[]))
 }
 
 /// Every worker is still running and `/readyz` answers 200.

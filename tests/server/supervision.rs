@@ -11,40 +11,23 @@
 
 use crate::common;
 
-use common::{Etcd, Nats, Worker, free_port, http_send};
+use common::{Etcd, Nats, Worker, http_send};
 use std::time::{Duration, Instant};
 
-const START: Duration = Duration::from_secs(30);
 /// Generous: the exit itself takes about a second (the lease revoke is
 /// bounded by twice etcd.request_timeout_ms plus a second).
 const EXIT: Duration = Duration::from_secs(20);
 
 /// `run` in `mode` with `fault` armed; returns once `/readyz` says ready.
 fn spawn_ready(nats: &Nats, etcd: &Etcd, mode: &str, fault: &str) -> (Worker, String) {
-    let metrics = format!("127.0.0.1:{}", free_port());
-    let worker = Worker::spawn(
-        &[
-            "run",
-            "--mode",
-            mode,
-            "--nats-url",
-            &nats.url(),
-            "--etcd-endpoints",
-            &etcd.endpoint(),
-            "--metrics-addr",
-            &metrics,
-            "--set",
-            "jetstream.create=true",
-            "--set",
-            "etcd.request_timeout_ms=1000",
-        ],
-        &[("PREFILL_HANDOFF_DEBUG_FAULT", fault), ("NO_COLOR", "1")],
-    );
-    let ready = common::eventually(START, || {
-        http_send(&metrics, b"GET /readyz HTTP/1.1\r\n\r\n").is_ok_and(|r| r.status == 200)
-    });
-    assert!(ready, "the worker did not become ready:\n{}", worker.log());
-    (worker, metrics)
+    let settings = ["jetstream.create=true", "etcd.request_timeout_ms=1000"];
+    Worker::run_ready(
+        nats,
+        etcd,
+        mode,
+        &settings,
+        &[("PREFILL_HANDOFF_DEBUG_FAULT", fault)],
+    )
 }
 
 /// Ends the client's connection task in a ready worker; checks that

@@ -11,9 +11,7 @@ use prefill_handoff::ids::MachineId;
 async fn takes_lease_mod_1021_when_free_and_registers_the_instance() {
     let etcd = Etcd::start();
     let mut c = client(&etcd).await;
-    let lease = Lease::start(&config(&etcd, TTL), registration())
-        .await
-        .expect("start");
+    let lease = start_lease(&etcd, TTL).await;
     let identity = lease.identity();
     let (lease_id, machine_id) = held(&identity);
 
@@ -61,9 +59,7 @@ async fn with_all_but_one_slot_taken_finds_the_last_one() {
     let etcd = Etcd::start();
     let mut c = client(&etcd).await;
     preclaim_all_except(&mut c, &[517]).await;
-    let lease = Lease::start(&config(&etcd, TTL), registration())
-        .await
-        .expect("start");
+    let lease = start_lease(&etcd, TTL).await;
     let (lease_id, machine_id) = held(&lease.identity());
     assert_eq!(machine_id.get(), 517);
     assert_eq!(
@@ -85,9 +81,7 @@ async fn a_taken_preferred_slot_moves_the_claim_to_the_next_free_one_upward() {
     let free = [(near + 300) % 1021, (near + 700) % 1021];
     preclaim_all_except(&mut c, &free).await;
 
-    let lease = Lease::start(&config(&etcd, TTL), registration())
-        .await
-        .expect("start");
+    let lease = start_lease(&etcd, TTL).await;
     let (lease_id, machine_id) = held(&lease.identity());
     let expected = probe_order(lease_id)
         .find(|m| free.contains(&m.get()))
@@ -168,9 +162,7 @@ async fn eight_workers_started_together_hold_eight_distinct_slots() {
 async fn shutdown_revokes_so_slot_and_instance_keys_vanish_at_once() {
     let etcd = Etcd::start();
     let mut c = client(&etcd).await;
-    let lease = Lease::start(&config(&etcd, 10), registration())
-        .await
-        .expect("start");
+    let lease = start_lease(&etcd, 10).await;
     let identity = lease.identity();
     let (lease_id, machine_id) = held(&identity);
     assert!(get(&mut c, &slot_key(machine_id.get())).await.is_some());

@@ -4,16 +4,13 @@
 use super::support::*;
 use crate::common::Etcd;
 use etcd_client::PutOptions;
-use prefill_handoff::identity::Lease;
 use std::time::Duration;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_revoked_lease_is_replaced_by_a_new_lease_and_slot() {
     let etcd = Etcd::start();
     let mut c = client(&etcd).await;
-    let lease = Lease::start(&config(&etcd, TTL), registration())
-        .await
-        .expect("start");
+    let lease = start_lease(&etcd, TTL).await;
     let identity = lease.identity();
     let (old_lease, old_slot) = held(&identity);
 
@@ -59,9 +56,7 @@ async fn a_revoked_lease_is_replaced_by_a_new_lease_and_slot() {
 async fn a_rewritten_slot_key_fences_at_once_and_recovery_waits_for_a_free_slot() {
     let etcd = Etcd::start();
     let mut c = client(&etcd).await;
-    let lease = Lease::start(&config(&etcd, TTL), registration())
-        .await
-        .expect("start");
+    let lease = start_lease(&etcd, TTL).await;
     let identity = lease.identity();
     let (old_lease, old_slot) = held(&identity);
 
@@ -117,9 +112,7 @@ async fn a_rewritten_slot_key_fences_at_once_and_recovery_waits_for_a_free_slot(
 async fn etcd_down_longer_than_the_reservation_refuses_only_past_it_and_resumes_when_etcd_returns()
 {
     let mut etcd = Etcd::start();
-    let lease = Lease::start(&config(&etcd, 2), registration())
-        .await
-        .expect("start");
+    let lease = start_lease(&etcd, 2).await;
     let identity = lease.identity();
     let mut minted = std::collections::HashSet::new();
 
@@ -177,9 +170,7 @@ async fn etcd_down_longer_than_the_reservation_refuses_only_past_it_and_resumes_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_with_etcd_dead_still_returns() {
     let mut etcd = Etcd::start();
-    let lease = Lease::start(&config(&etcd, TTL), registration())
-        .await
-        .expect("start");
+    let lease = start_lease(&etcd, TTL).await;
     let identity = lease.identity();
     etcd.kill();
     let returned = tokio::time::timeout(WAIT, lease.shutdown()).await;
@@ -190,9 +181,7 @@ async fn shutdown_with_etcd_dead_still_returns() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_etcd_outage_keeps_the_slot_and_the_slot_watch_comes_back() {
     let mut etcd = Etcd::start();
-    let lease = Lease::start(&config(&etcd, 10), registration())
-        .await
-        .expect("start");
+    let lease = start_lease(&etcd, 10).await;
     let identity = lease.identity();
     let (lease_id, machine_id) = held(&identity);
 

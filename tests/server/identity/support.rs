@@ -6,7 +6,7 @@
 use crate::common::Etcd;
 use etcd_client::{Client, GetOptions, PutOptions, Txn, TxnOp};
 use prefill_handoff::config::{Config, EtcdConfig};
-use prefill_handoff::identity::{Identity, IdentityState, Registration};
+use prefill_handoff::identity::{Identity, IdentityState, Lease, Registration};
 use prefill_handoff::ids::{IdLayout, MachineId};
 use std::future::Future;
 use std::time::Duration;
@@ -30,6 +30,14 @@ pub fn config(etcd: &Etcd, ttl: u64) -> Config {
     }
     .resolve()
     .expect("test config resolves")
+}
+
+/// A lease on `etcd` with a `ttl`-second TTL and the test registration,
+/// started: the claim every test begins with.
+pub async fn start_lease(etcd: &Etcd, ttl: u64) -> Lease {
+    Lease::start(&config(etcd, ttl), registration())
+        .await
+        .expect("start")
 }
 
 pub fn registration() -> Registration {
