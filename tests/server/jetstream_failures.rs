@@ -143,8 +143,14 @@ async fn jetstream_poison_is_dead_lettered_once_and_terminated() {
     ];
     publish_all(&js, &inputs).await;
     assert!(collector.wait_for(2, Duration::from_secs(20)).await);
-    // Well past the ack wait: a message not terminated would come again.
-    tokio::time::sleep(Duration::from_secs(2 * config.jetstream.ack_wait_secs + 1)).await;
+    // Settled and gone from the work queue: nothing left that could come
+    // again (a message not settled stays pending an ack; a nak'd one stays
+    // in the queue), instead of sleeping past the ack wait.
+    assert!(
+        wait_drained(&js, Duration::from_secs(30)).await,
+        "settled: {}",
+        queue_state(&js).await
+    );
 
     let seen = collector.all();
     assert_eq!(seen.len(), 2, "each dead-lettered exactly once: {seen:?}");
@@ -197,8 +203,14 @@ async fn jetstream_input_too_large_to_dead_letter_whole_goes_without_its_bytes()
     }];
     publish_all(&js, &inputs).await;
     assert!(collector.wait_for(1, Duration::from_secs(20)).await);
-    // Well past the ack wait: a message not terminated would come again.
-    tokio::time::sleep(Duration::from_secs(2 * config.jetstream.ack_wait_secs + 1)).await;
+    // Settled and gone from the work queue: nothing left that could come
+    // again (a message not settled stays pending an ack; a nak'd one stays
+    // in the queue), instead of sleeping past the ack wait.
+    assert!(
+        wait_drained(&js, Duration::from_secs(30)).await,
+        "settled: {}",
+        queue_state(&js).await
+    );
 
     let seen = collector.all();
     assert_eq!(seen.len(), 1, "exactly one output: {seen:?}");
