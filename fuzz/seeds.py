@@ -3,7 +3,7 @@
 
 The seeds are what the fuzzers start from: prefill results shaped like the
 ones Dynamo's TensorRT-LLM, SGLang and vLLM prefill workers emit (handoffs and
-terminals, as src/loadgen/payload.rs and tests/decision_support build them),
+terminals, as src/loadgen/payload.rs and tests/offline/decision_support build them),
 in MessagePack and in JSON, and hostile ones (refused reply subjects, header
 injection attempts, lying lengths, undefined markers, nesting past the depth
 limit, non-canonical encodings). Deterministic: running it again rewrites the

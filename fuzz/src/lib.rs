@@ -1,10 +1,10 @@
 //! What the fuzz targets check, as plain functions of the input bytes
 //! (`targets`), so the normal test suite can replay the seed corpus through
-//! the same checks without libFuzzer (tests/fuzz_corpus.rs).
+//! the same checks without libFuzzer (tests/offline/fuzz_corpus.rs).
 //!
 //! The decision's ID source and its invariants are the decision tests' own
-//! (tests/decision_support), not a second copy.
+//! (tests/offline/decision_support), not a second copy.
 
-#[path = "../../tests/decision_support/mod.rs"]
+#[path = "../../tests/offline/decision_support/mod.rs"]
 pub mod decision_support;
 pub mod targets;

@@ -1,6 +1,6 @@
 //! One function per fuzz target: the input bytes in, a panic when a property
 //! breaks. Used by the libFuzzer binaries (fuzz/fuzz_targets/) and replayed
-//! over the seed corpus by the normal test suite (tests/fuzz_corpus.rs).
+//! over the seed corpus by the normal test suite (tests/offline/fuzz_corpus.rs).
 
 use crate::decision_support::{SOURCE, TestIds, invariants, jetstream_rules, rules};
 use async_nats::ServerOp;
@@ -153,7 +153,7 @@ fn check_decision(d: &Decision, payload: &[u8], encoding: Encoding, rules: &Rule
 /// The decision on arbitrary bytes as a MessagePack body, in each of the
 /// worker's situations: its invariants hold, and the in-place path decides
 /// exactly as the value-tree path does (same decision, same number of IDs
-/// minted), as tests/decision_fast.rs checks on generated results.
+/// minted), as tests/offline/decision_fast.rs checks on generated results.
 pub fn decide_msgpack(data: &[u8]) {
     for (rules, nats_reply, fenced) in situations() {
         let (nats_reply, fenced) = (*nats_reply, *fenced);

@@ -11,7 +11,7 @@
 //!   shutdown, ends `run` with an error (see `run::serve`): `/readyz` turns
 //!   503 at once, the lease is revoked, the exit code is 1.
 //! - Debug builds only: `PREFILL_HANDOFF_DEBUG_FAULT` makes the process inject one of
-//!   those failures on SIGUSR1, for the process tests (tests/supervision.rs).
+//!   those failures on SIGUSR1, for the process tests (tests/server/supervision.rs).
 
 use async_nats::Client;
 

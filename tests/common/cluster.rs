@@ -4,7 +4,7 @@
 //! free loopback ports. Any one node can be SIGKILLed and restarted with its
 //! data kept; every process dies with its handle.
 
-use super::{eventually, free_port, http_send, nats_server_binary, wait_for_port};
+use super::{eventually, free_port, http_send, start_nats_server, wait_for_port};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -80,19 +80,8 @@ impl NatsCluster {
             .append(true)
             .open(self.dir.path().join(format!("{}.log", node.name)))
             .expect("log file");
-        let child = Command::new(nats_server_binary())
-            .arg("-c")
-            .arg(&conf)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start nats-server (is it installed? scripts/install-deps.sh)");
         let port = node.port;
-        self.nodes[i].child = Some(child);
-        assert!(
-            wait_for_port(port, START),
-            "nats-server {i} did not listen on {port}"
-        );
+        self.nodes[i].child = Some(start_nats_server(&conf, log, port, START));
     }
 
     /// Every client URL, comma-separated: what `nats.url` takes.

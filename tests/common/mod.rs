@@ -10,12 +10,32 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod jetstream_support;
 pub mod tls;
+pub mod worker_support;
 
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+/// Starts nats-server with the configuration file `conf` (stderr to `log`)
+/// and waits until it listens on `port`; a server that does not is killed.
+pub fn start_nats_server(conf: &Path, log: std::fs::File, port: u16, timeout: Duration) -> Child {
+    let mut child = Command::new(nats_server_binary())
+        .arg("-c")
+        .arg(conf)
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("start nats-server (is it installed? scripts/install-deps.sh)");
+    if !wait_for_port(port, timeout) {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("nats-server did not listen on {port}");
+    }
+    child
+}
 
 /// A port that was free a moment ago on 127.0.0.1.
 pub fn free_port() -> u16 {
@@ -137,19 +157,12 @@ impl Nats {
         text.push_str(&self.extra);
         std::fs::write(&conf, text).expect("write nats.conf");
         let log = std::fs::File::create(self.dir.path().join("nats.log")).expect("log file");
-        let child = Command::new(nats_server_binary())
-            .arg("-c")
-            .arg(&conf)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start nats-server (is it installed? scripts/install-deps.sh)");
-        self.child = Some(child);
-        assert!(
-            wait_for_port(self.port, Duration::from_secs(15)),
-            "nats-server did not listen on {}",
-            self.port
-        );
+        self.child = Some(start_nats_server(
+            &conf,
+            log,
+            self.port,
+            Duration::from_secs(15),
+        ));
     }
 
     /// The URL without credentials.
@@ -421,6 +434,43 @@ impl Worker {
             child: Some(child),
             dir,
         }
+    }
+
+    /// `prefill-handoff run` in `mode` against `nats` and `etcd`, with
+    /// `--set` overrides and extra environment; returns it once `/readyz`
+    /// answers 200 (within 30 s, generous for a loaded machine), with its
+    /// metrics address. Blocking.
+    pub fn run_ready(
+        nats: &Nats,
+        etcd: &Etcd,
+        mode: &str,
+        settings: &[&str],
+        env: &[(&str, &str)],
+    ) -> (Worker, String) {
+        let metrics = format!("127.0.0.1:{}", free_port());
+        let (nats_url, etcd_endpoint) = (nats.url(), etcd.endpoint());
+        let mut args = vec![
+            "run",
+            "--mode",
+            mode,
+            "--nats-url",
+            &nats_url,
+            "--etcd-endpoints",
+            &etcd_endpoint,
+            "--metrics-addr",
+            &metrics,
+        ];
+        for setting in settings {
+            args.extend(["--set", setting]);
+        }
+        let mut env = env.to_vec();
+        env.push(("NO_COLOR", "1"));
+        let worker = Worker::spawn(&args, &env);
+        let ready = eventually(Duration::from_secs(30), || {
+            http_send(&metrics, b"GET /readyz HTTP/1.1\r\n\r\n").is_ok_and(|r| r.status == 200)
+        });
+        assert!(ready, "the worker did not become ready:\n{}", worker.log());
+        (worker, metrics)
     }
 
     pub fn pid(&self) -> Option<u32> {

@@ -380,11 +380,40 @@ impl Pacer {
         }
         let start = *self.start.get_or_insert_with(Instant::now);
         loop {
-            let due = (start.elapsed().as_secs_f64() * self.rate) as usize + 1;
+            let due = due_after(start.elapsed(), self.rate);
             if due > sent {
                 return due.min(total);
             }
             self.tick.tick().await;
+        }
+    }
+}
+
+/// How many messages are due `elapsed` after the first at `rate` per second:
+/// message k (from 0) is due at k / rate, never before.
+fn due_after(elapsed: Duration, rate: f64) -> usize {
+    (elapsed.as_secs_f64() * rate) as usize + 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The pacer never sends early (checked on the arithmetic, not on a
+    /// clock): at 400/s message k is due at k x 2.5 ms, not a microsecond
+    /// sooner, so the 400th goes out no earlier than 997.5 ms.
+    #[test]
+    fn a_message_is_never_due_before_its_time() {
+        let rate = 400.0;
+        assert_eq!(due_after(Duration::ZERO, rate), 1, "the first at once");
+        for k in 1..400u64 {
+            let at = Duration::from_micros(k * 2_500);
+            assert_eq!(due_after(at - Duration::from_micros(1), rate), k as usize);
+            // Float rounding may make it a hair late, never early.
+            assert_eq!(
+                due_after(at + Duration::from_micros(1), rate),
+                k as usize + 1
+            );
         }
     }
 }

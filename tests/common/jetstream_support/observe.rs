@@ -1,0 +1,301 @@
+//! Observing outputs (core subscriptions, streams) and the work queue.
+
+use super::traffic::{Expect, Input, request_id_of};
+use super::{DEAD, GEN};
+use async_nats::Client;
+use async_nats::HeaderMap;
+use async_nats::jetstream::{self, consumer::DeliverPolicy, stream::Stream};
+use futures::StreamExt;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// One output seen on a core subscription.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    pub kind: Expect,
+    pub subject: String,
+    pub request_id: String,
+    pub payload: Vec<u8>,
+    pub headers: Option<HeaderMap>,
+}
+
+/// Every output published on GEN, the reply subjects and the dead-letter subject.
+#[derive(Clone)]
+pub struct Collector {
+    seen: Arc<Mutex<Vec<Seen>>>,
+}
+
+impl Collector {
+    pub async fn start(client: &Client) -> Collector {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        for (subject, kind) in [
+            (GEN, Expect::Gen),
+            ("llm.replies.>", Expect::Reply),
+            (DEAD, Expect::Dead),
+        ] {
+            let mut sub = client.subscribe(subject).await.expect("subscribe");
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                while let Some(m) = sub.next().await {
+                    let request_id = request_id_of(&m.payload, m.headers.as_ref());
+                    seen.lock().unwrap().push(Seen {
+                        kind,
+                        subject: m.subject.to_string(),
+                        request_id,
+                        payload: m.payload.to_vec(),
+                        headers: m.headers.clone(),
+                    });
+                }
+            });
+        }
+        client.flush().await.expect("flush subscriptions");
+        Collector { seen }
+    }
+
+    pub fn len(&self) -> usize {
+        self.seen.lock().unwrap().len()
+    }
+
+    pub fn all(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    /// Waits until at least `n` outputs were seen; false on timeout.
+    pub async fn wait_for(&self, n: usize, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if self.len() >= n {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        self.len() >= n
+    }
+
+    /// Outputs per request ID and kind.
+    pub fn counts(&self) -> BTreeMap<(String, Expect), usize> {
+        let mut counts = BTreeMap::new();
+        for s in self.all() {
+            *counts.entry((s.request_id, s.kind)).or_insert(0) += 1;
+        }
+        counts
+    }
+}
+
+/// The request IDs of every decode job stored in the GEN stream, in order.
+pub async fn gen_stream_request_ids(js: &jetstream::Context) -> Vec<String> {
+    stream_contents(js, "LLM_GEN")
+        .await
+        .into_iter()
+        .map(|s| s.request_id)
+        .collect()
+}
+
+/// Every message stored in a stream, attributed to its request ID.
+pub async fn stream_contents(js: &jetstream::Context, name: &str) -> Vec<Seen> {
+    let stream: Stream = js.get_stream(name).await.expect("stream");
+    let total = stream.get_info().await.expect("info").state.messages as usize;
+    let consumer = stream
+        .create_consumer(jetstream::consumer::pull::OrderedConfig {
+            deliver_policy: DeliverPolicy::All,
+            ..Default::default()
+        })
+        .await
+        .expect("ordered consumer");
+    let mut messages = consumer.messages().await.expect("messages");
+    let mut out = Vec::with_capacity(total);
+    while out.len() < total {
+        let m = tokio::time::timeout(Duration::from_secs(10), messages.next())
+            .await
+            .expect("stream message within 10 s")
+            .expect("stream open")
+            .expect("message");
+        let subject = m.subject.to_string();
+        let kind = if subject == GEN {
+            Expect::Gen
+        } else if subject == DEAD {
+            Expect::Dead
+        } else {
+            Expect::Reply
+        };
+        out.push(Seen {
+            kind,
+            request_id: request_id_of(&m.payload, m.headers.as_ref()),
+            subject,
+            payload: m.payload.to_vec(),
+            headers: m.headers.clone(),
+        });
+    }
+    out
+}
+
+/// A stream that stores every reply and dead letter, so that outputs
+/// published while a test's own connection is down are still counted.
+pub async fn capture_outputs(js: &jetstream::Context) {
+    js.create_stream(jetstream::stream::Config {
+        name: "OUTPUTS".into(),
+        subjects: vec!["llm.replies.>".into(), DEAD.into()],
+        storage: jetstream::stream::StorageType::File,
+        ..Default::default()
+    })
+    .await
+    .expect("capture stream");
+}
+
+/// Per request ID and kind, how many outputs.
+pub fn count(seen: &[Seen]) -> BTreeMap<(String, Expect), usize> {
+    let mut counts = BTreeMap::new();
+    for s in seen {
+        *counts.entry((s.request_id.clone(), s.kind)).or_insert(0) += 1;
+    }
+    counts
+}
+
+/// Checks that every input has at least one output of the expected kind and
+/// nothing else; returns the duplicates (request ID, kind, count) to report.
+pub fn check_outputs(inputs: &[Input], seen: &[Seen]) -> Vec<(String, Expect, usize)> {
+    let counts = count(seen);
+    let mut missing = Vec::new();
+    for input in inputs {
+        if counts
+            .get(&(input.request_id.clone(), input.expect))
+            .copied()
+            .unwrap_or(0)
+            == 0
+        {
+            missing.push(format!("{} {:?}", input.request_id, input.expect));
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "{} results have no output, e.g. {:?}",
+        missing.len(),
+        &missing[..missing.len().min(10)]
+    );
+    let expected: std::collections::BTreeSet<_> = inputs
+        .iter()
+        .map(|i| (i.request_id.clone(), i.expect))
+        .collect();
+    let strays: Vec<_> = counts.keys().filter(|k| !expected.contains(k)).collect();
+    assert!(
+        strays.is_empty(),
+        "outputs of the wrong kind or for unknown requests: {strays:?}"
+    );
+    counts
+        .into_iter()
+        .filter(|(_, n)| *n > 1)
+        .map(|((id, kind), n)| (id, kind, n))
+        .collect()
+}
+
+/// Messages left in the prefill work queue.
+pub async fn prefill_left(js: &jetstream::Context) -> u64 {
+    let stream = js.get_stream("LLM_PREFILL").await.expect("prefill stream");
+    stream.get_info().await.expect("info").state.messages
+}
+
+/// The shared consumer's counters: (ack pending, redelivered, pending).
+pub async fn consumer_counters(js: &jetstream::Context) -> (usize, usize, u64) {
+    let stream = js.get_stream("LLM_PREFILL").await.expect("prefill stream");
+    let info = stream.consumer_info("handoff").await.expect("consumer");
+    (info.num_ack_pending, info.num_redelivered, info.num_pending)
+}
+
+/// Waits until the shared consumer has redelivered at least `at_least`
+/// messages (an event to wait for instead of a fixed sleep).
+pub async fn wait_redelivered(js: &jetstream::Context, at_least: usize, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if consumer_counters(js).await.1 >= at_least {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
+/// Waits until the work queue is empty and nothing is pending an ack.
+pub async fn wait_drained(js: &jetstream::Context, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if let Ok(stream) = js.get_stream("LLM_PREFILL").await
+            && let (Ok(info), Ok(c)) = (
+                stream.get_info().await,
+                stream.consumer_info("handoff").await,
+            )
+            && info.state.messages == 0
+            && c.num_ack_pending == 0
+            && c.num_pending == 0
+        {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
+/// How many deliveries the shared consumer has made (redeliveries included).
+pub async fn deliveries(js: &jetstream::Context) -> u64 {
+    let stream = js.get_stream("LLM_PREFILL").await.expect("prefill stream");
+    let info = stream.consumer_info("handoff").await.expect("consumer");
+    info.delivered.consumer_sequence
+}
+
+/// The prefill stream's and the consumer's state, for failure messages.
+pub async fn queue_state(js: &jetstream::Context) -> String {
+    let stream = js.get_stream("LLM_PREFILL").await.expect("prefill stream");
+    let info = stream.get_info().await.expect("info");
+    let c = stream.consumer_info("handoff").await.expect("consumer");
+    format!(
+        "stream: {:?}; consumer: delivered {:?} ack_floor {:?} ack_pending {} redelivered {} pending {} waiting {}",
+        info.state,
+        c.delivered,
+        c.ack_floor,
+        c.num_ack_pending,
+        c.num_redelivered,
+        c.num_pending,
+        c.num_waiting
+    )
+}
+
+/// Waits until the consumer has delivered and settled everything.
+pub async fn wait_consumed(js: &jetstream::Context, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if let Ok(stream) = js.get_stream("LLM_PREFILL").await
+            && let Ok(c) = stream.consumer_info("handoff").await
+            && c.num_ack_pending == 0
+            && c.num_pending == 0
+        {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
+/// Every output of a run: the replies and dead letters captured in the
+/// `OUTPUTS` stream plus one [`Seen`] per decode job stored in the GEN
+/// stream. Asserts that the GEN stream holds each decode job once (the
+/// `Nats-Msg-Id` duplicate window at work).
+pub async fn all_outputs(js: &jetstream::Context) -> Vec<Seen> {
+    let gen_ids = gen_stream_request_ids(js).await;
+    let mut unique = gen_ids.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(
+        unique.len(),
+        gen_ids.len(),
+        "GEN stream holds each decode job once"
+    );
+    let mut outputs = stream_contents(js, "OUTPUTS").await;
+    outputs.extend(gen_ids.into_iter().map(|request_id| Seen {
+        kind: Expect::Gen,
+        subject: GEN.into(),
+        request_id,
+        payload: Vec::new(),
+        headers: None,
+    }));
+    outputs
+}

@@ -1,0 +1,298 @@
+//! The in-place MessagePack path decides exactly as the value-tree path does:
+//! same outcome, subject, headers, payload bytes and counts, and the same IDs
+//! minted — for generated results near the contract's shapes, for hostile
+//! byte-level mutations of them, and for non-canonical encodings.
+
+use crate::decision_support;
+
+use decision_support::*;
+use prefill_handoff::decision::{
+    Decision, Input, Outcome, Rules, decide, decide_in_place, decide_values,
+};
+use prefill_handoff::wire::Encoding;
+use proptest::prelude::*;
+use rmpv::Value;
+
+fn k(s: &str) -> Value {
+    Value::from(s)
+}
+
+/// Scalars and small trees of every MessagePack type.
+fn anything() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Nil),
+        any::<bool>().prop_map(Value::Boolean),
+        any::<u64>().prop_map(Value::from),
+        any::<i64>().prop_map(Value::from),
+        Just(Value::from((1u64 << 63) - 1)),
+        Just(Value::from(0)),
+        any::<f32>().prop_map(Value::F32),
+        ".{0,40}".prop_map(|s: String| Value::from(s)),
+        proptest::collection::vec(any::<u8>(), 0..300).prop_map(Value::Binary),
+        (any::<i8>(), proptest::collection::vec(any::<u8>(), 0..20))
+            .prop_map(|(t, d)| Value::Ext(t, d)),
+    ];
+    leaf.prop_recursive(3, 24, 4, |inner| {
+        prop_oneof![
+            proptest::collection::vec(inner.clone(), 0..18).prop_map(Value::Array),
+            proptest::collection::vec((inner.clone(), inner), 0..4).prop_map(Value::Map),
+        ]
+    })
+}
+
+/// Mostly one of the named values, sometimes anything, sometimes absent.
+fn field_of(known: Vec<Value>) -> impl Strategy<Value = Option<Value>> {
+    prop_oneof![
+        6 => proptest::sample::select(known).prop_map(Some),
+        1 => anything().prop_map(Some),
+        1 => Just(None),
+    ]
+}
+
+fn map_of(entries: Vec<(&str, Option<Value>)>, extra: Vec<(Value, Value)>) -> Value {
+    let mut m: Vec<(Value, Value)> = entries
+        .into_iter()
+        .filter_map(|(key, v)| v.map(|v| (k(key), v)))
+        .collect();
+    m.extend(extra);
+    Value::Map(m)
+}
+
+fn params() -> impl Strategy<Value = Value> {
+    let ints = || {
+        vec![
+            Value::from(0),
+            Value::from(7),
+            Value::from(1_234_567),
+            Value::from((1u64 << 63) - 1),
+            Value::from(1u64 << 63),
+            Value::from(-1),
+            Value::Nil,
+        ]
+    };
+    let trt = (
+        field_of(ints()),
+        field_of(vec![k("context_only"), k("generation_only"), Value::Nil]),
+        field_of(ints()),
+        field_of(vec![Value::Binary((0..=255).collect())]),
+        proptest::collection::vec((anything(), anything()), 0..3),
+    )
+        .prop_map(|(ctx, kind, disagg, opaque, extra)| {
+            map_of(
+                vec![
+                    ("ctx_request_id", ctx),
+                    ("request_type", kind),
+                    ("disagg_request_id", disagg),
+                    ("opaque_state", opaque),
+                ],
+                extra,
+            )
+        });
+    prop_oneof![
+        6 => trt,
+        1 => Just(v(sglang())),
+        1 => Just(v(vllm())),
+        1 => proptest::collection::vec((anything(), anything()), 0..4).prop_map(Value::Map),
+        1 => anything(),
+    ]
+}
+
+fn gen_frame() -> impl Strategy<Value = Value> {
+    let reasons = vec![
+        k("length"),
+        k("not_finished"),
+        k("stop"),
+        k("abort"),
+        k("error"),
+        Value::Nil,
+        v(serde_json::json!({"error": "x"})),
+    ];
+    (
+        field_of(reasons),
+        prop_oneof![8 => Just(None), 1 => Just(Some(Value::Nil)), 1 => anything().prop_map(Some)],
+        prop_oneof![6 => params().prop_map(Some), 1 => Just(None)],
+        proptest::collection::vec((anything(), anything()), 0..3),
+    )
+        .prop_map(|(reason, error, params, extra)| {
+            let mut base = vec![
+                ("token_ids", Some(Value::Array(vec![Value::from(791)]))),
+                ("text", Some(k("The"))),
+                ("finish_reason", reason),
+                ("error", error),
+                ("disaggregated_params", params),
+            ];
+            base.rotate_left(extra.len() % 5);
+            map_of(base, extra)
+        })
+}
+
+fn gen_result() -> impl Strategy<Value = Value> {
+    let job_keys = [
+        "backend",
+        "worker",
+        "handoff",
+        "prefill_output",
+        "disagg_request_id",
+    ];
+    (
+        field_of(vec![
+            k("req-1"),
+            k("x".repeat(256).as_str()),
+            k(""),
+            Value::from(5),
+        ]),
+        field_of(vec![
+            k(REPLY),
+            k("_INBOX.a b"),
+            k("llm.gen.jobs"),
+            Value::Nil,
+        ]),
+        prop_oneof![
+            8 => proptest::collection::vec(gen_frame(), 0..3).prop_map(|f| Some(Value::Array(f))),
+            1 => anything().prop_map(Some),
+            1 => Just(None),
+        ],
+        field_of(vec![
+            v(serde_json::json!({"model": "m", "token_ids": [1, 2, 3]})),
+            Value::Nil,
+        ]),
+        proptest::collection::vec(
+            (
+                prop_oneof![
+                    proptest::sample::select(job_keys.to_vec()).prop_map(k),
+                    anything()
+                ],
+                anything(),
+            ),
+            0..3,
+        ),
+        0usize..4,
+    )
+        .prop_map(|(id, reply, frames, request, extra, turn)| {
+            let mut base = vec![
+                ("request_id", id),
+                ("reply_to", reply),
+                ("frames", frames),
+                ("request", request),
+            ];
+            base.rotate_left(turn);
+            map_of(base, extra)
+        })
+}
+
+/// Both paths on the same bytes, each with a fresh ID source.
+fn both(
+    payload: &[u8],
+    rules: &Rules,
+    nats_reply: Option<&str>,
+    fenced: bool,
+) -> (Decision, Decision, usize, usize) {
+    let input = Input {
+        payload,
+        encoding: Encoding::MsgPack,
+        subject: SOURCE,
+        nats_reply,
+    };
+    let ids = || {
+        if fenced {
+            TestIds::fenced()
+        } else {
+            TestIds::holding_slot()
+        }
+    };
+    let (mut a, mut b) = (ids(), ids());
+    let fast = decide(input, rules, &mut a);
+    let slow = decide_values(input, rules, &mut b);
+    (fast, slow, a.minted, b.minted)
+}
+
+fn check_same(payload: &[u8]) -> Result<(), TestCaseError> {
+    for (rules, nats_reply, fenced) in [
+        (rules(), Some("_INBOX.nats.9"), false),
+        (rules(), None, true),
+        (jetstream_rules(), Some("_INBOX.nats.9"), false),
+    ] {
+        let (fast, slow, minted_fast, minted_slow) = both(payload, &rules, nats_reply, fenced);
+        prop_assert_eq!(&fast, &slow);
+        prop_assert_eq!(minted_fast, minted_slow);
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    #[test]
+    fn generated_results_decide_the_same(message in gen_result()) {
+        check_same(&msgpack(&message))?;
+    }
+
+    #[test]
+    fn mutated_bytes_decide_the_same(
+        message in gen_result(),
+        edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>(), 0u8..3), 1..4),
+    ) {
+        let mut bytes = msgpack(&message);
+        for (at, byte, how) in edits {
+            if bytes.is_empty() {
+                break;
+            }
+            let i = at.index(bytes.len());
+            match how {
+                0 => bytes[i] = byte,
+                1 => bytes.insert(i, byte),
+                _ => { bytes.remove(i); }
+            }
+        }
+        check_same(&bytes)?;
+    }
+}
+
+/// A typical TensorRT-LLM handoff result and a terminal one are decided in
+/// place (so the equality above covers the in-place path, not just the
+/// fallback), and a non-canonical encoding of the same is not.
+#[test]
+fn typical_results_are_decided_in_place() {
+    let handoff = msgpack(&v(needs_decode(without(trt(), "disagg_request_id"))));
+    let terminal = msgpack(&v(result_json_terminal()));
+    for (payload, kind) in [(&handoff, "decode"), (&terminal, "terminal")] {
+        let input = Input {
+            payload,
+            encoding: Encoding::MsgPack,
+            subject: SOURCE,
+            nats_reply: None,
+        };
+        let d = decide_in_place(input, &rules(), &mut TestIds::holding_slot())
+            .unwrap_or_else(|| panic!("a typical {kind} result is decided in place"));
+        assert_eq!(d.outcome.kind(), kind);
+        check_same(payload).unwrap();
+    }
+    assert!(matches!(
+        decide_bytes(&handoff, Encoding::MsgPack, &rules(), None).outcome,
+        Outcome::Decode { minted: true, .. }
+    ));
+    // ctx_request_id 7 as uint8 (0xcc 0x07) instead of a fixint.
+    let at = handoff
+        .windows(15)
+        .position(|w| &w[1..] == b"ctx_request_id")
+        .expect("the key is there")
+        + 15;
+    assert_eq!(handoff[at], 0x07);
+    let mut odd = handoff.clone();
+    odd.splice(at..=at, [0xcc, 0x07]);
+    let input = Input {
+        payload: &odd,
+        encoding: Encoding::MsgPack,
+        subject: SOURCE,
+        nats_reply: None,
+    };
+    assert!(decide_in_place(input, &rules(), &mut TestIds::holding_slot()).is_none());
+    check_same(&odd).unwrap();
+}
+
+fn result_json_terminal() -> serde_json::Value {
+    result(serde_json::json!([frame(
+        Some(serde_json::json!("stop")),
+        Some(trt())
+    )]))
+}

@@ -1,0 +1,374 @@
+//! The durable mode when things go wrong, at library level (workers run in
+//! the test process): a worker dies mid-run, nats-server restarts, poison
+//! input, no identity to mint with, the GEN stream missing.
+
+use crate::common;
+use crate::common::jetstream_support;
+
+use common::Nats;
+use jetstream_support::*;
+use prefill_handoff::ids::{IdLayout, MachineId};
+use std::time::Duration;
+
+fn report_duplicates(what: &str, dups: &[(String, Expect, usize)]) {
+    println!(
+        "{what}: {} request IDs had more than one output",
+        dups.len()
+    );
+    for (id, kind, n) in dups.iter().take(20) {
+        println!("  duplicate: {id} {kind:?} x{n}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn jetstream_worker_dying_mid_run_loses_nothing() {
+    let nats = Nats::start();
+    let config = config(&nats);
+    let client = async_nats::connect(nats.url()).await.expect("connect");
+    let js = async_nats::jetstream::new(client.clone());
+    setup(&js, &config).await;
+    capture_outputs(&js).await;
+    let collector = Collector::start(&client).await;
+
+    let doomed = LibWorker::start(&config, fixed_identity(1)).await;
+    let survivors = vec![
+        LibWorker::start(&config, fixed_identity(2)).await,
+        LibWorker::start(&config, fixed_identity(3)).await,
+    ];
+    let n = 10_000;
+    let inputs: Vec<Input> = (0..n).map(mixed).collect();
+    let publisher = {
+        let js = js.clone();
+        let inputs = inputs.clone();
+        tokio::spawn(async move { publish_all(&js, &inputs).await })
+    };
+    assert!(collector.wait_for(n / 5, Duration::from_secs(60)).await);
+    doomed.crash();
+    println!("worker crashed after {} outputs", collector.len());
+    publisher.await.expect("publisher");
+
+    assert!(
+        wait_drained(&js, Duration::from_secs(40)).await,
+        "work queue not drained: {}",
+        queue_state(&js).await
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    let outputs = all_outputs(&js).await;
+    let dups = check_outputs(&inputs, &outputs);
+    report_duplicates("after a worker crash", &dups);
+    assert_eq!(prefill_left(&js).await, 0);
+    let (_, redelivered, _) = consumer_counters(&js).await;
+    println!("consumer redeliveries: {redelivered}");
+    for w in survivors {
+        w.stop().await.expect("stop");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn jetstream_nats_server_restart_mid_run_loses_nothing() {
+    let mut nats = Nats::start();
+    let config = config(&nats);
+    let client = async_nats::ConnectOptions::new()
+        .retry_on_initial_connect()
+        .connect(nats.url())
+        .await
+        .expect("connect");
+    let js = async_nats::jetstream::new(client.clone());
+    setup(&js, &config).await;
+    capture_outputs(&js).await;
+    let collector = Collector::start(&client).await;
+    let workers = vec![
+        LibWorker::start(&config, fixed_identity(1)).await,
+        LibWorker::start(&config, fixed_identity(2)).await,
+    ];
+    let n = 10_000;
+    let inputs: Vec<Input> = (0..n).map(mixed).collect();
+    publish_all(&js, &inputs).await;
+    assert!(collector.wait_for(n / 5, Duration::from_secs(60)).await);
+    nats.restart();
+    println!("nats-server restarted after {} outputs", collector.len());
+
+    assert!(
+        wait_consumed(&js, Duration::from_secs(60)).await,
+        "not everything was delivered and acked after the restart: {}",
+        queue_state(&js).await
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let outputs = all_outputs(&js).await;
+    let dups = check_outputs(&inputs, &outputs);
+    report_duplicates("after a nats-server restart", &dups);
+    // Acked messages an old server kept are swept by the idle workers.
+    let left = prefill_left(&js).await;
+    if left > 0 {
+        println!("{left} acked messages kept by the restarted server; waiting for the sweep");
+    }
+    assert!(
+        wait_drained(&js, Duration::from_secs(30)).await,
+        "prefill stream not empty: {}",
+        queue_state(&js).await
+    );
+    for w in workers {
+        w.stop().await.expect("stop");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn jetstream_poison_is_dead_lettered_once_and_terminated() {
+    let nats = Nats::start();
+    let config = config(&nats);
+    let client = async_nats::connect(nats.url()).await.expect("connect");
+    let js = async_nats::jetstream::new(client.clone());
+    setup(&js, &config).await;
+    let collector = Collector::start(&client).await;
+    let worker = LibWorker::start(&config, fixed_identity(5)).await;
+
+    let no_reply_to = serde_json::to_vec(&serde_json::json!({
+        "request_id": "no-reply-to", "frames": [{"finish_reason": "eos"}]
+    }))
+    .expect("json");
+    let inputs = vec![
+        Input {
+            request_id: "poison-1".into(),
+            payload: poison("poison-1"),
+            json: false,
+            expect: Expect::Dead,
+        },
+        Input {
+            request_id: "no-reply-to".into(),
+            payload: no_reply_to,
+            json: true,
+            expect: Expect::Dead,
+        },
+    ];
+    publish_all(&js, &inputs).await;
+    assert!(collector.wait_for(2, Duration::from_secs(20)).await);
+    // Settled and gone from the work queue: nothing left that could come
+    // again (a message not settled stays pending an ack; a nak'd one stays
+    // in the queue), instead of sleeping past the ack wait.
+    assert!(
+        wait_drained(&js, Duration::from_secs(30)).await,
+        "settled: {}",
+        queue_state(&js).await
+    );
+
+    let seen = collector.all();
+    assert_eq!(seen.len(), 2, "each dead-lettered exactly once: {seen:?}");
+    let code = |id: &str| {
+        let s = seen.iter().find(|s| s.request_id == id).expect(id);
+        s.headers
+            .as_ref()
+            .and_then(|h| h.get("Handoff-Error-Code"))
+            .map(|v| v.as_str().to_string())
+    };
+    assert_eq!(code("poison-1").as_deref(), Some("malformed"));
+    assert_eq!(code("no-reply-to").as_deref(), Some("missing_reply_to"));
+    let (ack_pending, redelivered, pending) = consumer_counters(&js).await;
+    assert_eq!(
+        (ack_pending, redelivered, pending),
+        (0, 0, 0),
+        "terminated, never redelivered"
+    );
+    assert_eq!(prefill_left(&js).await, 0);
+    worker.stop().await.expect("stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn jetstream_input_too_large_to_dead_letter_whole_goes_without_its_bytes() {
+    let max = 16 * 1024;
+    let nats = Nats::start_with_max_payload(Some(max));
+    let config = config(&nats);
+    let client = async_nats::connect(nats.url()).await.expect("connect");
+    let js = async_nats::jetstream::new(client.clone());
+    setup(&js, &config).await;
+    let collector = Collector::start(&client).await;
+    let worker = LibWorker::start(&config, fixed_identity(6)).await;
+
+    // The input fits the stream (with its traceparent header), but neither
+    // its decode job nor a dead letter of it (its bytes plus ~240 bytes of
+    // headers) fits the server.
+    let size = max - 200;
+    let mut body = serde_json::json!({"request_id": "big", "reply_to": "llm.replies.big",
+        "padding": "",
+        "frames": [{"disaggregated_params": {"ctx_request_id": 3, "opaque_state": ""}}]});
+    let room = size - serde_json::to_vec(&body).expect("json").len();
+    body["padding"] = serde_json::json!("p".repeat(room));
+    let payload = serde_json::to_vec(&body).expect("json");
+    assert_eq!(payload.len(), size);
+    let inputs = vec![Input {
+        request_id: "big".into(),
+        payload,
+        json: true,
+        expect: Expect::Dead,
+    }];
+    publish_all(&js, &inputs).await;
+    assert!(collector.wait_for(1, Duration::from_secs(20)).await);
+    // Settled and gone from the work queue: nothing left that could come
+    // again (a message not settled stays pending an ack; a nak'd one stays
+    // in the queue), instead of sleeping past the ack wait.
+    assert!(
+        wait_drained(&js, Duration::from_secs(30)).await,
+        "settled: {}",
+        queue_state(&js).await
+    );
+
+    let seen = collector.all();
+    assert_eq!(seen.len(), 1, "exactly one output: {seen:?}");
+    let header = |name: &str| {
+        seen[0]
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(name))
+            .map(|v| v.as_str().to_string())
+    };
+    assert_eq!(seen[0].subject, DEAD);
+    assert!(seen[0].payload.is_empty(), "sent without the input's bytes");
+    assert_eq!(header("Handoff-Error-Code").as_deref(), Some("too_large"));
+    assert_eq!(
+        header(prefill_handoff::decision::PAYLOAD_OMITTED),
+        Some(size.to_string())
+    );
+    assert_eq!(
+        consumer_counters(&js).await,
+        (0, 0, 0),
+        "terminated, never redelivered"
+    );
+    assert_eq!(prefill_left(&js).await, 0);
+    worker.stop().await.expect("stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn jetstream_fenced_worker_waits_then_mints_with_its_new_slot() {
+    let nats = Nats::start();
+    let config = config(&nats);
+    let client = async_nats::connect(nats.url()).await.expect("connect");
+    let js = async_nats::jetstream::new(client.clone());
+    setup(&js, &config).await;
+    let collector = Collector::start(&client).await;
+    // No slot: minting is refused until one is installed.
+    let identity = prefill_handoff::identity::Identity::new(
+        IdLayout::Rc22,
+        prefill_handoff::ids::DEFAULT_EPOCH_UNIX_MS,
+    );
+    let worker = LibWorker::start(&config, identity.clone()).await;
+
+    let mut inputs: Vec<Input> = (0..5).map(|i| needs_mint(&format!("mint-{i}"))).collect();
+    inputs.extend((0..5).map(|i| terminal(&format!("done-{i}"))));
+    publish_all(&js, &inputs).await;
+
+    // Results that need no ID flow while fenced; the others wait.
+    assert!(collector.wait_for(5, Duration::from_secs(20)).await);
+    // Every fenced result comes back at least once: by then each of them
+    // was handled while fenced, and nothing may have been published for it.
+    assert!(
+        wait_redelivered(&js, 5, Duration::from_secs(60)).await,
+        "the fenced results were nak'd and redelivered: {}",
+        queue_state(&js).await
+    );
+    let seen = collector.all();
+    assert!(
+        seen.iter().all(|s| s.kind == Expect::Reply),
+        "nothing may be published for results that need an ID while fenced: {seen:?}"
+    );
+    assert_eq!(seen.len(), 5);
+
+    let slot = MachineId::new(321).expect("slot");
+    identity.install(0x1234, slot, None);
+    assert!(collector.wait_for(10, Duration::from_secs(30)).await);
+    assert!(wait_drained(&js, Duration::from_secs(10)).await);
+    let jobs: Vec<Seen> = collector
+        .all()
+        .into_iter()
+        .filter(|s| s.kind == Expect::Gen)
+        .collect();
+    assert_eq!(jobs.len(), 5);
+    for job in jobs {
+        let value =
+            prefill_handoff::wire::decode(&job.payload, prefill_handoff::wire::Encoding::MsgPack)
+                .expect("decode job");
+        let id = field(&value, "disagg_request_id")
+            .and_then(|v| v.as_u64())
+            .expect("minted disagg_request_id");
+        let decoded = IdLayout::Rc22.decode(id).expect("an rc22 id");
+        assert_eq!(
+            decoded.machine_id,
+            slot.get(),
+            "{} minted with the installed slot",
+            job.request_id
+        );
+    }
+    worker.stop().await.expect("stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn jetstream_last_delivery_answers_identity_unavailable() {
+    let nats = Nats::start();
+    let mut config = config(&nats);
+    config.jetstream.max_deliver = 3;
+    config.jetstream.nak_delay_ms = 50;
+    let client = async_nats::connect(nats.url()).await.expect("connect");
+    let js = async_nats::jetstream::new(client.clone());
+    setup(&js, &config).await;
+    let collector = Collector::start(&client).await;
+    let identity = prefill_handoff::identity::Identity::new(
+        IdLayout::Rc22,
+        prefill_handoff::ids::DEFAULT_EPOCH_UNIX_MS,
+    );
+    let worker = LibWorker::start(&config, identity).await;
+    publish_all(&js, &[needs_mint("never-minted")]).await;
+
+    assert!(collector.wait_for(1, Duration::from_secs(20)).await);
+    // Settled after the last delivery: nothing more can be answered.
+    assert!(wait_drained(&js, Duration::from_secs(30)).await);
+    let seen = collector.all();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0].kind, Expect::Reply);
+    let value =
+        prefill_handoff::wire::decode(&seen[0].payload, prefill_handoff::wire::Encoding::MsgPack)
+            .expect("error response");
+    let code = field(&value, "error")
+        .and_then(|e| field(e, "code"))
+        .and_then(|c| c.as_str());
+    assert_eq!(code, Some("identity_unavailable"));
+    assert_eq!(
+        deliveries(&js).await,
+        3,
+        "one message, delivered max_deliver times before the error was sent"
+    );
+    worker.stop().await.expect("stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn jetstream_failed_gen_publish_is_redelivered_until_stored() {
+    let nats = Nats::start();
+    let mut config = config(&nats);
+    config.jetstream.create = false;
+    let client = async_nats::connect(nats.url()).await.expect("connect");
+    let js = async_nats::jetstream::new(client.clone());
+    setup(&js, &config).await;
+    js.delete_stream("LLM_GEN").await.expect("delete GEN");
+    let worker = LibWorker::start(&config, fixed_identity(9)).await;
+
+    let mut input = mixed(3); // SGLang: needs no ID
+    input.request_id = "req-000003".into();
+    publish_all(&js, &[input]).await;
+    // Handled, failed to store, nak'd and delivered again: still there.
+    assert!(
+        wait_redelivered(&js, 1, Duration::from_secs(60)).await,
+        "nak'd and redelivered: {}",
+        queue_state(&js).await
+    );
+    assert_eq!(
+        prefill_left(&js).await,
+        1,
+        "not acked while GEN cannot store it"
+    );
+
+    setup(&js, &config).await;
+    assert!(wait_drained(&js, Duration::from_secs(20)).await);
+    assert_eq!(
+        gen_stream_request_ids(&js).await,
+        vec!["req-000003".to_string()]
+    );
+    worker.stop().await.expect("stop");
+}
