@@ -22,6 +22,7 @@
 //! - [`config`]: TOML file, `HANDOFF_*` environment and flags.
 //! - [`security`]: TLS files and NKey seeds for NATS and etcd, checked at start.
 //! - [`metrics`]: Prometheus metrics, `/healthz` and `/readyz`.
+//! - [`telemetry`]: OpenTelemetry spans per result, exported over OTLP.
 //! - [`cli`]: the `prefill-handoff` subcommands.
 //! - [`loadgen`]: the load generator and the raw relays it is compared with.
 
@@ -35,6 +36,7 @@ pub mod ids;
 pub mod loadgen;
 pub mod metrics;
 pub mod security;
+pub mod telemetry;
 pub mod transport;
 pub mod wire;
 pub mod worker;
