@@ -9,6 +9,7 @@ use crate::decision::Rules;
 use crate::id_service::{self, IdService};
 use crate::identity::{Identity, Lease, LeaseError, Registration};
 use crate::metrics::{self, Metrics, Readiness};
+use crate::telemetry::{Telemetry, TelemetryError};
 use crate::transport::{self, Inbound, Outbound, core::CoreInbound};
 use crate::worker::{Options, Worker, shutdown::Signals};
 use anyhow::Context;
@@ -39,6 +40,14 @@ pub fn run(args: ConfigArgs) -> anyhow::Result<()> {
 async fn serve(config: Config, rules: Rules, id_service: IdService) -> anyhow::Result<()> {
     let mut signals = Signals::install().context("cannot install the SIGTERM/SIGINT handlers")?;
     let metrics = Metrics::new();
+    let telemetry = match Telemetry::from_config(&config.otel, &metrics) {
+        Ok(telemetry) => telemetry,
+        // A standard OTEL_* variable that cannot be used, like a bad key: exit 2.
+        Err(TelemetryError::Settings(e)) => {
+            return Err(crate::config::ConfigError(e.to_string()).into());
+        }
+        Err(e) => return Err(e.into()),
+    };
     let registration = Registration {
         subjects: config.own_subjects(),
     };
@@ -65,6 +74,9 @@ async fn serve(config: Config, rules: Rules, id_service: IdService) -> anyhow::R
         "identity held"
     );
     metrics.watch_identity(identity.watch());
+    if let Some(telemetry) = &telemetry {
+        telemetry.watch_identity(identity.watch());
+    }
     let readiness = Readiness::new(identity.watch());
 
     let (stop_http, http_stopped) = oneshot::channel::<()>();
@@ -77,6 +89,12 @@ async fn serve(config: Config, rules: Rules, id_service: IdService) -> anyhow::R
         &readiness,
         http_stopped,
     );
+    let started = async {
+        started.await.map(|mut started| {
+            started.worker = started.worker.with_telemetry(telemetry.clone());
+            started
+        })
+    };
     let started = match until_signal(&mut signals, started).await {
         Some(Ok(started)) => started,
         Some(Err(e)) => {
@@ -131,6 +149,7 @@ async fn serve(config: Config, rules: Rules, id_service: IdService) -> anyhow::R
                 lease.identity(),
                 metrics.clone(),
                 Some(readiness.clone()),
+                telemetry.clone(),
                 shutdown,
             )
             .await
@@ -150,6 +169,13 @@ async fn serve(config: Config, rules: Rules, id_service: IdService) -> anyhow::R
         () = watched.closed() => Err(stopped(&readiness, Stopped::ConnectionEnded)),
     };
     id_service.abort();
+    if let Some(telemetry) = &telemetry {
+        // Bounded: a dead collector delays the exit by one export timeout.
+        tracing::info!("shutdown: exporting the spans still queued");
+        telemetry
+            .shutdown(telemetry.settings().export_timeout)
+            .await;
+    }
     tracing::info!("shutdown: revoking the etcd lease (frees the machine-ID slot)");
     lease.shutdown().await;
     let _ = stop_http.send(());

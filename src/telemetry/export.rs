@@ -47,8 +47,9 @@ impl SpanProcessor for QueueProcessor {
     fn on_start(&self, _span: &mut Span, _cx: &Context) {}
 
     fn on_end(&self, span: SpanData) {
-        // Full or closed: this span is dropped, never waited for.
-        if self.queue.try_send(span).is_err() {
+        // Full: this span is dropped, never waited for. Closed: the worker
+        // is stopping (the export task is gone); nothing to count then.
+        if let Err(mpsc::error::TrySendError::Full(_)) = self.queue.try_send(span) {
             self.drops.0.otel_spans_dropped(SpanDrop::QueueFull, 1);
         }
     }
@@ -98,7 +99,7 @@ where
 
 impl Exporter {
     /// Exports what is queued (what fits in `budget`), then stops. Spans
-    /// ended after this are dropped and counted.
+    /// ended after this (the identity's last fence) are not exported.
     pub async fn shutdown(mut self, budget: Duration) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());

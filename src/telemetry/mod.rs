@@ -246,7 +246,7 @@ impl Telemetry {
     }
 
     /// Exports the spans still queued, within `budget`, and stops the export
-    /// task. Spans ended later are dropped and counted.
+    /// task. Spans ended later are not exported.
     pub async fn shutdown(&self, budget: Duration) {
         let exporter = self
             .inner

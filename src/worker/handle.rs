@@ -4,10 +4,12 @@
 
 use super::Worker;
 use crate::decision::{self, DeadLetterCode, ErrorCode, Input, Outcome, TraceHeaders};
+use crate::telemetry::{Delivery, ResultSpan, Telemetry};
 use crate::transport::{self, Incoming, OutputError};
 use crate::wire::Encoding;
 use async_nats::{HeaderMap, HeaderValue};
 use bytes::Bytes;
+use tracing::Instrument as _;
 
 /// What happened to one result.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,7 +24,34 @@ pub enum Handled {
 }
 
 impl Worker {
+    /// The result's span (`crate::telemetry`) around its handling: started
+    /// at receipt, named by the output's `traceparent`, ended when handled.
     pub(super) async fn handle(&self, incoming: &Incoming) -> Handled {
+        let mut trace = transport::trace_headers(incoming.headers.as_ref());
+        let delivery = Delivery {
+            subject: &incoming.subject,
+            size: incoming.payload.len(),
+            attempt: 1,
+        };
+        let mut span = Telemetry::result(
+            self.telemetry.as_ref(),
+            &trace,
+            delivery,
+            incoming.received_at,
+        );
+        span.propagate(&mut trace);
+        let log = span.log_span();
+        self.handle_traced(incoming, trace, &mut span)
+            .instrument(log)
+            .await
+    }
+
+    async fn handle_traced(
+        &self,
+        incoming: &Incoming,
+        trace: TraceHeaders,
+        span: &mut ResultSpan,
+    ) -> Handled {
         let _in_flight = self.metrics.in_flight();
         let encoding = Encoding::from_content_type(incoming.content_type());
         let input = Input {
@@ -35,6 +64,7 @@ impl Worker {
         let decision =
             transport::offload::decide(input, headers, &self.rules, &mut self.identity.clone())
                 .await;
+        span.decided(&decision);
         let outcome = decision.outcome;
         let request_id = decision.request_id.as_deref();
         if self.options.defer_when_fenced
@@ -44,18 +74,22 @@ impl Worker {
                 })
         {
             tracing::debug!(?request_id, "no slot held: left for redelivery");
+            span.not_published(&outcome, "no slot held: left for redelivery");
             return Handled::Deferred(outcome);
         }
-        let trace = transport::trace_headers(incoming.headers.as_ref());
         self.metrics.trace_headers_dropped(&trace.dropped);
         let headers = output_headers(&decision.headers, &trace);
         let payload = Bytes::from(decision.payload);
+        let output_size = payload.len();
         let result = self
             .outbound
             .publish(&decision.subject, headers, payload)
             .await;
         let outcome = match result {
-            Ok(()) => outcome,
+            Ok(()) => {
+                span.published(&outcome, &decision.subject, output_size);
+                outcome
+            }
             Err(OutputError::TooLarge(why)) => {
                 tracing::warn!(
                     kind = outcome.kind(),
@@ -68,13 +102,18 @@ impl Worker {
                     .dead_letter_too_large(incoming, &trace, outcome.kind())
                     .await
                 {
-                    Ok(()) => Outcome::DeadLetter {
-                        code: DeadLetterCode::TooLarge,
-                    },
-                    Err(e) => return self.failed(outcome, request_id, incoming, &e),
+                    Ok(()) => {
+                        let outcome = Outcome::DeadLetter {
+                            code: DeadLetterCode::TooLarge,
+                        };
+                        let subject = &self.rules.dead_letter_subject;
+                        span.published(&outcome, subject, incoming.payload.len());
+                        outcome
+                    }
+                    Err(e) => return self.failed(outcome, request_id, incoming, &e, span),
                 }
             }
-            Err(e) => return self.failed(outcome, request_id, incoming, &e),
+            Err(e) => return self.failed(outcome, request_id, incoming, &e, span),
         };
         self.metrics.record(
             &outcome,
@@ -103,8 +142,10 @@ impl Worker {
         request_id: Option<&str>,
         incoming: &Incoming,
         error: &OutputError,
+        span: &mut ResultSpan,
     ) -> Handled {
         self.metrics.publish_failed();
+        span.not_published(&outcome, &error.to_string());
         tracing::error!(
             kind = outcome.kind(),
             ?request_id,

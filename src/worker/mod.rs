@@ -31,6 +31,7 @@ use crate::config::{Config, Mode};
 use crate::decision::Rules;
 use crate::identity::Identity;
 use crate::metrics::Metrics;
+use crate::telemetry::Telemetry;
 use crate::transport::budget::ByteBudget;
 use crate::transport::{Inbound, Outbound};
 use intake::{Admitted, Intake};
@@ -85,6 +86,8 @@ pub struct Worker {
     options: Options,
     stats: Arc<Stats>,
     budget: ByteBudget,
+    /// `None`: no tracing, and no span built per result.
+    telemetry: Option<Telemetry>,
 }
 
 impl Worker {
@@ -103,7 +106,14 @@ impl Worker {
             budget: ByteBudget::new(options.max_in_flight_bytes),
             options,
             stats: Arc::new(Stats::default()),
+            telemetry: None,
         }
+    }
+
+    /// Each result gets a span exported by `telemetry` (`None`: none).
+    pub fn with_telemetry(mut self, telemetry: Option<Telemetry>) -> Worker {
+        self.telemetry = telemetry;
+        self
     }
 
     /// Live counters, readable while the worker runs.

@@ -10,6 +10,7 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod otlp;
 pub mod tls;
 
 use std::net::{TcpListener, TcpStream};

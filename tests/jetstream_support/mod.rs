@@ -72,7 +72,16 @@ impl LibWorker {
             let shutdown = async {
                 let _ = stopped.await;
             };
-            durable::serve(client, &config, identity, Metrics::new(), None, shutdown).await
+            durable::serve(
+                client,
+                &config,
+                identity,
+                Metrics::new(),
+                None,
+                None,
+                shutdown,
+            )
+            .await
         });
         LibWorker {
             task: Some(task),

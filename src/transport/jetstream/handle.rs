@@ -9,13 +9,14 @@ use super::settle::{self, Plan, Redelivery, Settle};
 use crate::decision::{self, DeadLetterCode, Decision, Input, Outcome, Rules, TraceHeaders};
 use crate::identity::Identity;
 use crate::metrics::{Metrics, NakReason};
+use crate::telemetry::{Delivery, ResultSpan, Telemetry};
 use crate::wire::Encoding;
 use async_nats::jetstream::{self, AckKind, message::Acker};
 use async_nats::{HeaderMap, Message};
 use bytes::Bytes;
 use std::future::Future;
 use std::time::{Duration, Instant};
-use tracing::{debug, error, info, warn};
+use tracing::{Instrument as _, debug, error, info, warn};
 
 /// Everything a delivery needs, shared by all in-flight messages.
 pub struct Handler {
@@ -30,6 +31,8 @@ pub struct Handler {
     pub ack_wait: Duration,
     /// The GEN stream, for late redeliveries (`None` unless GEN is a stream).
     pub gen_stream: Option<GenStream>,
+    /// `None`: no tracing, and no span built per delivery.
+    pub telemetry: Option<Telemetry>,
 }
 
 /// What a late redelivery needs to know of the GEN stream.
@@ -65,17 +68,40 @@ pub enum Handled {
 
 impl Handler {
     /// Handles one delivery to the end. Never panics on the message's content.
+    /// Its span (`crate::telemetry`) starts at receipt and ends after settling.
     pub async fn handle(&self, message: jetstream::Message, received_at: Instant) -> Handled {
-        let _in_flight = self.metrics.in_flight();
         // The delivery count is in the ack subject; a message without one
         // cannot come from a consumer, but counts as a first delivery.
         let (delivered, published) = message
             .info()
             .map_or((1, None), |i| (i.delivered, Some(i.published)));
+        let (message, acker) = message.split();
+        let mut trace = crate::transport::trace_headers(message.headers.as_ref());
+        let delivery = Delivery {
+            subject: message.subject.as_str(),
+            size: message.payload.len(),
+            attempt: delivered,
+        };
+        let mut span = Telemetry::result(self.telemetry.as_ref(), &trace, delivery, received_at);
+        span.propagate(&mut trace);
+        let log = span.log_span();
+        let delivery = (message, acker, delivered, published);
+        self.handle_traced(delivery, trace, &mut span, received_at)
+            .instrument(log)
+            .await
+    }
+
+    async fn handle_traced(
+        &self,
+        (message, acker, delivered, published): (Message, Acker, i64, Option<time::OffsetDateTime>),
+        trace: TraceHeaders,
+        span: &mut ResultSpan,
+        received_at: Instant,
+    ) -> Handled {
+        let _in_flight = self.metrics.in_flight();
         if delivered > 1 {
             self.metrics.redelivered();
         }
-        let (message, acker) = message.split();
         let input = Input {
             payload: &message.payload,
             encoding: Encoding::from_content_type(crate::transport::first_header(
@@ -94,6 +120,7 @@ impl Handler {
         )
         .await;
         let request_id = decision.request_id.clone().unwrap_or_default();
+        span.decided(&decision);
 
         let settle = match settle::plan(&decision.outcome, delivered, &self.redelivery) {
             Plan::Retry(delay) => {
@@ -105,15 +132,17 @@ impl Handler {
                 );
                 self.metrics.nacked(NakReason::IdentityUnavailable);
                 nak(&acker, delay).await;
+                span.not_published(&decision.outcome, "no slot held: redelivery asked for");
+                span.settled("nak");
                 return Handled::Retry { delay };
             }
             Plan::Publish(settle) => settle,
         };
 
-        let trace = crate::transport::trace_headers(message.headers.as_ref());
         self.metrics.trace_headers_dropped(&trace.dropped);
         let headers = output_headers(&decision.headers, &trace);
         let payload = Bytes::from(std::mem::take(&mut decision.payload));
+        let output_size = payload.len();
         let stored = self.gen_is_stream && matches!(decision.outcome, Outcome::Decode { .. });
         // A decode job redelivered after its first copy may have left the
         // GEN stream's duplicate window (workers were away longer than the
@@ -160,17 +189,31 @@ impl Handler {
             }
         };
         let (outcome, settle) = match with_progress(publish, &acker, self.ack_wait / 2).await {
-            Ok(()) => (decision.outcome.clone(), settle),
+            Ok(()) => {
+                span.published(&decision.outcome, &decision.subject, output_size);
+                (decision.outcome.clone(), settle)
+            }
             Err(PublishError::Permanent { code, why }) => {
                 match self
                     .dead_letter_instead(&message, &trace, &acker, &decision, code, &why)
                     .await
                 {
-                    Ok(code) => (Outcome::DeadLetter { code }, Settle::Term),
-                    Err(e) => return self.failed(&acker, &request_id, delivered, e).await,
+                    Ok(code) => {
+                        let outcome = Outcome::DeadLetter { code };
+                        let subject = &self.rules.dead_letter_subject;
+                        span.published(&outcome, subject, message.payload.len());
+                        (outcome, Settle::Term)
+                    }
+                    Err(e) => {
+                        span.not_published(&decision.outcome, &e.to_string());
+                        return self.failed(&acker, &request_id, delivered, e, span).await;
+                    }
                 }
             }
-            Err(e) => return self.failed(&acker, &request_id, delivered, e).await,
+            Err(e) => {
+                span.not_published(&decision.outcome, &e.to_string());
+                return self.failed(&acker, &request_id, delivered, e, span).await;
+            }
         };
 
         self.metrics
@@ -192,6 +235,10 @@ impl Handler {
                 "the ack could not be sent; the message will be redelivered"
             );
         }
+        span.settled(match settle {
+            Settle::Ack => "ack",
+            Settle::Term => "term",
+        });
         Handled::Done { outcome, settle }
     }
 
@@ -257,6 +304,7 @@ impl Handler {
         request_id: &str,
         delivered: i64,
         e: PublishError,
+        span: &mut ResultSpan,
     ) -> Handled {
         self.metrics.publish_failed();
         if e.is_permanent() {
@@ -268,6 +316,7 @@ impl Handler {
             if let Err(e) = acker.ack_with(AckKind::Term).await {
                 debug!(error = %e, "term not sent");
             }
+            span.settled("term");
             return Handled::Unpublishable;
         }
         let delay = self.redelivery.delay(delivered);
@@ -280,6 +329,7 @@ impl Handler {
         );
         self.metrics.nacked(NakReason::PublishFailed);
         nak(acker, delay).await;
+        span.settled("nak");
         Handled::PublishFailed { delay }
     }
 }

@@ -64,6 +64,7 @@ pub async fn serve(
     identity: Identity,
     metrics: Metrics,
     readiness: Option<Readiness>,
+    telemetry: Option<crate::telemetry::Telemetry>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), JetStreamError> {
     // The NATS reply subject of a JetStream message is its ack subject: the
@@ -126,6 +127,7 @@ pub async fn serve(
         },
         ack_wait,
         gen_stream,
+        telemetry,
     });
     tracing::info!(
         stream = %js_config.prefill_stream,
