@@ -395,6 +395,7 @@ const ROUNDS: usize = 12;
 const PER_ROUND: usize = 2000;
 
 fn assert_flat(rss: &[u64]) {
+    eprintln!("RSS after each round, KiB: {rss:?}");
     let warm = rss[2];
     let last = *rss.last().expect("rounds");
     assert!(
