@@ -436,7 +436,12 @@ fn a_header_block_the_client_cannot_parse_is_a_malformed_dead_letter() {
     for (name, block, what) in rows {
         let headers = received_headers(block);
         let mut ids = TestIds::holding_slot();
-        let d = prefill_handoff::transport::decide(input, Some(&headers), &rules(), &mut ids);
+        let d = prefill_handoff::pipeline::decide::decide_now(
+            input,
+            Some(&headers),
+            &rules(),
+            &mut ids,
+        );
         assert_eq!(
             d.outcome,
             Outcome::DeadLetter {
@@ -458,7 +463,8 @@ fn a_header_block_the_client_cannot_parse_is_a_malformed_dead_letter() {
     // A header block that parses leaves the decision to the body.
     let headers = received_headers(b"NATS/1.0\r\ntraceparent: 00-ab-01\r\n\r\n");
     let mut ids = TestIds::holding_slot();
-    let d = prefill_handoff::transport::decide(input, Some(&headers), &rules(), &mut ids);
+    let d =
+        prefill_handoff::pipeline::decide::decide_now(input, Some(&headers), &rules(), &mut ids);
     assert!(
         matches!(d.outcome, Outcome::Decode { .. }),
         "{:?}",

@@ -208,7 +208,7 @@ async fn jetstream_cluster_setup_raises_replicas_in_place() {
     publish_until_stored(&js, &stored).await;
 
     config.jetstream.replicas = 3;
-    let report = prefill_handoff::transport::jetstream::setup::ensure(&js, &config)
+    let report = prefill_handoff::setup::ensure(&js, &config)
         .await
         .expect("1 -> 3 in place");
     for name in ["LLM_PREFILL", "LLM_GEN"] {
@@ -228,7 +228,7 @@ async fn jetstream_cluster_setup_raises_replicas_in_place() {
         1,
         "the update kept the stored result"
     );
-    let again = prefill_handoff::transport::jetstream::setup::ensure(&js, &config)
+    let again = prefill_handoff::setup::ensure(&js, &config)
         .await
         .expect("again");
     assert!(

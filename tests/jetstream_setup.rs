@@ -11,8 +11,8 @@ use async_nats::jetstream::{
 };
 use common::Nats;
 use prefill_handoff::config::Config;
-use prefill_handoff::transport::jetstream::JetStreamError;
-use prefill_handoff::transport::jetstream::setup::{self, Change};
+use prefill_handoff::setup::JetStreamError;
+use prefill_handoff::setup::{self, Change};
 use std::time::Duration;
 
 fn config(nats: &Nats) -> Config {

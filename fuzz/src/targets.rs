@@ -10,12 +10,12 @@ use prefill_handoff::decision::{
     Decision, Input, MAX_TRACESTATE_BYTES, Rules, TRACEPARENT_LEN, TraceHeader, decide,
     decide_in_place, decide_values,
 };
-use prefill_handoff::transport::jetstream::handle::output_headers;
-use prefill_handoff::transport::{self, Ack, Incoming};
+use prefill_handoff::pipeline::decide::decide_now;
+use prefill_handoff::pipeline::headers::{output_headers, trace_headers};
+use prefill_handoff::transport;
 use prefill_handoff::wire::{self, Encoding, MAX_DEPTH, scan};
 use rmpv::Value;
 use std::sync::LazyLock;
-use std::time::Instant;
 
 /// The MessagePack reader ([`wire::decode`]) and the zero-copy scanner
 /// ([`scan`]) on arbitrary bytes:
@@ -144,11 +144,10 @@ fn input<'a>(payload: &'a [u8], encoding: Encoding, nats_reply: Option<&'a str>)
 
 /// The decision's invariants ([`invariants::check`]: one output, on an
 /// allowed subject, no CR or LF in a header, a body the worker can read
-/// back), and the headers going through the transport's header builder
-/// (which panics on a CR or LF).
+/// back), and the headers going through the pipeline's header builder.
 fn check_decision(d: &Decision, payload: &[u8], encoding: Encoding, rules: &Rules) {
     invariants::check(d, payload, encoding, rules);
-    let _ = output_headers(&d.headers, &transport::trace_headers(None));
+    let _ = output_headers(&d.headers, &trace_headers(None));
 }
 
 /// The decision on arbitrary bytes as a MessagePack body, in each of the
@@ -208,8 +207,8 @@ pub fn decide_json(data: &[u8]) {
 /// our handling of each message it yields:
 /// - the parser never panics (an error is fine: the connection would close);
 /// - no header value it delivers holds CR or LF;
-/// - the content type read from the headers ([`Incoming::content_type`]),
-///   [`transport::decide`] (which dead-letters an unparsable header block)
+/// - the content type read from the headers ([`transport::first_header`]),
+///   [`decide_now`] (which dead-letters an unparsable header block)
 ///   and the output's headers with the input's trace headers copied
 ///   ([`output_headers`]) never panic, and the decision keeps its
 ///   invariants ([`invariants::check`]);
@@ -237,27 +236,20 @@ pub fn nats_headers(data: &[u8]) {
                 );
             }
         }
-        let incoming = Incoming {
-            subject,
-            payload,
-            headers,
-            nats_reply: reply,
-            received_at: Instant::now(),
-            ack: Ack::Core,
-        };
-        let encoding = Encoding::from_content_type(incoming.content_type());
+        let encoding =
+            Encoding::from_content_type(transport::first_header(headers.as_ref(), "content-type"));
         for (rules, _, fenced) in situations() {
             let fenced = *fenced;
             let input = Input {
-                payload: &incoming.payload,
+                payload: &payload,
                 encoding,
-                subject: &incoming.subject,
-                nats_reply: incoming.nats_reply.as_deref(),
+                subject: &subject,
+                nats_reply: reply.as_deref(),
             };
-            let headers = incoming.headers.as_ref();
-            let d = transport::decide(input, headers, rules, &mut ids(fenced));
-            invariants::check(&d, &incoming.payload, encoding, rules);
-            let trace = transport::trace_headers(headers);
+            let headers = headers.as_ref();
+            let d = decide_now(input, headers, rules, &mut ids(fenced));
+            invariants::check(&d, &payload, encoding, rules);
+            let trace = trace_headers(headers);
             let out = output_headers(&d.headers, &trace);
             for (name, max) in [
                 (TraceHeader::Traceparent, TRACEPARENT_LEN),

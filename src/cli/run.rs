@@ -4,14 +4,14 @@
 
 use super::ConfigArgs;
 use super::supervise::{self, Stopped};
-use crate::config::{Config, Mode};
-use crate::decision::Rules;
+use crate::config::Config;
 use crate::id_service::{self, IdService};
 use crate::identity::{Identity, Lease, LeaseError, Registration};
 use crate::metrics::{self, Metrics, Readiness};
+use crate::pipeline::serve::{StartError, Worker};
+use crate::pipeline::shutdown::Signals;
 use crate::telemetry::{Telemetry, TelemetryError};
-use crate::transport::{self, Inbound, Outbound, core::CoreInbound};
-use crate::worker::{Options, Worker, shutdown::Signals};
+use crate::transport;
 use anyhow::Context;
 use std::future::Future;
 use std::sync::Arc;
@@ -23,7 +23,7 @@ pub fn run(args: ConfigArgs) -> anyhow::Result<()> {
     let config = args.load()?;
     // Checked before anything touches the network: a bad allowlist is a
     // config error (exit 2), not a runtime one.
-    let rules = config.rules()?;
+    config.rules()?;
     let id_service = IdService::from_config(&config)?;
     super::logging::init(&config.log_format);
     super::supervise::exit_on_panic();
@@ -32,12 +32,12 @@ pub fn run(args: ConfigArgs) -> anyhow::Result<()> {
         .thread_name("handoff")
         .build()
         .context("cannot start the async runtime")?;
-    let result = runtime.block_on(serve(config, rules, id_service));
+    let result = runtime.block_on(serve(config, id_service));
     runtime.shutdown_timeout(Duration::from_secs(1));
     result
 }
 
-async fn serve(config: Config, rules: Rules, id_service: IdService) -> anyhow::Result<()> {
+async fn serve(config: Config, id_service: IdService) -> anyhow::Result<()> {
     let mut signals = Signals::install().context("cannot install the SIGTERM/SIGINT handlers")?;
     let metrics = Metrics::new();
     let telemetry = match Telemetry::from_config(&config.otel, &metrics) {
@@ -82,19 +82,13 @@ async fn serve(config: Config, rules: Rules, id_service: IdService) -> anyhow::R
     let (stop_http, http_stopped) = oneshot::channel::<()>();
     let started = start(
         &config,
-        rules,
         id_service,
         identity,
+        telemetry.clone(),
         &metrics,
         &readiness,
         http_stopped,
     );
-    let started = async {
-        started.await.map(|mut started| {
-            started.worker = started.worker.with_telemetry(telemetry.clone());
-            started
-        })
-    };
     let started = match until_signal(&mut signals, started).await {
         Some(Ok(started)) => started,
         Some(Err(e)) => {
@@ -125,36 +119,19 @@ async fn serve(config: Config, rules: Rules, id_service: IdService) -> anyhow::R
     };
     let Started {
         worker,
-        inbound,
         client,
         id_service,
     } = started;
     supervise::debug_fault(&client);
     let watched = client.clone();
     let work = async {
-        match inbound {
-            Some(inbound) => {
-                let report = worker.run(inbound, shutdown).await;
-                tracing::info!(
-                    unfinished = report.unfinished,
-                    flushed = report.flushed,
-                    "worker loop stopped"
-                );
-                Ok(())
-            }
-            // Durable mode: its own pull loop (transport::jetstream).
-            None => transport::jetstream::serve(
-                client,
-                &config,
-                lease.identity(),
-                metrics.clone(),
-                Some(readiness.clone()),
-                telemetry.clone(),
-                shutdown,
-            )
-            .await
-            .map_err(durable_error),
-        }
+        let report = worker.run(shutdown).await;
+        tracing::info!(
+            unfinished = report.unfinished,
+            flushed = report.flushed,
+            "worker loop stopped"
+        );
+        Ok::<(), anyhow::Error>(())
     };
     // Supervision (supervise.rs): a worker whose NATS client can never work
     // again, or that stopped taking input on its own, must not exit 0 or stay
@@ -192,11 +169,11 @@ fn stopped(readiness: &Readiness, why: Stopped) -> anyhow::Error {
     why.into()
 }
 
-/// A durable-mode start failure: a config error exits 2, anything else 1.
-fn durable_error(e: transport::jetstream::JetStreamError) -> anyhow::Error {
+/// A start failure: a config error exits 2, anything else 1.
+fn start_error(e: StartError) -> anyhow::Error {
     match e {
-        transport::jetstream::JetStreamError::Config(e) => e.into(),
-        other => anyhow::Error::new(other).context("cannot consume from JetStream"),
+        StartError::Config(e) => e.into(),
+        other => anyhow::Error::new(other),
     }
 }
 
@@ -214,17 +191,15 @@ async fn until_signal<T>(signals: &mut Signals, startup: impl Future<Output = T>
 /// What runs once the identity is held.
 struct Started {
     worker: Worker,
-    /// `None` in durable mode, which pulls in `transport::jetstream`.
-    inbound: Option<Inbound>,
     client: async_nats::Client,
     id_service: tokio::task::JoinHandle<()>,
 }
 
 async fn start(
     config: &Config,
-    rules: Rules,
     id_service: IdService,
     identity: Identity,
+    telemetry: Option<Telemetry>,
     metrics: &Metrics,
     readiness: &Readiness,
     http_stopped: oneshot::Receiver<()>,
@@ -239,13 +214,6 @@ async fn start(
     )
     .await?;
     let client = transport::connect(&config.nats, metrics.clone(), readiness.clone()).await?;
-    let inbound = match config.mode {
-        Mode::Core => Some(Inbound::Core(
-            CoreInbound::subscribe(&client, &config.prefill_subjects(), &config.queue_group)
-                .await?,
-        )),
-        Mode::Jetstream => None,
-    };
     let id_service = id_service::serve(
         client.clone(),
         id_service,
@@ -253,16 +221,19 @@ async fn start(
         metrics.clone(),
     )
     .await?;
-    let worker = Worker::new(
-        rules,
+    // Consuming starts last: the ID service answers before results come.
+    let worker = crate::pipeline::serve::start(
+        &client,
+        config,
         identity,
         metrics.clone(),
-        Outbound::new(client.clone()),
-        Options::from_config(config),
-    );
+        Some(readiness.clone()),
+        telemetry,
+    )
+    .await
+    .map_err(start_error)?;
     Ok(Started {
         worker,
-        inbound,
         client,
         id_service,
     })

@@ -329,7 +329,7 @@ fn decide_request(
 /// (`what` says what was wrong): a `malformed` dead letter, whatever its body,
 /// since the headers it was sent with (content type, trace context) are
 /// unknown. The transports recognize such a message
-/// ([`crate::transport::decide`]).
+/// ([`crate::pipeline::decide::decide_now`]).
 pub fn unreadable_headers(input: Input<'_>, rules: &Rules, what: &str) -> Decision {
     let why = format!("the message's NATS header block could not be parsed: {what}");
     dead_letter(input, rules, DeadLetterCode::Malformed, why)

@@ -7,7 +7,7 @@ use crate::decision::ReplyPolicy;
 use crate::identity::Identity;
 use crate::metrics::Metrics;
 use crate::wire::Encoding;
-use async_nats::{HeaderMap, Message};
+use async_nats::Message;
 use futures::StreamExt;
 use tokio::task::JoinHandle;
 
@@ -130,15 +130,16 @@ async fn handle(
         std::time::Instant::now(),
     );
 
-    let mut headers = HeaderMap::new();
-    if let Some(content_type) = encoding.content_type() {
-        headers.insert("Content-Type", content_type);
-    }
-    let trace = crate::transport::trace_headers(request.headers.as_ref());
+    // The pipeline's header policy: the answer's own headers, then the
+    // request's trace headers (W3C-valid, canonical names).
+    let set: Vec<(&'static str, String)> = encoding
+        .content_type()
+        .map(|ct| ("Content-Type", ct.to_string()))
+        .into_iter()
+        .collect();
+    let trace = crate::pipeline::headers::trace_headers(request.headers.as_ref());
     metrics.trace_headers_dropped(&trace.dropped);
-    for (name, value) in &trace.copy {
-        headers.insert(*name, value.as_str());
-    }
+    let headers = crate::pipeline::headers::output_headers(&set, &trace);
     // Counted before publishing, so a requester that sees the answer sees the
     // count. Minted IDs count even when the answer is lost: they are burnt,
     // never handed out again.

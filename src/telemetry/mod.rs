@@ -22,7 +22,7 @@ pub mod span;
 
 pub use identity::{IdentityEvent, IdentityEvents};
 pub use settings::{Protocol, Settings, SettingsError};
-pub use span::{Delivery, ResultSpan};
+pub use span::{Arrival, ResultSpan};
 
 use crate::config::OtelConfig;
 use crate::decision::TraceHeaders;
@@ -168,7 +168,7 @@ impl Telemetry {
     pub fn result(
         telemetry: Option<&Telemetry>,
         trace: &TraceHeaders,
-        delivery: Delivery<'_>,
+        arrival: Arrival<'_>,
         received_at: Instant,
     ) -> ResultSpan {
         let Some(telemetry) = telemetry else {
@@ -192,7 +192,7 @@ impl Telemetry {
         // allocation beyond itself.
         if span.is_recording() {
             let machine_id = u16::try_from(inner.machine_id.load(Ordering::Relaxed)).ok();
-            span.set_attributes(span::start_attributes(&delivery, machine_id));
+            span.set_attributes(span::start_attributes(&arrival, machine_id));
         }
         ResultSpan::new(span)
     }

@@ -40,7 +40,7 @@ pub const RESULT_SPAN: &str = "handoff.result";
 
 /// Where a result came from, for the span's first attributes.
 #[derive(Debug, Clone, Copy)]
-pub struct Delivery<'a> {
+pub struct Arrival<'a> {
     /// The subject it arrived on.
     pub subject: &'a str,
     /// Its bytes.
@@ -186,13 +186,13 @@ fn outcome_attributes(outcome: &Outcome) -> Vec<KeyValue> {
 }
 
 /// The attributes a result's span starts with.
-pub(super) fn start_attributes(delivery: &Delivery<'_>, machine_id: Option<u16>) -> Vec<KeyValue> {
+pub(super) fn start_attributes(arrival: &Arrival<'_>, machine_id: Option<u16>) -> Vec<KeyValue> {
     let mut attributes = vec![
         KeyValue::new(attr::MESSAGING_SYSTEM, "nats"),
         KeyValue::new(attr::MESSAGING_OPERATION_TYPE, "process"),
-        KeyValue::new(attr::MESSAGING_DESTINATION, delivery.subject.to_string()),
-        KeyValue::new(attr::MESSAGING_BODY_SIZE, delivery.size as i64),
-        KeyValue::new(attr::DELIVERY_ATTEMPT, delivery.attempt),
+        KeyValue::new(attr::MESSAGING_DESTINATION, arrival.subject.to_string()),
+        KeyValue::new(attr::MESSAGING_BODY_SIZE, arrival.size as i64),
+        KeyValue::new(attr::DELIVERY_ATTEMPT, arrival.attempt),
     ];
     if let Some(id) = machine_id {
         attributes.push(KeyValue::new(attr::MACHINE_ID, i64::from(id)));

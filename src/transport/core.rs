@@ -3,24 +3,37 @@
 //! message published while no worker listens is lost, and so is one a worker
 //! holds when it dies.
 
-use super::{Ack, Incoming, TransportError};
+use super::core_intake::CoreSource;
+use super::{Attempt, Delivery, Limits, Settler, TransportError};
 use async_nats::{Client, Subscriber};
 use futures::StreamExt;
 use futures::stream::SelectAll;
 use std::time::Instant;
 
-pub struct CoreInbound {
+/// The queue subscriptions, read by the intake ([`CoreSource`]).
+pub(super) struct Subscriptions {
     client: Client,
     subscriptions: SelectAll<Subscriber>,
 }
 
-impl CoreInbound {
-    /// Subscribes to each subject in `queue_group`.
-    pub async fn subscribe(
+/// Subscribes to each subject in `queue_group`, and starts taking results
+/// within `limits`' byte budget.
+pub async fn subscribe(
+    client: &Client,
+    subjects: &[String],
+    queue_group: &str,
+    limits: &Limits,
+) -> Result<CoreSource, TransportError> {
+    let subscriptions = Subscriptions::subscribe(client, subjects, queue_group).await?;
+    Ok(CoreSource::start(subscriptions, limits.budget.clone()))
+}
+
+impl Subscriptions {
+    async fn subscribe(
         client: &Client,
         subjects: &[String],
         queue_group: &str,
-    ) -> Result<CoreInbound, TransportError> {
+    ) -> Result<Subscriptions, TransportError> {
         if subjects.is_empty() {
             return Err(TransportError::NoSubjects);
         }
@@ -37,7 +50,7 @@ impl CoreInbound {
             tracing::info!(%subject, %queue_group, "subscribed (core NATS queue group)");
             subscriptions.push(subscriber);
         }
-        Ok(CoreInbound {
+        Ok(Subscriptions {
             client: client.clone(),
             subscriptions,
         })
@@ -45,21 +58,22 @@ impl CoreInbound {
 
     /// The next message from any subscription; `None` when all are drained.
     /// Cancel-safe: each subscription is a channel receiver.
-    pub async fn next(&mut self) -> Option<Incoming> {
+    pub(super) async fn next(&mut self) -> Option<Delivery> {
         let message = self.subscriptions.next().await?;
-        Some(Incoming {
+        Some(Delivery {
             subject: message.subject,
             payload: message.payload,
             headers: message.headers,
-            nats_reply: message.reply,
+            reply: message.reply,
             received_at: Instant::now(),
-            ack: Ack::Core,
+            attempt: Attempt::ONLY,
+            settler: Settler::AtMostOnce,
         })
     }
 
     /// Unsubscribes every subscription: the server routes new messages to
     /// the queue group's other members. Messages this worker has already
-    /// received keep coming out of [`CoreInbound::next`], which then returns
+    /// received keep coming out of `next`, which then returns
     /// `None`.
     ///
     /// async-nats 0.51 drops a drained subscription one poll after sending
@@ -70,7 +84,7 @@ impl CoreInbound {
     /// back, all of that is in the subscriptions' queues. What can still be
     /// lost is what the server routes here in the moment between the fence
     /// and the UNSUB (core NATS is at most once; JetStream mode loses nothing).
-    pub async fn drain(&mut self) {
+    pub(super) async fn drain(&mut self) {
         match fence(&self.client).await {
             Ok(()) => tracing::debug!("drain fence returned"),
             Err(e) => tracing::warn!(error = %e, "no drain fence; messages in transit may be lost"),
@@ -83,21 +97,28 @@ impl CoreInbound {
     }
 }
 
+/// Why the drain fence did not come back.
+#[derive(Debug, thiserror::Error)]
+enum FenceError {
+    #[error("cannot subscribe to the fence inbox: {0}")]
+    Subscribe(#[from] async_nats::SubscribeError),
+    #[error("cannot publish the fence: {0}")]
+    Publish(#[from] async_nats::PublishError),
+    #[error("the connection closed")]
+    Closed,
+    #[error("no answer within {FENCE_TIMEOUT:?}")]
+    Timeout,
+}
+
 /// Sends a message to a fresh inbox of this connection and waits for it.
-async fn fence(client: &Client) -> Result<(), String> {
+async fn fence(client: &Client) -> Result<(), FenceError> {
     let inbox = client.new_inbox();
-    let mut subscriber = client
-        .subscribe(inbox.clone())
-        .await
-        .map_err(|e| e.to_string())?;
-    client
-        .publish(inbox, bytes::Bytes::new())
-        .await
-        .map_err(|e| e.to_string())?;
+    let mut subscriber = client.subscribe(inbox.clone()).await?;
+    client.publish(inbox, bytes::Bytes::new()).await?;
     match tokio::time::timeout(FENCE_TIMEOUT, subscriber.next()).await {
         Ok(Some(_)) => Ok(()),
-        Ok(None) => Err("the connection closed".into()),
-        Err(_) => Err(format!("no answer within {FENCE_TIMEOUT:?}")),
+        Ok(None) => Err(FenceError::Closed),
+        Err(_) => Err(FenceError::Timeout),
     }
 }
 

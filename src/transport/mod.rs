@@ -1,67 +1,142 @@
-//! The transports: how prefill results arrive and how outputs leave.
+//! The transports: how prefill results arrive and how outputs leave. They
+//! know NATS and nothing of the contract: no decision, identity, metrics or
+//! configuration is imported here; the pipeline passes plain values in.
 //!
-//! - [`connect`]: the one NATS connection a worker holds (URLs, auth, client
-//!   name, reconnect logging).
+//! - [`Source`]: where deliveries come from, each admitted within the
+//!   in-flight [`Limits`] (a count and a byte budget).
+//! - [`Delivery`]: one prefill result, which can be settled (ack, nak with a
+//!   delay, term), report progress while its output is confirmed, and tell
+//!   its delivery attempt.
+//! - [`Sink`]: where outputs go: published, and in JetStream mode confirmed.
+//!
+//! Two implementations:
+//!
 //! - [`core`]: core NATS, a queue subscription on every prefill subject (at
-//!   most once, contract 7).
-//! - [`outbound`]: publishing an output.
-//! - [`ack`]: what is done with an input once its output is out (nothing in
-//!   core mode; ack, nak or term in JetStream mode).
+//!   most once, contract 7); its outputs are only enqueued on the connection.
 //! - [`jetstream`]: the durable mode, a work-queue stream and a shared pull
-//!   consumer, with its own pull loop and confirmed publishes (`run` calls
-//!   [`jetstream::serve`] instead of the core worker loop).
+//!   consumer; outputs are confirmed by the server before the delivery is
+//!   acked.
 //!
-//! The core worker sees its transport through [`Inbound`] and [`Incoming`];
-//! a new at-most-once mode adds a variant to [`Inbound`] and one to [`Ack`].
-//! The durable mode is different enough to own its loop: each output must be
-//! confirmed by the server before the message is acked, slow confirmations
-//! send in-progress acks, and naks back off by delivery count. It shares the
-//! decision core, and its ack/nak/term rules live in `jetstream::settle`.
+//! Beside them: [`connect`] (the one NATS connection a worker holds) and
+//! [`budget`] (the byte budget both modes hold their results' bytes in).
 
-pub mod ack;
 pub mod budget;
 pub mod connect;
 pub mod core;
-mod header_block;
+pub mod core_intake;
+pub mod core_sink;
 pub mod jetstream;
-pub mod offload;
-pub mod outbound;
 
-pub use ack::{Ack, Settlement};
 pub use connect::connect;
-pub use header_block::decide;
-pub use outbound::{Outbound, OutputError};
+pub use core_intake::CoreSource;
+pub use core_sink::CoreSink;
 
-use crate::decision::{self, TraceHeaders};
 use async_nats::{HeaderMap, Subject};
+use budget::{ByteBudget, Held};
 use bytes::Bytes;
-use std::time::Instant;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// One received prefill result, whatever transport it came from.
 #[derive(Debug)]
-pub struct Incoming {
+pub struct Delivery {
     /// The subject it arrived on.
     pub subject: Subject,
     pub payload: Bytes,
     pub headers: Option<HeaderMap>,
-    /// The NATS message's own reply subject. In core mode a request's answer
-    /// may go there; in JetStream mode it is the ack subject and never used.
-    pub nats_reply: Option<Subject>,
+    /// The NATS message's own reply subject, where a request's answer may
+    /// go. Always `None` from a durable source: there the NATS reply subject
+    /// is the ack subject, which never leaves the transport (this is the one
+    /// place that keeps durable mode from answering on it).
+    pub reply: Option<Subject>,
     /// When the worker took it from the transport; latency is measured from here.
     pub received_at: Instant,
-    /// How to settle it once its output is published.
-    pub ack: Ack,
+    pub attempt: Attempt,
+    settler: Settler,
 }
 
-impl Incoming {
-    /// The value of the `Content-Type` header, if any. Header names are
-    /// matched without regard to case, as HTTP and most NATS clients do.
-    pub fn content_type(&self) -> Option<&str> {
-        first_header(self.headers.as_ref(), "content-type")
+/// Which delivery of its message this is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Attempt {
+    /// 1 for the first delivery.
+    pub number: i64,
+    /// When the server stored the message (durable mode only).
+    pub stored_at: Option<time::OffsetDateTime>,
+}
+
+impl Attempt {
+    /// The only delivery an at-most-once transport makes.
+    pub const ONLY: Attempt = Attempt {
+        number: 1,
+        stored_at: None,
+    };
+}
+
+/// What is done with a delivery once its fate is known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settle {
+    /// Done: never deliver it again.
+    Ack,
+    /// Done, and never to be redelivered: marked terminated, not done.
+    Term,
+    /// Not done: deliver it again after the delay.
+    Nak(Duration),
+}
+
+/// How a delivery is settled with its transport.
+enum Settler {
+    /// Core NATS: at most once, nothing to settle.
+    AtMostOnce,
+    /// JetStream: the message's ack subject; progress every `every`.
+    JetStream {
+        acker: Box<async_nats::jetstream::message::Acker>,
+        every: Duration,
+    },
+}
+
+impl std::fmt::Debug for Settler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Settler::AtMostOnce => f.write_str("AtMostOnce"),
+            Settler::JetStream { every, .. } => {
+                f.debug_struct("JetStream").field("every", every).finish()
+            }
+        }
     }
 }
 
-/// The first value of the header `name`, matched without regard to case.
+impl Delivery {
+    /// Whether this transport can deliver the message again (a nak means
+    /// something).
+    pub fn redeliverable(&self) -> bool {
+        matches!(self.settler, Settler::JetStream { .. })
+    }
+
+    /// Settles the delivery. A settlement that cannot be sent is logged: the
+    /// server's ack wait redelivers the message anyway.
+    pub async fn settle(&self, settle: Settle) {
+        if let Settler::JetStream { acker, .. } = &self.settler {
+            jetstream::settle(acker, settle).await;
+        }
+    }
+
+    /// Runs `work` (publishing this delivery's output), reporting progress
+    /// to the server while it is pending so the delivery does not time out.
+    pub async fn while_pending<F: Future>(&self, work: F) -> F::Output {
+        match &self.settler {
+            Settler::AtMostOnce => work.await,
+            Settler::JetStream { acker, every } => {
+                jetstream::with_progress(work, acker, *every).await
+            }
+        }
+    }
+}
+
+/// The first value of the header `name`, matched without regard to case, as
+/// HTTP and most NATS clients do. Every header read in this crate goes
+/// through here.
 pub fn first_header<'a>(headers: Option<&'a HeaderMap>, name: &str) -> Option<&'a str> {
     headers?
         .iter()
@@ -70,39 +145,150 @@ pub fn first_header<'a>(headers: Option<&'a HeaderMap>, name: &str) -> Option<&'
         .map(|v| v.as_str())
 }
 
-/// The trace headers an input passes on to its outputs, by the one rule
-/// both delivery modes and the ID service share ([`decision::trace_headers`]).
-pub fn trace_headers(headers: Option<&HeaderMap>) -> TraceHeaders {
-    let Some(headers) = headers else {
-        return TraceHeaders::default();
-    };
-    decision::trace_headers(headers.iter().flat_map(|(name, values)| {
-        let name: &str = name.as_ref();
-        values.iter().map(move |value| (name, value.as_str()))
-    }))
+/// The in-flight bounds every source admits deliveries within, shared with
+/// the runner that frees them: processing slots (`max_in_flight`) and bytes
+/// (`max_in_flight_bytes`).
+#[derive(Clone, Debug)]
+pub struct Limits {
+    pub slots: Arc<Semaphore>,
+    pub budget: ByteBudget,
 }
 
-/// Where prefill results come from: one variant per delivery mode.
-///
-/// `next` must be cancel-safe (the worker polls it inside `select!`): a
-/// result it has not returned yet must still be there on the next call.
-pub enum Inbound {
-    Core(core::CoreInbound),
+impl Limits {
+    pub fn new(max_in_flight: usize, max_in_flight_bytes: usize) -> Limits {
+        // A semaphore counts in u32 when waiting for all permits at once.
+        let slots = max_in_flight.clamp(1, u32::MAX as usize);
+        Limits {
+            slots: Arc::new(Semaphore::new(slots)),
+            budget: ByteBudget::new(max_in_flight_bytes),
+        }
+    }
 }
 
-impl Inbound {
-    /// The next result; `None` once the transport is drained or closed.
-    pub async fn next(&mut self) -> Option<Incoming> {
+/// A delivery taken, holding its bytes (and, once given, its processing
+/// slot) until dropped.
+#[derive(Debug)]
+pub struct Admitted {
+    pub delivery: Delivery,
+    pub held: Held,
+    /// The processing slot, when the source took one before it pulled; the
+    /// runner takes one otherwise.
+    pub slot: Option<OwnedSemaphorePermit>,
+}
+
+/// What a source hands on.
+#[derive(Debug)]
+pub enum Admission {
+    Admitted(Admitted),
+    /// The byte budget had no room: the delivery, its payload already
+    /// dropped (its length in `bytes`), must be answered without being
+    /// decided.
+    OverBudget {
+        delivery: Delivery,
+        bytes: usize,
+    },
+}
+
+/// Where deliveries come from: one variant per delivery mode.
+pub enum Source {
+    Core(core_intake::CoreSource),
+    JetStream(jetstream::PullSource),
+}
+
+impl Source {
+    /// The next admission; `None` once the source is drained or closed and
+    /// everything it took is handed on. Cancel-safe.
+    pub async fn next(&mut self) -> Option<Admission> {
         match self {
-            Inbound::Core(inbound) => inbound.next().await,
+            Source::Core(s) => s.next().await,
+            Source::JetStream(s) => s.next().await,
         }
     }
 
-    /// Stops taking new input. Results already accepted still come out of
-    /// [`Inbound::next`], which returns `None` once they are all out.
+    /// An admission already taken, if any; never waits.
+    pub fn ready(&mut self) -> Option<Admission> {
+        match self {
+            Source::Core(s) => s.ready(),
+            Source::JetStream(s) => s.ready(),
+        }
+    }
+
+    /// Stops taking new input; what was already accepted still comes out of
+    /// [`Source::next`], which then returns `None`.
     pub async fn drain(&mut self) {
         match self {
-            Inbound::Core(inbound) => inbound.drain().await,
+            Source::Core(s) => s.drain().await,
+            Source::JetStream(s) => s.drain().await,
+        }
+    }
+}
+
+/// Why an output is not known to have reached the server.
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    /// Bigger than the server's `max_payload`: this output can never be sent.
+    #[error("the output is larger than the NATS server accepts: {0}")]
+    TooLarge(String),
+    /// A subject the client refuses: this output can never be sent there.
+    #[error("{subject:?} is not a subject NATS accepts: {reason}")]
+    InvalidSubject { subject: String, reason: String },
+    /// Worth retrying later: the server, the connection or the stream failed.
+    #[error("publishing to {subject}: {reason}")]
+    Failed { subject: String, reason: String },
+}
+
+/// Whether an output goes into a stream (waiting for its stored ack) or
+/// onto a plain subject.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    Subject,
+    Stream,
+}
+
+/// Where outputs go: one variant per delivery mode.
+#[derive(Clone)]
+pub enum Sink {
+    /// Enqueued on the connection; pipelined, flushed at shutdown.
+    Core(CoreSink),
+    /// Known to have reached the server before the call returns.
+    JetStream(Box<jetstream::publish::Publisher>),
+}
+
+impl Sink {
+    /// Publishes one output. An empty header map publishes without headers.
+    pub async fn publish(
+        &self,
+        subject: &str,
+        headers: HeaderMap,
+        payload: Bytes,
+        target: Target,
+    ) -> Result<(), PublishError> {
+        match self {
+            Sink::Core(sink) => sink.publish(subject, headers, payload).await,
+            Sink::JetStream(sink) => match target {
+                Target::Stream => sink.stored(subject, headers, payload).await,
+                Target::Subject => sink.confirmed(subject, headers, payload).await,
+            },
+        }
+    }
+
+    /// Waits until the server has received everything published so far, or
+    /// `timeout` passes. True when flushed.
+    pub async fn flush(&self, timeout: Duration) -> bool {
+        let client = match self {
+            Sink::Core(sink) => sink.client(),
+            Sink::JetStream(sink) => &sink.client,
+        };
+        match tokio::time::timeout(timeout, client.flush()).await {
+            Ok(Ok(())) => true,
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "flushing NATS failed");
+                false
+            }
+            Err(_) => {
+                tracing::warn!(?timeout, "flushing NATS timed out");
+                false
+            }
         }
     }
 }

@@ -16,7 +16,7 @@ use prefill_handoff::config::Config;
 use prefill_handoff::identity::Identity;
 use prefill_handoff::ids::{DEFAULT_EPOCH_UNIX_MS, IdLayout, MachineId};
 use prefill_handoff::metrics::Metrics;
-use prefill_handoff::transport::jetstream::{self as durable, JetStreamError};
+use prefill_handoff::pipeline::serve::{self as durable, StartError};
 use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -50,7 +50,7 @@ pub fn fixed_identity(machine_id: u16) -> Identity {
 
 /// A worker running `serve` in this process, on its own connection.
 pub struct LibWorker {
-    task: Option<JoinHandle<Result<(), JetStreamError>>>,
+    task: Option<JoinHandle<Result<(), StartError>>>,
     stop: Option<oneshot::Sender<()>>,
 }
 
@@ -72,16 +72,9 @@ impl LibWorker {
             let shutdown = async {
                 let _ = stopped.await;
             };
-            durable::serve(
-                client,
-                &config,
-                identity,
-                Metrics::new(),
-                None,
-                None,
-                shutdown,
-            )
-            .await
+            durable::serve(client, &config, identity, Metrics::new(), None, shutdown)
+                .await
+                .map(drop)
         });
         LibWorker {
             task: Some(task),
@@ -90,7 +83,7 @@ impl LibWorker {
     }
 
     /// Graceful stop: no new pulls, in-flight messages finished.
-    pub async fn stop(mut self) -> Result<(), JetStreamError> {
+    pub async fn stop(mut self) -> Result<(), StartError> {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
@@ -133,5 +126,7 @@ pub fn init_logging() {
 
 /// Runs `setup` as an operator would before anything is published.
 pub async fn setup(js: &jetstream::Context, config: &Config) {
-    durable::setup::ensure(js, config).await.expect("setup");
+    prefill_handoff::setup::ensure(js, config)
+        .await
+        .expect("setup");
 }

@@ -12,8 +12,9 @@ use prefill_handoff::config::Config;
 use prefill_handoff::identity::Identity;
 use prefill_handoff::ids::{DEFAULT_EPOCH_UNIX_MS, IdLayout, MachineId};
 use prefill_handoff::metrics::{Metrics, Readiness};
-use prefill_handoff::transport::{self, Inbound, Outbound, core::CoreInbound};
-use prefill_handoff::worker::{Options, Report, Stats, Worker};
+use prefill_handoff::pipeline::serve;
+use prefill_handoff::pipeline::{Report, Stats};
+use prefill_handoff::transport;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
@@ -56,25 +57,17 @@ impl InProcess {
         let client = transport::connect(&config.nats, Metrics::new(), readiness)
             .await
             .expect("connect");
-        let inbound =
-            CoreInbound::subscribe(&client, &config.prefill_subjects(), &config.queue_group)
-                .await
-                .expect("subscribe");
+        let metrics = Metrics::new();
+        let worker = serve::start(&client, config, identity, metrics.clone(), None, None)
+            .await
+            .expect("subscribe");
         client
             .flush()
             .await
             .expect("the server has the subscriptions");
-        let metrics = Metrics::new();
-        let worker = Worker::new(
-            config.rules().expect("rules"),
-            identity,
-            metrics.clone(),
-            Outbound::new(client),
-            Options::from_config(config),
-        );
         let stats = worker.stats();
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(worker.run(Inbound::Core(inbound), async move {
+        let task = tokio::spawn(worker.run(async move {
             let _ = stopped.await;
         }));
         InProcess {

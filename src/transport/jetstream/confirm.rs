@@ -17,11 +17,25 @@ use bytes::Bytes;
 use std::sync::{Arc, Mutex, PoisonError};
 use tokio::sync::watch;
 
+/// Why a publish is not confirmed: it may be lost.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfirmError {
+    /// The probe's request failed (timeout, disconnect): the server's
+    /// answer, as the client reported it.
+    #[error("the server did not confirm receipt: {0}")]
+    Unanswered(String),
+    /// The caller that sent the probe was cancelled before its answer.
+    #[error("the confirmation was cancelled")]
+    Cancelled,
+    #[error("the confirmation channel closed")]
+    Closed,
+}
+
 /// The last probe that finished, and whether the server answered it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Finished {
     number: u64,
-    outcome: Result<(), String>,
+    outcome: Result<(), ConfirmError>,
 }
 
 #[derive(Debug, Default)]
@@ -61,7 +75,7 @@ impl Confirmer {
     /// Waits until the server has processed everything this connection
     /// enqueued before the call. Call it after the publish it confirms.
     /// An error names what failed; the publish may then be lost.
-    pub async fn confirm(&self) -> Result<(), String> {
+    pub async fn confirm(&self) -> Result<(), ConfirmError> {
         let mut finished = self.finished.subscribe();
         // A probe started after this line is enqueued after the caller's
         // publish, which is already in the connection's queue.
@@ -78,7 +92,7 @@ impl Confirmer {
                 continue;
             }
             if finished.changed().await.is_err() {
-                return Err("the confirmation channel closed".into());
+                return Err(ConfirmError::Closed);
             }
         }
     }
@@ -104,7 +118,7 @@ impl Confirmer {
 struct Probe {
     confirmer: Confirmer,
     number: u64,
-    outcome: Option<Result<(), String>>,
+    outcome: Option<Result<(), ConfirmError>>,
 }
 
 impl Probe {
@@ -114,17 +128,14 @@ impl Probe {
         self.outcome = Some(match client.request(inbox, Bytes::new()).await {
             Ok(_) => Ok(()),
             Err(e) if e.kind() == RequestErrorKind::NoResponders => Ok(()),
-            Err(e) => Err(format!("the server did not confirm receipt: {e}")),
+            Err(e) => Err(ConfirmError::Unanswered(e.to_string())),
         });
     }
 }
 
 impl Drop for Probe {
     fn drop(&mut self) {
-        let outcome = self
-            .outcome
-            .take()
-            .unwrap_or_else(|| Err("the confirmation was cancelled".into()));
+        let outcome = self.outcome.take().unwrap_or(Err(ConfirmError::Cancelled));
         self.confirmer.lock().in_flight = false;
         self.confirmer.finished.send_replace(Finished {
             number: self.number,

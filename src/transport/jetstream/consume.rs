@@ -1,26 +1,24 @@
-//! The pull loop: take as many messages as there are free processing slots
-//! (at most `jetstream.batch`), hand each to the [`Handler`] as its own task,
-//! and pull again. Survives server restarts: a pull whose connection was
-//! re-established, or that failed, is abandoned and the consumer reopened.
+//! The pull loop: pull as many messages as there are free processing slots
+//! (at most `jetstream.batch`) and free bytes, hand each on as an admitted
+//! [`Delivery`], and pull again. Survives server restarts: a pull whose
+//! connection was re-established, or that failed, is abandoned and the
+//! consumer reopened.
 //!
-//! On shutdown no new pull is sent; messages of the pull already under way
-//! are still handled, so nothing delivered to this worker waits for its ack
+//! On drain no new pull is sent; messages of the pull already under way are
+//! still handed on, so nothing delivered to this worker waits for its ack
 //! wait to run out.
 
-use super::handle::Handler;
-use super::{JetStreamError, setup};
-use crate::config::Config;
-use crate::metrics::Readiness;
-use crate::transport::budget::ByteBudget;
+use super::OpenError;
+use crate::transport::{Admission, Admitted, Attempt, Delivery, Limits, Settler};
 use async_nats::Client;
 use async_nats::jetstream::{self, consumer::PullConsumer, context::ConsumerInfoErrorKind};
 use futures::StreamExt;
+use futures::future::BoxFuture;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio::task::JoinSet;
+use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, info, warn};
 
 /// How long one pull waits on the server for messages. Only idle workers
@@ -44,81 +42,132 @@ const PULL_SERVED: [&str; 2] = ["Message Size Exceeds MaxBytes", "Batch Complete
 /// (see [`sweep`](super::sweep)).
 const SWEEP_EVERY: Duration = Duration::from_secs(10);
 
+/// Creates the stream and consumer when they are missing (`jetstream.create`),
+/// before each reopen, so a deleted consumer comes back. Its failures are
+/// logged and retried.
+pub type Ensure = Arc<
+    dyn Fn() -> BoxFuture<'static, Result<(), Box<dyn std::error::Error + Send + Sync>>>
+        + Send
+        + Sync,
+>;
+
+/// Told whether pulls are being sent (for `/readyz`).
+pub type OnConsuming = Arc<dyn Fn(bool) + Send + Sync>;
+
 /// Where and how much to pull.
 pub struct Puller {
     pub client: Client,
     pub js: jetstream::Context,
-    pub config: Config,
-    pub max_in_flight: usize,
+    pub stream: String,
+    pub consumer: String,
+    /// Messages per pull, at most (`jetstream.batch`).
     pub batch: usize,
-    /// Bytes of messages held at once (`max_in_flight_bytes`): each pull asks
-    /// for at most the bytes free, each message holds its size until settled.
-    pub budget: ByteBudget,
-    /// Marked consuming while pulls are sent, for `/readyz`.
-    pub readiness: Option<Readiness>,
+    /// The largest message accepted (`max_payload_bytes`): a pull waits
+    /// until it would fit in the bytes free.
+    pub max_payload: usize,
+    /// The consumer's ack wait: in-progress acks are sent every half of it.
+    pub ack_wait: Duration,
+    /// How long the pull under way may still run after a drain.
+    pub drain_timeout: Duration,
+    pub ensure: Option<Ensure>,
+    pub on_consuming: Option<OnConsuming>,
+}
+
+/// Opens the shared durable consumer `stream`/`consumer`.
+pub async fn open(
+    js: &jetstream::Context,
+    stream: &str,
+    consumer: &str,
+) -> Result<PullConsumer, OpenError> {
+    let handle = js
+        .get_stream_no_info(stream)
+        .await
+        .map_err(|e| OpenError::Api(format!("opening stream {stream}: {e}")))?;
+    let missing = |what: String| {
+        OpenError::Missing(format!(
+            "{what} does not exist; run `prefill-handoff setup` or set jetstream.create = true"
+        ))
+    };
+    match handle.consumer_info(consumer).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == ConsumerInfoErrorKind::NotFound => {
+            return Err(missing(format!("consumer {stream}/{consumer}")));
+        }
+        Err(e) if e.kind() == ConsumerInfoErrorKind::StreamNotFound => {
+            return Err(missing(format!("stream {stream}")));
+        }
+        Err(e) => {
+            return Err(OpenError::Api(format!(
+                "reading consumer {stream}/{consumer}: {e}"
+            )));
+        }
+    }
+    handle
+        .get_consumer(consumer)
+        .await
+        .map_err(|e| OpenError::Api(format!("opening consumer {consumer}: {e}")))
+}
+
+/// Deliveries pulled from the durable consumer, each admitted within the
+/// in-flight limits.
+pub struct PullSource {
+    admitted: mpsc::UnboundedReceiver<Admission>,
+    drain: Option<oneshot::Sender<()>>,
+}
+
+impl PullSource {
+    /// Starts pulling from `consumer` (already opened).
+    pub fn start(puller: Puller, consumer: PullConsumer, limits: Limits) -> PullSource {
+        let (tx, admitted) = mpsc::unbounded_channel();
+        let (drain, drained) = oneshot::channel();
+        let shutdown = async {
+            let _ = drained.await;
+        };
+        tokio::spawn(async move { puller.run(consumer, limits, tx, shutdown).await });
+        PullSource {
+            admitted,
+            drain: Some(drain),
+        }
+    }
+
+    /// The next delivery pulled; `None` once the pull loop ended and every
+    /// delivery is handed on. Cancel-safe.
+    pub async fn next(&mut self) -> Option<Admission> {
+        self.admitted.recv().await
+    }
+
+    /// A delivery already pulled, if any; never waits.
+    pub fn ready(&mut self) -> Option<Admission> {
+        self.admitted.try_recv().ok()
+    }
+
+    /// No new pulls; the pull under way is finished (within the drain timeout).
+    pub async fn drain(&mut self) {
+        if let Some(drain) = self.drain.take() {
+            let _ = drain.send(());
+        }
+    }
 }
 
 impl Puller {
-    /// Opens the shared durable consumer; with `jetstream.create`, first
-    /// creates what is missing (so a deleted consumer comes back).
-    pub async fn open(&self) -> Result<PullConsumer, JetStreamError> {
-        let js = &self.config.jetstream;
-        if js.create {
-            let report = setup::ensure(&self.js, &self.config).await?;
-            for (object, change) in &report.objects {
-                if *change != setup::Change::Unchanged {
-                    info!(%object, %change, "JetStream setup");
-                }
-            }
+    async fn reopen(&self) -> Result<PullConsumer, OpenError> {
+        if let Some(ensure) = &self.ensure {
+            ensure().await.map_err(|e| OpenError::Api(e.to_string()))?;
         }
-        let stream = self
-            .js
-            .get_stream_no_info(&js.prefill_stream)
-            .await
-            .map_err(|e| {
-                JetStreamError::Api(format!("opening stream {}: {e}", js.prefill_stream))
-            })?;
-        let missing = |what: String| {
-            JetStreamError::Missing(format!(
-                "{what} does not exist; run `prefill-handoff setup` or set jetstream.create = true"
-            ))
-        };
-        match stream.consumer_info(&js.consumer).await {
-            Ok(_) => {}
-            Err(e) if e.kind() == ConsumerInfoErrorKind::NotFound => {
-                return Err(missing(format!(
-                    "consumer {}/{}",
-                    js.prefill_stream, js.consumer
-                )));
-            }
-            Err(e) if e.kind() == ConsumerInfoErrorKind::StreamNotFound => {
-                return Err(missing(format!("stream {}", js.prefill_stream)));
-            }
-            Err(e) => {
-                return Err(JetStreamError::Api(format!(
-                    "reading consumer {}/{}: {e}",
-                    js.prefill_stream, js.consumer
-                )));
-            }
-        }
-        let consumer = stream
-            .get_consumer(&js.consumer)
-            .await
-            .map_err(|e| JetStreamError::Api(format!("opening consumer {}: {e}", js.consumer)))?;
+        let consumer = open(&self.js, &self.stream, &self.consumer).await?;
         self.sweep().await;
         Ok(consumer)
     }
 
     async fn sweep(&self) {
-        let js = &self.config.jetstream;
-        if let Err(e) = super::sweep::orphans(&self.js, &js.prefill_stream, &js.consumer).await {
+        if let Err(e) = super::sweep::orphans(&self.js, &self.stream, &self.consumer).await {
             debug!(error = %e, "work-queue sweep failed; trying again later");
         }
     }
 
     fn set_consuming(&self, consuming: bool) {
-        if let Some(readiness) = &self.readiness {
-            readiness.set_consuming(consuming);
+        if let Some(on_consuming) = &self.on_consuming {
+            on_consuming(consuming);
         }
     }
 
@@ -126,32 +175,52 @@ impl Puller {
         self.client.statistics().connects.load(Ordering::Acquire)
     }
 
-    /// Pulls and handles messages until `shutdown` completes, then finishes
-    /// the pull under way and the messages in flight, all within
-    /// `drain_timeout` of the shutdown; messages still unsettled after it are
+    /// One pulled message as a delivery. The delivery count is in the ack
+    /// subject; a message without one cannot come from a consumer, but
+    /// counts as a first delivery.
+    fn delivery(&self, message: jetstream::Message) -> Delivery {
+        let (number, stored_at) = message
+            .info()
+            .map_or((1, None), |i| (i.delivered, Some(i.published)));
+        let (message, acker) = message.split();
+        Delivery {
+            subject: message.subject,
+            payload: message.payload,
+            headers: message.headers,
+            // The NATS reply subject is the ack subject: it stays in the acker.
+            reply: None,
+            received_at: Instant::now(),
+            attempt: Attempt { number, stored_at },
+            settler: Settler::JetStream {
+                acker: Box::new(acker),
+                every: self.ack_wait / 2,
+            },
+        }
+    }
+
+    /// Pulls until `shutdown` completes, then finishes the pull under way
+    /// within `drain_timeout`; messages not handed on by then are
     /// redelivered by the server, nothing is lost.
-    pub async fn run(
+    async fn run(
         &self,
         consumer: PullConsumer,
-        handler: Arc<Handler>,
+        limits: Limits,
+        out: mpsc::UnboundedSender<Admission>,
         shutdown: impl Future<Output = ()>,
-        drain_timeout: Duration,
     ) {
-        let slots = Arc::new(Semaphore::new(self.max_in_flight.max(1)));
-        let mut tasks = JoinSet::new();
+        let slots = &limits.slots;
         let mut consumer = Some(consumer);
         // When shutdown came, if it did: the drain ends `drain_timeout` later.
         let mut stopped_at: Option<tokio::time::Instant> = None;
         let mut last_sweep = Instant::now();
         tokio::pin!(shutdown);
         self.set_consuming(true);
-        while stopped_at.is_none() {
-            while tasks.try_join_next().is_some() {}
+        'pulling: while stopped_at.is_none() {
             let current = match consumer.take() {
                 Some(c) => c,
                 None => {
                     tokio::select! {
-                        opened = self.open() => match opened {
+                        opened = self.reopen() => match opened {
                             Ok(c) => c,
                             Err(e) => {
                                 warn!(error = %e, "cannot open the JetStream consumer; retrying");
@@ -165,7 +234,10 @@ impl Puller {
             };
             // Pull only as many messages as can be worked on right now.
             let first = tokio::select! {
-                permit = slots.clone().acquire_owned() => permit.expect("the semaphore is never closed"),
+                permit = slots.clone().acquire_owned() => match permit {
+                    Ok(permit) => permit,
+                    Err(_) => break, // never closed
+                },
                 () = &mut shutdown => break,
             };
             let mut permits = vec![first];
@@ -178,9 +250,9 @@ impl Puller {
             // And only as many bytes as are free, waiting until the largest
             // accepted message would fit (a pull whose max_bytes is below the
             // next message's size gets nothing).
-            let least = self.config.max_payload_bytes.saturating_add(PULL_OVERHEAD);
+            let least = self.max_payload.saturating_add(PULL_OVERHEAD);
             let mut bytes = tokio::select! {
-                held = self.budget.hold_free(least) => held,
+                held = limits.budget.hold_free(least) => held,
                 () = &mut shutdown => break,
             };
             let connects = self.connects();
@@ -208,17 +280,15 @@ impl Puller {
                     item = batch.next() => match item {
                         Some(Ok(message)) => {
                             received += 1;
-                            let received_at = Instant::now();
-                            let permit = match permits.pop() {
-                                Some(p) => p,
-                                None => acquire(&slots).await,
-                            };
                             let held = bytes.split(message.length.max(message.payload.len()));
-                            let handler = handler.clone();
-                            tasks.spawn(async move {
-                                handler.handle(message, received_at).await;
-                                drop((permit, held));
-                            });
+                            // Without a slot left (the server sent more than
+                            // asked), the runner takes one for it.
+                            let slot = permits.pop();
+                            let delivery = self.delivery(message);
+                            let admitted = Admitted { delivery, held, slot };
+                            if out.send(Admission::Admitted(admitted)).is_err() {
+                                break 'pulling;
+                            }
                         }
                         Some(Err(e)) if PULL_SERVED.iter().any(|s| e.to_string().contains(s)) => {
                             debug!(status = %e, "pull served in full");
@@ -245,7 +315,7 @@ impl Puller {
                         self.set_consuming(false);
                         stopped_at = Some(tokio::time::Instant::now());
                     }
-                    () = sleep_until_drained(stopped_at, drain_timeout) => break,
+                    () = sleep_until_drained(stopped_at, self.drain_timeout) => break,
                 }
             }
             drop((permits, bytes));
@@ -264,17 +334,7 @@ impl Puller {
             }
         }
         self.set_consuming(false);
-        let stopped_at = stopped_at.unwrap_or_else(tokio::time::Instant::now);
-        drain(tasks, stopped_at + drain_timeout).await;
     }
-}
-
-async fn acquire(slots: &Arc<Semaphore>) -> OwnedSemaphorePermit {
-    slots
-        .clone()
-        .acquire_owned()
-        .await
-        .expect("the semaphore is never closed")
 }
 
 /// Waits [`RETRY_PAUSE`], or less if shutdown comes first (then noted in
@@ -297,24 +357,5 @@ async fn sleep_until_drained(stopped_at: Option<tokio::time::Instant>, drain_tim
     match stopped_at {
         Some(at) => tokio::time::sleep_until(at + drain_timeout).await,
         None => std::future::pending().await,
-    }
-}
-
-/// Waits for in-flight messages; aborts what is left at `deadline`.
-async fn drain(mut tasks: JoinSet<()>, deadline: tokio::time::Instant) {
-    let left = tasks.len();
-    if left > 0 {
-        info!(in_flight = left, "waiting for in-flight messages");
-    }
-    let all = async { while tasks.join_next().await.is_some() {} };
-    if tokio::time::timeout_at(deadline, all).await.is_err() {
-        warn!(
-            unfinished = tasks.len(),
-            "shutdown timeout: abandoning in-flight messages; the server redelivers them"
-        );
-        tasks.abort_all();
-        while tasks.join_next().await.is_some() {}
-    } else {
-        debug!("all in-flight messages settled");
     }
 }

@@ -1,165 +1,78 @@
-//! JetStream delivery mode (contract 7): a work-queue stream over the prefill
+//! JetStream delivery (contract 7): a work-queue stream over the prefill
 //! subjects, one durable pull consumer shared by all workers, and an ack only
-//! after the message's output is published (and stored, when GEN is a stream).
-//! A worker killed mid-flight loses nothing: the server redelivers what it
-//! never acked, and `Nats-Msg-Id` makes the GEN stream drop a repeated job.
+//! after the message's output is known to have reached the server (stored,
+//! when GEN is a stream). A worker killed mid-flight loses nothing: the
+//! server redelivers what it never acked, and `Nats-Msg-Id` makes the GEN
+//! stream drop a repeated job.
 //!
-//! The data's path: [`consume`] pulls → [`handle`] decides and publishes →
-//! [`settle`] says ack, term or nak.
-//!
-//! - [`setup`]: the streams and the consumer, created or checked idempotently.
-//! - [`consume`]: the pull loop, bounded by free processing slots; survives
-//!   server restarts.
-//! - [`handle`]: one message: decide, publish, settle.
+//! - [`consume`]: the pull loop, bounded by free processing slots and bytes;
+//!   survives server restarts.
 //! - [`publish`]: outputs known to have reached the server (stream ack, or
-//!   a confirmed core publish).
+//!   a confirmed core publish), and the late-redelivery lookup in GEN.
 //! - [`confirm`]: one server round trip confirms every core publish enqueued
-//!   before it, shared by the handlers.
-//! - [`settle`]: the pure rules for ack, term, and nak with backoff.
+//!   before it, shared by all deliveries.
 //! - [`sweep`]: removes acked messages a restarted old server kept.
+//!
+//! Settling a delivery (ack, nak with a delay, term, in-progress) is
+//! [`crate::transport::Delivery`]'s; which settlement follows what happened
+//! is the pipeline's rule.
 
 pub mod confirm;
 pub mod consume;
-pub mod handle;
 pub mod publish;
-pub mod settle;
-pub mod setup;
 pub mod sweep;
 
-use crate::config::{Config, ConfigError};
-use crate::identity::Identity;
-use crate::metrics::{Metrics, Readiness};
-use async_nats::Client;
-use std::future::Future;
-use std::sync::Arc;
-use std::time::Duration;
+pub use consume::{PullSource, Puller, open};
 
-/// What can go wrong talking to JetStream.
+use super::Settle;
+use async_nats::jetstream::{AckKind, message::Acker};
+use std::future::Future;
+use std::time::Duration;
+use tracing::debug;
+
+/// Why the durable consumer could not be opened.
 #[derive(Debug, thiserror::Error)]
-pub enum JetStreamError {
-    #[error(transparent)]
-    Config(#[from] ConfigError),
-    /// A JetStream API request failed (server unreachable, permission, ...).
+pub enum OpenError {
+    /// A JetStream API request failed (server unreachable, permission, ...):
+    /// worth retrying.
     #[error("JetStream: {0}")]
     Api(String),
-    /// A stream or consumer exists with settings that cannot be changed in place.
-    #[error("{0}")]
-    Incompatible(String),
-    /// The stream or consumer does not exist and may not be created.
+    /// The stream or consumer does not exist.
     #[error("{0}")]
     Missing(String),
 }
 
-/// Runs the durable mode until `shutdown` completes: opens (with
-/// `jetstream.create`: creates) the consumer, pulls, handles, and on shutdown
-/// finishes in-flight messages within `shutdown_timeout_secs`. `readiness`,
-/// when given, is marked consuming while messages are pulled.
-///
-/// Fails at start when the stream or consumer is missing (and may not be
-/// created) or incompatible; an unreachable server is waited for. Later
-/// failures (server restarts, a deleted consumer) are retried until shutdown.
-pub async fn serve(
-    client: Client,
-    config: &Config,
-    identity: Identity,
-    metrics: Metrics,
-    readiness: Option<Readiness>,
-    telemetry: Option<crate::telemetry::Telemetry>,
-    shutdown: impl Future<Output = ()>,
-) -> Result<(), JetStreamError> {
-    // The NATS reply subject of a JetStream message is its ack subject: the
-    // reply subject comes from `reply_to` only, whatever `mode` says.
-    let mut rules = config.rules()?;
-    rules.use_nats_reply = false;
-    let js_config = &config.jetstream;
-    let js = async_nats::jetstream::new(client.clone());
-    let puller = consume::Puller {
-        client: client.clone(),
-        js: js.clone(),
-        config: config.clone(),
-        max_in_flight: config.max_in_flight,
-        batch: js_config.batch,
-        budget: crate::transport::budget::ByteBudget::new(config.max_in_flight_bytes),
-        readiness,
+/// Sends a settlement. If it is lost, the ack wait expires and the message
+/// comes again anyway.
+pub(super) async fn settle(acker: &Acker, settle: Settle) {
+    // A plain ack, not a confirmed one: confirming would cost a round trip
+    // per message and change nothing, since a lost ack means the same either
+    // way (the message comes again and its output repeats; the GEN stream
+    // drops a repeated decode job). Shutdown flushes the connection, so acks
+    // taken before it reach the server.
+    let kind = match settle {
+        Settle::Ack => AckKind::Ack,
+        Settle::Term => AckKind::Term,
+        Settle::Nak(delay) => AckKind::Nak(Some(delay)),
     };
-    tokio::pin!(shutdown);
-    let Some(mut consumer) = open_at_start(&puller, shutdown.as_mut()).await? else {
-        return Ok(());
-    };
-    // The server's ack wait rules the in-progress acks, whatever the config says.
-    let ack_wait = consumer
-        .info()
-        .await
-        .map_or(Duration::from_secs(js_config.ack_wait_secs), |info| {
-            info.config.ack_wait
-        });
-    let gen_stream = if js_config.gen_is_stream {
-        let window = match js.get_stream(&js_config.gen_stream).await {
-            Ok(mut gen_stream) => gen_stream
-                .info()
-                .await
-                .ok()
-                .map(|i| i.config.duplicate_window),
-            Err(_) => None,
-        };
-        Some(handle::GenStream {
-            name: js_config.gen_stream.clone(),
-            duplicate_window: window
-                .or_else(|| setup::duplicate_window(config).ok())
-                .unwrap_or(Duration::from_secs(js_config.duplicate_window_secs)),
-        })
-    } else {
-        None
-    };
-    let handler = Arc::new(handle::Handler {
-        publisher: publish::Publisher {
-            client: client.clone(),
-            js,
-            confirmer: confirm::Confirmer::new(client.clone()),
-        },
-        rules,
-        identity,
-        metrics,
-        gen_is_stream: js_config.gen_is_stream,
-        redelivery: settle::Redelivery {
-            nak_delay: Duration::from_millis(js_config.nak_delay_ms),
-            max_deliver: consumer.cached_info().config.max_deliver,
-        },
-        ack_wait,
-        gen_stream,
-        telemetry,
-    });
-    tracing::info!(
-        stream = %js_config.prefill_stream,
-        consumer = %js_config.consumer,
-        ack_wait_ms = ack_wait.as_millis() as u64,
-        "consuming from JetStream"
-    );
-    let drain_timeout = Duration::from_secs(config.shutdown_timeout_secs);
-    puller.run(consumer, handler, shutdown, drain_timeout).await;
-    if let Err(e) = client.flush().await {
-        tracing::warn!(error = %e, "flush at shutdown failed");
+    if let Err(e) = acker.ack_with(kind).await {
+        debug!(error = %e, ?settle, "settlement not sent; the message is redelivered after the ack wait");
     }
-    Ok(())
 }
 
-/// Opens the consumer, waiting for a server that does not answer yet
-/// (`None`: shutdown came first). Missing or incompatible objects fail at once.
-async fn open_at_start(
-    puller: &consume::Puller,
-    mut shutdown: std::pin::Pin<&mut impl Future<Output = ()>>,
-) -> Result<Option<async_nats::jetstream::consumer::PullConsumer>, JetStreamError> {
+/// Runs `work`, sending an in-progress ack every `every` while it is pending.
+pub(super) async fn with_progress<F: Future>(work: F, acker: &Acker, every: Duration) -> F::Output {
+    let every = every.max(Duration::from_millis(100));
+    tokio::pin!(work);
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     loop {
-        match puller.open().await {
-            Ok(consumer) => return Ok(Some(consumer)),
-            Err(JetStreamError::Api(e)) => {
-                tracing::warn!(error = %e, "JetStream is not answering yet; retrying");
-                tokio::select! {
-                    () = tokio::time::sleep(Duration::from_secs(1)) => {}
-                    () = shutdown.as_mut() => return Ok(None),
+        tokio::select! {
+            out = &mut work => return out,
+            _ = ticks.tick() => {
+                if let Err(e) = acker.ack_with(AckKind::Progress).await {
+                    debug!(error = %e, "in-progress ack not sent");
                 }
             }
-            Err(e) => return Err(e),
         }
     }
 }

@@ -4,31 +4,20 @@
 //! - Into a stream (decode jobs, when GEN is a stream): the stream's publish
 //!   ack says the job is stored. `Nats-Msg-Id` makes a repeat a no-op.
 //! - Core NATS (replies, dead letters): there is no publish ack, so a
-//!   round trip follows the publish (see [`Publisher::core`]).
+//!   round trip follows the publish (see [`Publisher::confirmed`]).
 
 use super::confirm::Confirmer;
-use crate::decision::DeadLetterCode;
+use crate::transport::PublishError;
+use crate::transport::core_sink::publish_error;
 use async_nats::jetstream::{self, message::PublishMessage};
 use async_nats::{Client, HeaderMap};
 use bytes::Bytes;
 use std::sync::atomic::Ordering;
 
-/// Why an output is not known to have reached the server.
-#[derive(Debug, thiserror::Error)]
-pub enum PublishError {
-    /// The output can never be published as it is (too large for the
-    /// server, or a subject the client refuses): retrying cannot help. The
-    /// code says what a dead letter of the input would be marked with.
-    #[error("{why}")]
-    Permanent { code: DeadLetterCode, why: String },
-    /// Worth retrying later: the server, the connection or the stream failed.
-    #[error("{0}")]
-    Transient(String),
-}
-
-impl PublishError {
-    pub fn is_permanent(&self) -> bool {
-        matches!(self, PublishError::Permanent { .. })
+fn failed(subject: &str, reason: impl std::fmt::Display) -> PublishError {
+    PublishError::Failed {
+        subject: subject.to_string(),
+        reason: reason.to_string(),
     }
 }
 
@@ -59,14 +48,14 @@ impl Publisher {
             )
             .await
             .map_err(|e| match e.kind() {
-                Kind::MaxPayloadExceeded => PublishError::Permanent {
-                    code: DeadLetterCode::TooLarge,
-                    why: format!("the decode job is larger than the NATS server accepts: {e}"),
-                },
-                _ => PublishError::Transient(format!("publishing to {subject}: {e}")),
+                Kind::MaxPayloadExceeded => PublishError::TooLarge(e.to_string()),
+                _ => failed(subject, &e),
             })?;
         let ack = ack.await.map_err(|e| {
-            PublishError::Transient(format!("the GEN stream did not store the decode job: {e}"))
+            failed(
+                subject,
+                format_args!("the GEN stream did not store the decode job: {e}"),
+            )
         })?;
         if ack.duplicate {
             tracing::debug!(
@@ -83,37 +72,26 @@ impl Publisher {
     /// publishes). If the connection was not re-established in between, the
     /// publish reached the server; otherwise it may be lost, and the caller
     /// asks for redelivery (the output may then repeat, never go missing).
-    pub async fn core(
+    pub async fn confirmed(
         &self,
         subject: &str,
         headers: HeaderMap,
         payload: Bytes,
     ) -> Result<(), PublishError> {
-        use async_nats::client::PublishErrorKind as Kind;
         let connects = self.connects();
         self.client
             .publish_with_headers(subject.to_string(), headers, payload)
             .await
-            .map_err(|e| match e.kind() {
-                Kind::MaxPayloadExceeded => PublishError::Permanent {
-                    code: DeadLetterCode::TooLarge,
-                    why: format!("the output is larger than the NATS server accepts: {e}"),
-                },
-                Kind::InvalidSubject => PublishError::Permanent {
-                    code: DeadLetterCode::ReplyToNotAllowed,
-                    why: format!("{subject:?} is not a subject NATS accepts: {e}"),
-                },
-                Kind::Send => PublishError::Transient(format!("publishing to {subject}: {e}")),
-            })?;
-        if let Err(e) = self.confirmer.confirm().await {
-            return Err(PublishError::Transient(format!(
-                "{e} (output to {subject})"
-            )));
-        }
+            .map_err(|e| publish_error(subject, &e))?;
+        self.confirmer
+            .confirm()
+            .await
+            .map_err(|e| failed(subject, e))?;
         if self.connects() != connects {
-            return Err(PublishError::Transient(format!(
-                "the NATS connection was re-established while publishing to {subject}; the output may be lost"
-            )));
+            return Err(failed(
+                subject,
+                "the NATS connection was re-established meanwhile; the output may be lost",
+            ));
         }
         Ok(())
     }
@@ -134,7 +112,10 @@ impl Publisher {
         use async_nats::jetstream::consumer::{DeliverPolicy, pull::OrderedConfig};
         use futures::StreamExt;
         let failed = |what: &str, e: &dyn std::fmt::Display| {
-            PublishError::Transient(format!("reading {stream} for {msg_id}: {what}: {e}"))
+            failed(
+                subject,
+                format_args!("reading {stream} for {msg_id}: {what}: {e}"),
+            )
         };
         let scan = async {
             let mut gen_stream = self
@@ -182,10 +163,13 @@ impl Publisher {
             Ok(false)
         };
         tokio::time::timeout(bound, scan).await.unwrap_or_else(|_| {
-            Err(PublishError::Transient(format!(
-                "reading {stream} for {msg_id} took longer than {} ms",
-                bound.as_millis()
-            )))
+            Err(failed(
+                subject,
+                &format_args!(
+                    "reading {stream} for {msg_id} took longer than {} ms",
+                    bound.as_millis()
+                ),
+            ))
         })
     }
 

@@ -19,23 +19,51 @@
 use async_nats::jetstream;
 use tracing::warn;
 
+/// Why the sweep could not look or purge; it is tried again later.
+#[derive(Debug, thiserror::Error)]
+pub enum SweepError {
+    #[error("reading stream {stream}: {source}")]
+    Stream {
+        stream: String,
+        source: jetstream::context::GetStreamError,
+    },
+    #[error("reading consumer {stream}/{consumer}: {source}")]
+    Consumer {
+        stream: String,
+        consumer: String,
+        source: jetstream::context::ConsumerInfoError,
+    },
+    #[error("purging acked messages from {stream}: {source}")]
+    Purge {
+        stream: String,
+        source: jetstream::stream::PurgeError,
+    },
+}
+
 /// Purges the messages at or below the consumer's ack floor, if any are
 /// still stored. Returns how many were removed.
 pub async fn orphans(
     js: &jetstream::Context,
     stream_name: &str,
     consumer_name: &str,
-) -> Result<u64, String> {
+) -> Result<u64, SweepError> {
     let stream = js
         .get_stream(stream_name)
         .await
-        .map_err(|e| format!("reading stream {stream_name}: {e}"))?;
+        .map_err(|source| SweepError::Stream {
+            stream: stream_name.to_string(),
+            source,
+        })?;
     let first = stream.cached_info().state.first_sequence;
     let stored = stream.cached_info().state.messages;
     let consumer = stream
         .consumer_info(consumer_name)
         .await
-        .map_err(|e| format!("reading consumer {stream_name}/{consumer_name}: {e}"))?;
+        .map_err(|source| SweepError::Consumer {
+            stream: stream_name.to_string(),
+            consumer: consumer_name.to_string(),
+            source,
+        })?;
     let floor = settled_floor(
         (
             consumer.ack_floor.consumer_sequence,
@@ -54,7 +82,10 @@ pub async fn orphans(
         .purge()
         .sequence(floor + 1)
         .await
-        .map_err(|e| format!("purging acked messages from {stream_name}: {e}"))?
+        .map_err(|source| SweepError::Purge {
+            stream: stream_name.to_string(),
+            source,
+        })?
         .purged;
     if purged > 0 {
         warn!(

@@ -14,8 +14,7 @@ mod wanted;
 pub use diff::{Change, Mismatch, Report, consumer_mismatches, stream_mismatches};
 pub use wanted::{Wanted, consumer, duplicate_window, gen_stream, prefill_stream};
 
-use super::JetStreamError;
-use crate::config::Config;
+use crate::config::{Config, ConfigError};
 use async_nats::jetstream::{
     self,
     consumer::{FromConsumer, pull},
@@ -23,6 +22,32 @@ use async_nats::jetstream::{
 };
 use std::fmt;
 use std::time::Duration;
+
+/// What can go wrong setting up or opening the durable mode's objects.
+#[derive(Debug, thiserror::Error)]
+pub enum JetStreamError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A JetStream API request failed (server unreachable, permission, ...).
+    #[error("JetStream: {0}")]
+    Api(String),
+    /// A stream or consumer exists with settings that cannot be changed in place.
+    #[error("{0}")]
+    Incompatible(String),
+    /// The stream or consumer does not exist and may not be created.
+    #[error("{0}")]
+    Missing(String),
+}
+
+impl From<crate::transport::jetstream::OpenError> for JetStreamError {
+    fn from(e: crate::transport::jetstream::OpenError) -> JetStreamError {
+        use crate::transport::jetstream::OpenError;
+        match e {
+            OpenError::Api(why) => JetStreamError::Api(why),
+            OpenError::Missing(why) => JetStreamError::Missing(why),
+        }
+    }
+}
 
 /// Which objects [`ensure`] manages. The GEN stream only when decode jobs are
 /// published into it (`jetstream.gen_is_stream`).

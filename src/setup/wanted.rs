@@ -3,8 +3,8 @@
 //! are used (async-nats is built without its `server_2_10` features): one
 //! consumer, no `filter_subjects`.
 
-use super::super::settle::Redelivery;
 use crate::config::{Config, ConfigError};
+use crate::pipeline::settle::Redelivery;
 use async_nats::jetstream::{
     consumer::{AckPolicy, DeliverPolicy, pull},
     stream::{self, DiscardPolicy, RetentionPolicy, StorageType},

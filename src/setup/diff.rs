@@ -184,7 +184,7 @@ impl fmt::Display for Report {
 mod tests {
     use super::*;
     use crate::config::Config;
-    use crate::transport::jetstream::setup::wanted::{consumer, prefill_stream};
+    use crate::setup::wanted::{consumer, prefill_stream};
     use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, IntoConsumerConfig};
     use async_nats::jetstream::stream::{DiscardPolicy, RetentionPolicy, StorageType};
 

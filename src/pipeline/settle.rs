@@ -1,5 +1,7 @@
-//! How a delivered message is settled with the server once its decision is
-//! known: the pure part of the durable mode, so every rule has a table test.
+//! How a delivery is settled once its decision is known: the pure rules, so
+//! every one has a table test. An at-most-once transport (core NATS) is
+//! [`Redelivery::AT_MOST_ONCE`]: every delivery is its last, so every result
+//! is answered at once and nothing is retried.
 //!
 //! - An output is published first; only then is the message acked (or
 //!   terminated, for dead letters: undecodable input is never redelivered).
@@ -12,6 +14,7 @@
 //! - A failed publish is nak'd with the same growing delay.
 
 use crate::decision::{ErrorCode, Outcome};
+use crate::transport::Settle;
 use std::time::Duration;
 
 /// The redelivery settings, from `jetstream.*`.
@@ -21,6 +24,14 @@ pub struct Redelivery {
     pub nak_delay: Duration,
     /// The delivery limit (`jetstream.max_deliver`); -1 means none.
     pub max_deliver: i64,
+}
+
+impl Redelivery {
+    /// No redelivery: each delivery is the only one.
+    pub const AT_MOST_ONCE: Redelivery = Redelivery {
+        nak_delay: Duration::ZERO,
+        max_deliver: 1,
+    };
 }
 
 /// Nak delays double per delivery up to this multiple of the first one.
@@ -61,19 +72,11 @@ impl Redelivery {
 /// What to do with a message once decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Plan {
-    /// Publish the decision's message, then settle the delivery so.
+    /// Publish the decision's message, then settle the delivery so (ack,
+    /// or term for dead letters: undecodable input is never redelivered).
     Publish(Settle),
     /// Publish nothing; ask for redelivery after the delay.
     Retry(Duration),
-}
-
-/// The final word on a delivery after its output is published.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Settle {
-    /// Done: the work queue removes the message.
-    Ack,
-    /// Done, and never to be redelivered: undecodable input, dead-lettered.
-    Term,
 }
 
 /// The plan for a decided message on its `delivered`-th delivery.

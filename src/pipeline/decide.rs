@@ -1,4 +1,16 @@
-//! Deciding a large result without stalling the connection.
+//! The decision for one received message: the header block checked, then
+//! [`decision::decide`], beside the runtime for large inputs.
+//!
+//! ## Messages whose NATS header block could not be parsed
+//!
+//! The header block comes verbatim from whoever published. The vendored
+//! client (docs/vendor-async-nats.md) delivers a message whose block it could
+//! not parse with one header only, [`HEADER_BLOCK_ERROR`], saying what was
+//! wrong. The client sets it and never takes it from the wire (a block using
+//! that name is itself unparsable), so a publisher forging it only gets its
+//! own message dead-lettered.
+//!
+//! ## Deciding a large result without stalling the connection
 //!
 //! The decision is linear in the input's bytes, but a 1 MiB result still
 //! takes ~1 ms (and ~100 ms in a debug build), and the worker loop runs a
@@ -15,8 +27,9 @@
 //! to another thread meanwhile. The connection and the intake always keep a
 //! CPU's worth of room.
 
-use crate::decision::{Decision, IdSource, Input, Rules};
+use crate::decision::{self, Decision, IdSource, Input, Rules};
 use async_nats::HeaderMap;
+use async_nats::header::HEADER_BLOCK_ERROR;
 use std::sync::OnceLock;
 use tokio::runtime::{Handle, RuntimeFlavor};
 use tokio::sync::Semaphore;
@@ -35,7 +48,7 @@ fn slots() -> &'static Semaphore {
     })
 }
 
-/// [`super::decide`] (the header block checked, then the decision); beside
+/// [`decide_now`] (the header block checked, then the decision); beside
 /// the runtime, a few at a time, for large inputs.
 pub async fn decide<I: IdSource + Send>(
     input: Input<'_>,
@@ -46,9 +59,24 @@ pub async fn decide<I: IdSource + Send>(
     let multi_thread = Handle::try_current()
         .is_ok_and(|runtime| runtime.runtime_flavor() == RuntimeFlavor::MultiThread);
     if input.payload.len() < LARGE || !multi_thread {
-        return super::decide(input, headers, rules, ids);
+        return decide_now(input, headers, rules, ids);
     }
     // Never closed: on error, decide without a slot rather than not at all.
     let _slot = slots().acquire().await;
-    tokio::task::block_in_place(|| super::decide(input, headers, rules, ids))
+    tokio::task::block_in_place(|| decide_now(input, headers, rules, ids))
+}
+
+/// The decision for one received message, in both modes: a `malformed` dead
+/// letter when the client could not parse its header block, otherwise
+/// [`decision::decide`].
+pub fn decide_now(
+    input: Input<'_>,
+    headers: Option<&HeaderMap>,
+    rules: &Rules,
+    ids: &mut dyn IdSource,
+) -> Decision {
+    match headers.and_then(|h| h.get(HEADER_BLOCK_ERROR)) {
+        Some(what) => decision::unreadable_headers(input, rules, what.as_str()),
+        None => decision::decide(input, rules, ids),
+    }
 }

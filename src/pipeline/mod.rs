@@ -1,0 +1,314 @@
+//! The pipeline: one delivery, from either transport, through
+//! decode → decide → publish → settle. Both delivery modes run this one path;
+//! what differs between them is in the [`transport`](crate::transport)
+//! (how a delivery is settled, how an output is confirmed).
+//!
+//! - here: [`Pipeline::handle`], where a delivery starts and ends.
+//! - [`decide`]: the header block checked, then the decision, large inputs
+//!   beside the runtime.
+//! - [`headers`]: the one header policy (trace headers copied W3C-valid,
+//!   under their canonical names).
+//! - [`settle`]: the pure rules: ack, term, or nak with backoff.
+//! - `fallback.rs`: the dead letters that stand in for an output that cannot
+//!   go out (too large, invalid subject) and for a result the byte budget
+//!   refused.
+//! - `log.rs`: the one outcome log.
+//! - [`run`]: the runner: bounded in-flight work and drain, for both modes.
+//! - [`serve`]: wires a configuration to a source, a sink and the runner.
+//! - [`shutdown`], [`stats`]: SIGTERM/SIGINT, and counts for the report.
+
+pub mod decide;
+mod fallback;
+pub mod headers;
+mod log;
+pub mod run;
+pub mod serve;
+pub mod settle;
+pub mod shutdown;
+pub mod stats;
+
+pub use run::{Options, Report, Runner};
+pub use stats::{Counts, Stats};
+
+use crate::decision::{DeadLetterCode, Decision, Input, Outcome, Rules, TraceHeaders};
+use crate::identity::Identity;
+use crate::metrics::{Metrics, NakReason};
+use crate::telemetry::{Arrival, ResultSpan, Telemetry};
+use crate::transport::{self, Delivery, PublishError, Settle, Sink, Target};
+use crate::wire::Encoding;
+use async_nats::HeaderMap;
+use bytes::Bytes;
+use settle::{Plan, Redelivery};
+use std::time::Duration;
+use tracing::Instrument as _;
+
+/// What happened to one delivery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Handled {
+    /// Its one output is published (confirmed, in durable mode) and the
+    /// delivery acked or terminated.
+    Published(Outcome),
+    /// No output: it needs an ID while the worker holds no slot, and the
+    /// transport will deliver it again.
+    Deferred(Outcome),
+    /// Its output could not be published; logged and counted (and asked
+    /// for again, where the transport can redeliver).
+    Failed(Outcome),
+}
+
+/// Where decode jobs go when GEN is a stream (durable mode only).
+#[derive(Debug, Clone)]
+pub struct GenStream {
+    pub name: String,
+    /// Its duplicate window as the server holds it.
+    pub duplicate_window: Duration,
+}
+
+impl GenStream {
+    /// Whether a decode job first handled at `stored_at` (the prefill
+    /// result's store time) may have left the duplicate window by now. Half
+    /// the window: a margin for the clocks of server and worker.
+    fn may_have_forgotten(&self, stored_at: time::OffsetDateTime) -> bool {
+        let age = time::OffsetDateTime::now_utc() - stored_at;
+        age >= self.duplicate_window / 2
+    }
+}
+
+/// Everything a delivery needs, shared by all in flight.
+pub struct Pipeline {
+    pub rules: Rules,
+    pub identity: Identity,
+    pub metrics: Metrics,
+    pub sink: Sink,
+    /// Backoff and delivery limit, for deliveries the transport can
+    /// deliver again; others are [`Redelivery::AT_MOST_ONCE`].
+    pub redelivery: Redelivery,
+    /// Decode jobs are published into this stream and wait for its ack.
+    pub gen_stream: Option<GenStream>,
+    /// How long the late-redelivery lookup in GEN may take.
+    pub lookup_bound: Duration,
+    /// Each delivery's span (`crate::telemetry`); `None`: no tracing, and
+    /// no span built.
+    pub telemetry: Option<Telemetry>,
+}
+
+impl Pipeline {
+    /// Takes one delivery to its end: decided, its one output published,
+    /// settled. Never panics on the message's content.
+    ///
+    /// Its span starts here, at delivery, and ends after settling; the
+    /// output's `traceparent` names it, and log lines inside carry its IDs.
+    pub async fn handle(&self, delivery: Delivery) -> Handled {
+        let mut trace = headers::trace_headers(delivery.headers.as_ref());
+        let arrival = Arrival {
+            subject: &delivery.subject,
+            size: delivery.payload.len(),
+            attempt: delivery.attempt.number,
+        };
+        let mut span = Telemetry::result(
+            self.telemetry.as_ref(),
+            &trace,
+            arrival,
+            delivery.received_at,
+        );
+        span.propagate(&mut trace);
+        let log = span.log_span();
+        self.handle_traced(delivery, trace, &mut span)
+            .instrument(log)
+            .await
+    }
+
+    async fn handle_traced(
+        &self,
+        delivery: Delivery,
+        trace: TraceHeaders,
+        span: &mut ResultSpan,
+    ) -> Handled {
+        let _in_flight = self.metrics.in_flight();
+        let attempt = delivery.attempt.number;
+        if attempt > 1 {
+            self.metrics.redelivered();
+        }
+        let incoming: Option<&HeaderMap> = delivery.headers.as_ref();
+        let input = Input {
+            payload: &delivery.payload,
+            encoding: Encoding::from_content_type(transport::first_header(
+                incoming,
+                "content-type",
+            )),
+            subject: &delivery.subject,
+            nats_reply: delivery.reply.as_deref(),
+        };
+        let mut decision =
+            decide::decide(input, incoming, &self.rules, &mut self.identity.clone()).await;
+        span.decided(&decision);
+
+        let redelivery = if delivery.redeliverable() {
+            self.redelivery
+        } else {
+            Redelivery::AT_MOST_ONCE
+        };
+        let done = match settle::plan(&decision.outcome, attempt, &redelivery) {
+            Plan::Retry(delay) => {
+                tracing::debug!(
+                    request_id = decision.request_id.as_deref(),
+                    attempt,
+                    delay_ms = delay.as_millis() as u64,
+                    "no machine-ID slot to mint with; asking for redelivery"
+                );
+                self.metrics.nacked(NakReason::IdentityUnavailable);
+                delivery.settle(Settle::Nak(delay)).await;
+                span.not_published(&decision.outcome, "no slot held: redelivery asked for");
+                span.settled("nak");
+                return Handled::Deferred(decision.outcome);
+            }
+            Plan::Publish(done) => done,
+        };
+
+        self.metrics.trace_headers_dropped(&trace.dropped);
+        let outgoing = headers::output_headers(&decision.headers, &trace);
+        let payload = Bytes::from(std::mem::take(&mut decision.payload));
+        let output_size = payload.len();
+        let publish = self.publish(&delivery, &decision, outgoing, payload);
+        let (outcome, done) = match delivery.while_pending(publish).await {
+            Ok(()) => {
+                span.published(&decision.outcome, &decision.subject, output_size);
+                (decision.outcome.clone(), done)
+            }
+            Err(e @ (PublishError::TooLarge(_) | PublishError::InvalidSubject { .. })) => {
+                match self
+                    .dead_letter_instead(&delivery, &trace, &decision, &e)
+                    .await
+                {
+                    Ok(code) => {
+                        let outcome = Outcome::DeadLetter { code };
+                        let subject = &self.rules.dead_letter_subject;
+                        span.published(&outcome, subject, delivery.payload.len());
+                        (outcome, Settle::Term)
+                    }
+                    Err(e) => return self.failed(&delivery, &decision, e, span).await,
+                }
+            }
+            Err(e) => return self.failed(&delivery, &decision, e, span).await,
+        };
+
+        self.metrics.record(
+            &outcome,
+            decision.trailing_frames,
+            delivery.received_at.elapsed(),
+        );
+        log::outcome(&outcome, &decision, &delivery.subject, attempt);
+        delivery.settle(done).await;
+        settled(span, &delivery, done);
+        Handled::Published(outcome)
+    }
+
+    /// Publishes the decision's output: decode jobs into the GEN stream when
+    /// it is one, everything else onto its subject.
+    async fn publish(
+        &self,
+        delivery: &Delivery,
+        decision: &Decision,
+        headers: HeaderMap,
+        payload: Bytes,
+    ) -> Result<(), PublishError> {
+        let decode = matches!(decision.outcome, Outcome::Decode { .. });
+        let Some(gen_stream) = self.gen_stream.as_ref().filter(|_| decode) else {
+            return self
+                .sink
+                .publish(&decision.subject, headers, payload, Target::Subject)
+                .await;
+        };
+        // A decode job redelivered after its first copy may have left the
+        // GEN stream's duplicate window (workers were away longer than the
+        // window, so the redelivery came late): Nats-Msg-Id would no longer
+        // drop a second copy, so look for the first one before publishing.
+        if let (Sink::JetStream(sink), Some(stored_at)) = (&self.sink, delivery.attempt.stored_at)
+            && delivery.attempt.number > 1
+            && gen_stream.may_have_forgotten(stored_at)
+        {
+            let msg_id = transport::first_header(Some(&headers), "Nats-Msg-Id").unwrap_or("");
+            let held = sink
+                .holds(
+                    &gen_stream.name,
+                    &decision.subject,
+                    msg_id,
+                    stored_at,
+                    self.lookup_bound,
+                )
+                .await?;
+            if held {
+                tracing::info!(
+                    request_id = decision.request_id.as_deref(),
+                    attempt = delivery.attempt.number,
+                    "late redelivery: the GEN stream already holds this decode job"
+                );
+                return Ok(());
+            }
+        }
+        self.sink
+            .publish(&decision.subject, headers, payload, Target::Stream)
+            .await
+    }
+
+    /// The one failure path: the output (or its dead letter) is not known to
+    /// be out. Redelivered later where the transport can; otherwise, or
+    /// when it can never be published, this result has no output.
+    async fn failed(
+        &self,
+        delivery: &Delivery,
+        decision: &Decision,
+        e: PublishError,
+        span: &mut ResultSpan,
+    ) -> Handled {
+        self.metrics.publish_failed();
+        span.not_published(&decision.outcome, &e.to_string());
+        let request_id = decision.request_id.as_deref();
+        let attempt = delivery.attempt.number;
+        let permanent = !matches!(e, PublishError::Failed { .. });
+        if permanent || !delivery.redeliverable() {
+            tracing::error!(
+                kind = decision.outcome.kind(),
+                ?request_id,
+                source = %delivery.subject,
+                error = %e,
+                "could not publish the output; this result has none"
+            );
+            delivery.settle(Settle::Term).await;
+            settled(span, delivery, Settle::Term);
+            return Handled::Failed(decision.outcome.clone());
+        }
+        let delay = self.redelivery.delay(attempt);
+        tracing::warn!(
+            ?request_id,
+            attempt,
+            last_delivery = self.redelivery.is_last(attempt),
+            error = %e,
+            "output not confirmed; asking for redelivery"
+        );
+        self.metrics.nacked(NakReason::PublishFailed);
+        delivery.settle(Settle::Nak(delay)).await;
+        settled(span, delivery, Settle::Nak(delay));
+        Handled::Failed(decision.outcome.clone())
+    }
+}
+
+/// Records the settlement on the span; core NATS has nothing to settle.
+fn settled(span: &mut ResultSpan, delivery: &Delivery, settle: Settle) {
+    if delivery.redeliverable() {
+        span.settled(match settle {
+            Settle::Ack => "ack",
+            Settle::Term => "term",
+            Settle::Nak(_) => "nak",
+        });
+    }
+}
+
+/// The dead-letter code that stands in for an output that can never be
+/// published.
+fn fallback_code(e: &PublishError) -> DeadLetterCode {
+    match e {
+        PublishError::InvalidSubject { .. } => DeadLetterCode::ReplyToNotAllowed,
+        PublishError::TooLarge(_) | PublishError::Failed { .. } => DeadLetterCode::TooLarge,
+    }
+}

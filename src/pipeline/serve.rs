@@ -1,0 +1,261 @@
+//! Wires a configuration to the pipeline: the source and sink of the
+//! configured mode, the redelivery rules, and the runner. The only place
+//! that tells the two modes apart by name.
+
+use super::settle::Redelivery;
+use super::{GenStream, Pipeline, Report, Runner, Stats};
+use crate::config::{Config, ConfigError, Mode};
+use crate::identity::Identity;
+use crate::metrics::{Metrics, Readiness};
+use crate::setup::{self, JetStreamError};
+use crate::telemetry::Telemetry;
+use crate::transport::jetstream::{
+    self, PullSource, Puller, confirm::Confirmer, publish::Publisher,
+};
+use crate::transport::{self, CoreSink, Sink, Source, TransportError};
+use async_nats::Client;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Why the worker could not start consuming.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// Core NATS: the subscriptions could not be made.
+    #[error(transparent)]
+    Transport(#[from] TransportError),
+    /// JetStream: the stream or consumer is missing (and may not be
+    /// created) or incompatible.
+    #[error("cannot consume from JetStream: {0}")]
+    JetStream(JetStreamError),
+}
+
+impl From<JetStreamError> for StartError {
+    fn from(e: JetStreamError) -> StartError {
+        match e {
+            JetStreamError::Config(e) => StartError::Config(e),
+            other => StartError::JetStream(other),
+        }
+    }
+}
+
+/// A worker ready to run: its runner and its source.
+pub struct Worker {
+    runner: Runner,
+    source: Source,
+}
+
+impl Worker {
+    /// Live counters, readable while the worker runs.
+    pub fn stats(&self) -> Arc<Stats> {
+        self.runner.stats()
+    }
+
+    /// Runs until `shutdown` completes (or the source closes), then drains.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> Report {
+        self.runner.run(self.source, shutdown).await
+    }
+}
+
+/// Starts consuming in `config.mode`: core NATS subscribes; JetStream opens
+/// (with `jetstream.create`: creates) the consumer, waiting for a server
+/// that does not answer yet. `readiness`, when given, is marked consuming
+/// while JetStream pulls are sent. `telemetry`: each delivery's span
+/// (`None`: no tracing, no span built).
+pub async fn start(
+    client: &Client,
+    config: &Config,
+    identity: Identity,
+    metrics: Metrics,
+    readiness: Option<Readiness>,
+    telemetry: Option<Telemetry>,
+) -> Result<Worker, StartError> {
+    let options = super::Options::from_config(config);
+    let rules = config.rules()?;
+    let core = |sink| Pipeline {
+        rules: rules.clone(),
+        identity: identity.clone(),
+        metrics: metrics.clone(),
+        sink,
+        redelivery: Redelivery::AT_MOST_ONCE,
+        gen_stream: None,
+        lookup_bound: Duration::ZERO,
+        telemetry: telemetry.clone(),
+    };
+    match config.mode {
+        Mode::Core => {
+            let runner = Runner::new(core(Sink::Core(CoreSink::new(client.clone()))), options);
+            let source = transport::core::subscribe(
+                client,
+                &config.prefill_subjects(),
+                &config.queue_group,
+                runner.limits(),
+            )
+            .await?;
+            Ok(Worker {
+                runner,
+                source: Source::Core(source),
+            })
+        }
+        Mode::Jetstream => {
+            let js_config = &config.jetstream;
+            let js = async_nats::jetstream::new(client.clone());
+            let consumer = open_at_start(&js, config).await?;
+            // The server's ack wait and delivery limit rule, whatever the
+            // config says.
+            let (ack_wait, max_deliver) = (
+                consumer.cached_info().config.ack_wait,
+                consumer.cached_info().config.max_deliver,
+            );
+            let gen_stream = if js_config.gen_is_stream {
+                Some(gen_stream(&js, config).await)
+            } else {
+                None
+            };
+            let sink = Sink::JetStream(Box::new(Publisher {
+                client: client.clone(),
+                js: js.clone(),
+                confirmer: Confirmer::new(client.clone()),
+            }));
+            let pipeline = Pipeline {
+                redelivery: Redelivery {
+                    nak_delay: Duration::from_millis(js_config.nak_delay_ms),
+                    max_deliver,
+                },
+                gen_stream,
+                lookup_bound: ack_wait / 2,
+                ..core(sink)
+            };
+            let runner = Runner::new(pipeline, options);
+            let ensure = js_config.create.then(|| {
+                let (js, config) = (js.clone(), config.clone());
+                let ensure: jetstream::consume::Ensure = Arc::new(move || {
+                    let (js, config) = (js.clone(), config.clone());
+                    Box::pin(async move {
+                        setup::ensure(&js, &config)
+                            .await
+                            .map(drop)
+                            .map_err(Into::into)
+                    })
+                });
+                ensure
+            });
+            let on_consuming = readiness.map(|readiness| {
+                let on: jetstream::consume::OnConsuming =
+                    Arc::new(move |consuming| readiness.set_consuming(consuming));
+                on
+            });
+            let puller = Puller {
+                client: client.clone(),
+                js,
+                stream: js_config.prefill_stream.clone(),
+                consumer: js_config.consumer.clone(),
+                batch: js_config.batch,
+                max_payload: config.max_payload_bytes,
+                ack_wait,
+                drain_timeout: options_drain(config),
+                ensure,
+                on_consuming,
+            };
+            tracing::info!(
+                stream = %js_config.prefill_stream,
+                consumer = %js_config.consumer,
+                ack_wait_ms = ack_wait.as_millis() as u64,
+                "consuming from JetStream"
+            );
+            let source = PullSource::start(puller, consumer, runner.limits().clone());
+            Ok(Worker {
+                runner,
+                source: Source::JetStream(source),
+            })
+        }
+    }
+}
+
+/// [`start`], then [`Worker::run`] until `shutdown`; a shutdown during the
+/// start returns an empty report.
+pub async fn serve(
+    client: Client,
+    config: &Config,
+    identity: Identity,
+    metrics: Metrics,
+    readiness: Option<Readiness>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<Report, StartError> {
+    let mut shutdown = std::pin::pin!(shutdown);
+    let worker = tokio::select! {
+        worker = start(&client, config, identity, metrics, readiness, None) => worker?,
+        () = shutdown.as_mut() => return Ok(Report {
+            counts: super::Counts::default(),
+            unfinished: 0,
+            flushed: true,
+        }),
+    };
+    Ok(worker.run(shutdown).await)
+}
+
+/// How long the pull under way may run on after shutdown.
+fn options_drain(config: &Config) -> Duration {
+    Duration::from_secs(config.shutdown_timeout_secs)
+}
+
+/// Opens the consumer (with `jetstream.create`, first creating what is
+/// missing), waiting for a server that does not answer yet. Missing or
+/// incompatible objects fail at once.
+async fn open_at_start(
+    js: &async_nats::jetstream::Context,
+    config: &Config,
+) -> Result<async_nats::jetstream::consumer::PullConsumer, JetStreamError> {
+    let js_config = &config.jetstream;
+    loop {
+        let opened = async {
+            if js_config.create {
+                let report = setup::ensure(js, config).await?;
+                for (object, change) in &report.objects {
+                    if *change != setup::Change::Unchanged {
+                        tracing::info!(%object, %change, "JetStream setup");
+                    }
+                }
+            }
+            let consumer =
+                jetstream::open(js, &js_config.prefill_stream, &js_config.consumer).await?;
+            jetstream::sweep::orphans(js, &js_config.prefill_stream, &js_config.consumer)
+                .await
+                .map_err(
+                    |e| tracing::debug!(error = %e, "work-queue sweep failed; trying again later"),
+                )
+                .ok();
+            Ok::<_, JetStreamError>(consumer)
+        };
+        match opened.await {
+            Ok(consumer) => return Ok(consumer),
+            Err(JetStreamError::Api(e)) => {
+                tracing::warn!(error = %e, "JetStream is not answering yet; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// The GEN stream as the server holds it: its duplicate window, or the
+/// configured one when it cannot be read.
+async fn gen_stream(js: &async_nats::jetstream::Context, config: &Config) -> GenStream {
+    let js_config = &config.jetstream;
+    let window = match js.get_stream(&js_config.gen_stream).await {
+        Ok(mut gen_stream) => gen_stream
+            .info()
+            .await
+            .ok()
+            .map(|i| i.config.duplicate_window),
+        Err(_) => None,
+    };
+    GenStream {
+        name: js_config.gen_stream.clone(),
+        duplicate_window: window
+            .or_else(|| setup::duplicate_window(config).ok())
+            .unwrap_or(Duration::from_secs(js_config.duplicate_window_secs)),
+    }
+}
