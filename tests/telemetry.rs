@@ -101,9 +101,12 @@ fn results_in<'a>(spans: &'a [ReceivedSpan], trace_id: &str) -> Vec<&'a Received
         .collect()
 }
 
-/// The whole contract of issue 14 for one delivery mode.
-async fn each_result_gets_one_span_under_its_trace(mode: &str) {
-    let receiver = OtlpReceiver::start().await;
+/// The whole contract of issue 14 for one delivery mode and OTLP protocol.
+async fn each_result_gets_one_span_under_its_trace(mode: &str, protocol: &str) {
+    let receiver = match protocol {
+        "grpc" => OtlpReceiver::start().await,
+        _ => OtlpReceiver::start_http().await,
+    };
     let nats = Nats::start();
     let etcd = Etcd::start();
     let (worker, _) = spawn_worker(
@@ -112,6 +115,7 @@ async fn each_result_gets_one_span_under_its_trace(mode: &str) {
         &[
             ("HANDOFF_MODE", mode),
             ("HANDOFF_OTEL__ENDPOINT", &receiver.endpoint),
+            ("HANDOFF_OTEL__PROTOCOL", protocol),
             // Roots are sampled too: the result without a traceparent.
             ("HANDOFF_OTEL__SAMPLING_RATIO", "1"),
         ],
@@ -320,12 +324,17 @@ async fn each_result_gets_one_span_under_its_trace(mode: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 3)]
 async fn core_each_result_gets_one_span_under_its_incoming_trace() {
-    each_result_gets_one_span_under_its_trace("core").await;
+    each_result_gets_one_span_under_its_trace("core", "grpc").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 3)]
+async fn core_spans_reach_an_otlp_http_collector_too() {
+    each_result_gets_one_span_under_its_trace("core", "http").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 3)]
 async fn jetstream_each_result_gets_one_span_under_its_incoming_trace() {
-    each_result_gets_one_span_under_its_trace("jetstream").await;
+    each_result_gets_one_span_under_its_trace("jetstream", "grpc").await;
 }
 
 /// The worker's resident memory, from /proc.

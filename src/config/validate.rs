@@ -512,16 +512,13 @@ fn id_epoch(c: &Config) -> Result<(), ConfigError> {
 fn otel(c: &Config) -> Result<(), ConfigError> {
     let o = &c.otel;
     if let Some(endpoint) = &o.endpoint {
-        let lower = endpoint.to_ascii_lowercase();
-        let rest = lower
-            .strip_prefix("http://")
-            .or_else(|| lower.strip_prefix("https://"));
-        if !rest.is_some_and(|r| !r.is_empty() && !r.starts_with('/')) {
+        if !crate::telemetry::is_collector_url(endpoint) {
             return Err(err(
                 "otel.endpoint",
                 format!(
-                    "{:?} is not a collector URL; expected http://host:port or https://host:port \
-                     (e.g. http://127.0.0.1:4317 for OTLP/gRPC, http://127.0.0.1:4318 for OTLP/HTTP)",
+                    "{:?} is not a collector URL; expected http://host:port \
+                     (e.g. http://127.0.0.1:4317 for OTLP/gRPC, http://127.0.0.1:4318 for OTLP/HTTP; \
+                     TLS to the collector is not supported: use a collector agent on the node)",
                     redact_urls(endpoint)
                 ),
             ));

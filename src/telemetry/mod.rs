@@ -21,7 +21,7 @@ mod settings;
 pub mod span;
 
 pub use identity::{IdentityEvent, IdentityEvents};
-pub use settings::{Protocol, Settings, SettingsError};
+pub use settings::{Protocol, Settings, SettingsError, is_collector_url};
 pub use span::{Arrival, ResultSpan};
 
 use crate::config::OtelConfig;

@@ -64,7 +64,7 @@ pub enum SettingsError {
     )]
     Protocol { name: &'static str, value: String },
     #[error(
-        "{name}: not a collector URL; expected http://host:port or https://host:port (or set otel.endpoint)"
+        "{name}: not a collector URL; expected http://host:port (TLS to the collector is not supported: use a collector agent on the node), or set otel.endpoint"
     )]
     Endpoint { name: &'static str },
 }
@@ -105,7 +105,7 @@ impl Settings {
             },
         };
         let endpoint = endpoint.trim().to_string();
-        if !is_url(&endpoint) {
+        if !is_collector_url(&endpoint) {
             return Err(SettingsError::Endpoint { name });
         }
         let endpoint = match protocol {
@@ -122,12 +122,14 @@ impl Settings {
     }
 }
 
-fn is_url(text: &str) -> bool {
-    let lower = text.to_ascii_lowercase();
+/// `http://host[:port][/path]`. Not `https://`: the exporter is built
+/// without TLS (the usual deployment sends to a collector agent on the
+/// node), and a URL it cannot use is better refused at start.
+pub fn is_collector_url(text: &str) -> bool {
+    let lower = text.trim().to_ascii_lowercase();
     lower
         .strip_prefix("http://")
-        .or_else(|| lower.strip_prefix("https://"))
-        .is_some_and(|rest| !rest.is_empty() && !rest.starts_with('/'))
+        .is_some_and(|rest| !rest.is_empty() && !rest.starts_with('/') && !rest.contains(' '))
 }
 
 /// `http://c:4318` → `http://c:4318/v1/traces`; a URL that has a path of its
@@ -279,7 +281,18 @@ mod tests {
                 value: "http/json".into()
             })
         );
-        let bad_url = Settings::resolve(&config(None, None), env(&[(ENV_ENDPOINT, "c:4317")]));
-        assert_eq!(bad_url, Err(SettingsError::Endpoint { name: ENV_ENDPOINT }));
+        for url in ["c:4317", "https://c:4317", "http://"] {
+            let pairs: &'static [(&'static str, &'static str)] = match url {
+                "c:4317" => &[(ENV_ENDPOINT, "c:4317")],
+                "https://c:4317" => &[(ENV_ENDPOINT, "https://c:4317")],
+                _ => &[(ENV_ENDPOINT, "http://")],
+            };
+            let bad_url = Settings::resolve(&config(None, None), env(pairs));
+            assert_eq!(
+                bad_url,
+                Err(SettingsError::Endpoint { name: ENV_ENDPOINT }),
+                "{url}"
+            );
+        }
     }
 }

@@ -1,7 +1,9 @@
-//! A real OTLP/gRPC trace receiver on a free loopback port: the collector's
-//! own service (`opentelemetry.proto.collector.trace.v1.TraceService`, built
-//! from the `opentelemetry-proto` definitions), recording every span it is
-//! sent. And a collector that accepts connections and never answers.
+//! A real OTLP trace receiver on a free loopback port, recording every span
+//! it is sent: over gRPC the collector's own service
+//! (`opentelemetry.proto.collector.trace.v1.TraceService`, built from the
+//! `opentelemetry-proto` definitions), over HTTP `POST /v1/traces` with the
+//! same protobuf body. And a collector that accepts connections and never
+//! answers.
 
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
@@ -64,8 +66,17 @@ impl TraceService for Sink {
         &self,
         request: tonic::Request<ExportTraceServiceRequest>,
     ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        self.record(request.into_inner());
+        Ok(tonic::Response::new(ExportTraceServiceResponse {
+            partial_success: None,
+        }))
+    }
+}
+
+impl Sink {
+    fn record(&self, request: ExportTraceServiceRequest) {
         let mut got = Vec::new();
-        for resource_spans in request.into_inner().resource_spans {
+        for resource_spans in request.resource_spans {
             let service = resource_spans
                 .resource
                 .iter()
@@ -103,9 +114,54 @@ impl TraceService for Sink {
             }
         }
         self.0.lock().unwrap().extend(got);
-        Ok(tonic::Response::new(ExportTraceServiceResponse {
-            partial_success: None,
-        }))
+    }
+}
+
+/// One OTLP/HTTP connection: requests with a `Content-Length` body, each a
+/// protobuf `ExportTraceServiceRequest`, answered 200 with an empty
+/// protobuf `ExportTraceServiceResponse`.
+async fn serve_http(mut stream: tokio::net::TcpStream, sink: Sink) {
+    use prost::Message as _;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut buffer: Vec<u8> = Vec::new();
+    loop {
+        let head_end = loop {
+            if let Some(i) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            let mut chunk = [0u8; 8192];
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buffer.extend_from_slice(&chunk[..n]),
+            }
+        };
+        let head = String::from_utf8_lossy(&buffer[..head_end]).to_ascii_lowercase();
+        let length: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        while buffer.len() < head_end + length {
+            let mut chunk = [0u8; 8192];
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buffer.extend_from_slice(&chunk[..n]),
+            }
+        }
+        let body: Vec<u8> = buffer.drain(..head_end + length).skip(head_end).collect();
+        let status = match ExportTraceServiceRequest::decode(body.as_slice()) {
+            Ok(request) if head.starts_with("post /v1/traces ") => {
+                sink.record(request);
+                "200 OK"
+            }
+            _ => "400 Bad Request",
+        };
+        let reply = format!(
+            "HTTP/1.1 {status}\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n"
+        );
+        if stream.write_all(reply.as_bytes()).await.is_err() {
+            return;
+        }
     }
 }
 
@@ -135,6 +191,27 @@ impl OtlpReceiver {
                 .add_service(TraceServiceServer::new(sink))
                 .serve_with_incoming(incoming)
                 .await;
+        });
+        OtlpReceiver {
+            endpoint: format!("http://127.0.0.1:{port}"),
+            spans,
+            task,
+        }
+    }
+
+    /// The same receiver over OTLP/HTTP (protobuf): `endpoint` is its base
+    /// URL, to which `/v1/traces` is added.
+    pub async fn start_http() -> OtlpReceiver {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind a loopback port for the OTLP/HTTP receiver");
+        let port = listener.local_addr().expect("local addr").port();
+        let sink = Sink::default();
+        let spans = Arc::clone(&sink.0);
+        let task = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                tokio::spawn(serve_http(stream, sink.clone()));
+            }
         });
         OtlpReceiver {
             endpoint: format!("http://127.0.0.1:{port}"),

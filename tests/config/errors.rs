@@ -45,6 +45,7 @@ const BAD: &[&str] = &[
     // Values of the right type that cannot work.
     r#"env | HANDOFF_OTEL__ENDPOINT=collector:4317 | otel.endpoint ; http://host:port"#,
     r#"env | HANDOFF_OTEL__ENDPOINT=ftp://u:secret@c:4317 | otel.endpoint ; http://host:port | secret"#,
+    r#"env | HANDOFF_OTEL__ENDPOINT=https://c:4317 | otel.endpoint ; TLS to the collector is not supported"#,
     r#"env | HANDOFF_OTEL__PROTOCOL=http/json | otel.protocol ; "grpc", "http""#,
     r#"env | HANDOFF_OTEL__SAMPLING_RATIO=1.5 | otel.sampling_ratio ; from 0"#,
     r#"env | HANDOFF_OTEL__SAMPLING_RATIO=-0.1 | otel.sampling_ratio ; from 0"#,
