@@ -511,18 +511,18 @@ fn id_epoch(c: &Config) -> Result<(), ConfigError> {
 /// `otel.*`: a URL the exporter can use, a known protocol, a ratio, bounds.
 fn otel(c: &Config) -> Result<(), ConfigError> {
     let o = &c.otel;
-    if let Some(endpoint) = &o.endpoint {
-        if !crate::telemetry::is_collector_url(endpoint) {
-            return Err(err(
-                "otel.endpoint",
-                format!(
-                    "{:?} is not a collector URL; expected http://host:port \
+    if let Some(endpoint) = &o.endpoint
+        && !crate::telemetry::is_collector_url(endpoint)
+    {
+        return Err(err(
+            "otel.endpoint",
+            format!(
+                "{:?} is not a collector URL; expected http://host:port \
                      (e.g. http://127.0.0.1:4317 for OTLP/gRPC, http://127.0.0.1:4318 for OTLP/HTTP; \
                      TLS to the collector is not supported: use a collector agent on the node)",
-                    redact_urls(endpoint)
-                ),
-            ));
-        }
+                redact_urls(endpoint)
+            ),
+        ));
     }
     if let Some(protocol) = &o.protocol
         && crate::telemetry::Protocol::parse(protocol).is_none()
