@@ -7,17 +7,26 @@
 //!
 //! # Layout
 //!
-//! The data's path is subscribe → decode → decide → publish → ack:
+//! In the data's path, subscribe → decode → decide → publish → settle:
 //!
+//! - [`transport`]: how results arrive and outputs leave: a source of
+//!   deliveries (core NATS queue group, JetStream pull consumer) and a sink
+//!   (enqueued, or confirmed by the server). Knows NATS, not the contract.
+//! - [`pipeline`]: one delivery from either transport through decode →
+//!   decide → publish → settle, and the runner that bounds in-flight work
+//!   and drains on shutdown.
 //! - [`wire`]: MessagePack and JSON codecs over value trees that keep unknown
 //!   fields, and the output messages.
 //! - [`decision`]: the pure core: one prefill result in, one outcome out;
 //!   error and dead-letter codes; the reply-subject allowlist.
 //! - [`ids`]: the rc21/rc22 request-ID layouts and the never-repeating generator.
 //! - [`identity`]: the etcd lease, the exclusive machine-ID slot, fencing and
-//!   recovery.
-//! - [`transport`]: core NATS (queue group) and JetStream (durable pull consumer).
-//! - [`worker`]: the loop that ties a transport, the decision and the identity.
+//!   recovery (the [`decision`]'s ID source).
+//!
+//! Around it:
+//!
+//! - [`connect`]: the one NATS connection, from `nats.*`.
+//! - [`setup`]: the JetStream streams and consumer, created or checked.
 //! - [`id_service`]: the ID mint service: request IDs over NATS request/reply.
 //! - [`config`]: TOML file, `HANDOFF_*` environment and flags.
 //! - [`security`]: TLS files and NKey seeds for NATS and etcd, checked at start.
@@ -29,6 +38,7 @@
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod connect;
 pub mod decision;
 pub mod id_service;
 pub mod identity;

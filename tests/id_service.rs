@@ -241,6 +241,26 @@ async fn a_json_request_gets_a_json_answer() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lowercase_content_type_is_read_like_any_other_spelling() {
+    // The ID service reads headers through the same case-insensitive lookup
+    // as the pipeline: `content-type` as some clients write it names JSON too.
+    let nats = Nats::start();
+    start(&nats, fixed(701)).await;
+    let client = connect(&nats).await;
+    for spelling in ["content-type", "CONTENT-TYPE"] {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(spelling, "application/json");
+        let answer = client
+            .request_with_headers(IDS, headers, br#"{"count": 3}"#.to_vec().into())
+            .await
+            .expect("the ID service answers");
+        let value: Value = serde_json::from_slice(&answer.payload)
+            .unwrap_or_else(|e| panic!("{spelling}: a JSON answer: {e}"));
+        assert_eq!(value["ids"].as_array().map(Vec::len), Some(3), "{spelling}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_that_cannot_be_answered_are_counted_and_never_published() {
     let nats = Nats::start();
     let metrics = start(&nats, fixed(4)).await;

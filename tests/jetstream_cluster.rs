@@ -80,7 +80,7 @@ async fn connect_cluster(cluster: &NatsCluster) -> async_nats::Client {
     async_nats::ConnectOptions::new()
         .retry_on_initial_connect()
         .connect(
-            prefill_handoff::transport::connect::parse_url(&cluster.urls())
+            prefill_handoff::connect::parse_url(&cluster.urls())
                 .expect("server URLs")
                 .addrs,
         )

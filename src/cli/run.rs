@@ -11,7 +11,6 @@ use crate::metrics::{self, Metrics, Readiness};
 use crate::pipeline::serve::{StartError, Worker};
 use crate::pipeline::shutdown::Signals;
 use crate::telemetry::{Telemetry, TelemetryError};
-use crate::transport;
 use anyhow::Context;
 use std::future::Future;
 use std::sync::Arc;
@@ -213,7 +212,7 @@ async fn start(
         },
     )
     .await?;
-    let client = transport::connect(&config.nats, metrics.clone(), readiness.clone()).await?;
+    let client = crate::connect::connect(&config.nats, metrics.clone(), readiness.clone()).await?;
     let id_service = id_service::serve(
         client.clone(),
         id_service,

@@ -4,8 +4,8 @@
 
 use super::ConfigArgs;
 use crate::config::Config;
+use crate::connect::auth_options;
 use crate::setup::{self, JetStreamError};
-use crate::transport::connect::auth_options;
 use std::time::Duration;
 
 pub fn run(args: ConfigArgs) -> anyhow::Result<()> {

@@ -165,7 +165,7 @@ async fn connect(
     let progress = progress.clone();
     let servers = crate::config::nats_url::parse(&opts.nats_url)
         .map_err(|e| LoadgenError::Nats(e.to_string()))?;
-    let options = crate::transport::connect::auth_options(
+    let options = crate::connect::auth_options(
         async_nats::ConnectOptions::new(),
         &opts.nats,
         servers.credentials,

@@ -42,22 +42,15 @@ pub enum NakReason {
     IdentityUnavailable,
     /// The output could not be published (or stored in the GEN stream).
     PublishFailed,
-    /// The worker is shutting down before the message was handled.
-    Shutdown,
 }
 
 impl NakReason {
-    pub const ALL: [NakReason; 3] = [
-        NakReason::IdentityUnavailable,
-        NakReason::PublishFailed,
-        NakReason::Shutdown,
-    ];
+    pub const ALL: [NakReason; 2] = [NakReason::IdentityUnavailable, NakReason::PublishFailed];
 
     pub fn as_str(self) -> &'static str {
         match self {
             NakReason::IdentityUnavailable => "identity_unavailable",
             NakReason::PublishFailed => "publish_failed",
-            NakReason::Shutdown => "shutdown",
         }
     }
 }

@@ -242,7 +242,6 @@ fn events_off_the_hot_path() {
             "handoff_jetstream_naks_total{reason=\"publish_failed\"}",
             1.0,
         ),
-        ("handoff_jetstream_naks_total{reason=\"shutdown\"}", 0.0),
         ("handoff_jetstream_redeliveries_total", 1.0),
         ("handoff_id_requests_total{result=\"ok\"}", 1.0),
         ("handoff_id_requests_total{result=\"no_reply\"}", 1.0),

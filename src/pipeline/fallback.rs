@@ -1,7 +1,7 @@
 //! The dead letters that stand in for an output that cannot go out, so a
 //! result still gets its one output.
 
-use super::{Handled, Pipeline, fallback_code, headers};
+use super::{Handled, Pipeline, headers};
 use crate::decision::{self, DeadLetterCode, Decision, Outcome, TraceHeaders};
 use crate::metrics::RateLimitedLog;
 use crate::transport::{Delivery, PublishError, Target};
@@ -17,9 +17,9 @@ impl Pipeline {
         delivery: &Delivery,
         trace: &TraceHeaders,
         decision: &Decision,
+        code: DeadLetterCode,
         error: &PublishError,
-    ) -> Result<DeadLetterCode, PublishError> {
-        let code = fallback_code(error);
+    ) -> Result<(), PublishError> {
         tracing::warn!(
             kind = decision.outcome.kind(),
             request_id = decision.request_id.as_deref(),
@@ -50,7 +50,7 @@ impl Pipeline {
             }
             other => other?,
         }
-        Ok(code)
+        Ok(())
     }
 
     async fn dead_letter(

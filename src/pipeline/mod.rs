@@ -1,6 +1,6 @@
 //! The pipeline: one delivery, from either transport, through
 //! decode → decide → publish → settle. Both delivery modes run this one path;
-//! what differs between them is in the [`transport`](crate::transport)
+//! what differs between them is in [`crate::transport`]
 //! (how a delivery is settled, how an output is confirmed).
 //!
 //! - here: [`Pipeline::handle`], where a delivery starts and ends.
@@ -96,8 +96,10 @@ impl Pipeline {
     /// Takes one delivery to its end: decided, its one output published,
     /// settled. Never panics on the message's content.
     ///
-    /// Its span starts here, at delivery, and ends after settling; the
-    /// output's `traceparent` names it, and log lines inside carry its IDs.
+    /// The one place a delivery starts and ends, in both modes: its trace
+    /// span (`crate::telemetry`) starts here, at delivery, and ends after
+    /// settling; the output's `traceparent` names it, and log lines inside
+    /// carry its IDs.
     pub async fn handle(&self, delivery: Delivery) -> Handled {
         let mut trace = headers::trace_headers(delivery.headers.as_ref());
         let arrival = Arrival {
@@ -175,21 +177,21 @@ impl Pipeline {
                 span.published(&decision.outcome, &decision.subject, output_size);
                 (decision.outcome.clone(), done)
             }
-            Err(e @ (PublishError::TooLarge(_) | PublishError::InvalidSubject { .. })) => {
-                match self
-                    .dead_letter_instead(&delivery, &trace, &decision, &e)
+            Err(e) => match fallback_code(&e) {
+                Some(code) => match self
+                    .dead_letter_instead(&delivery, &trace, &decision, code, &e)
                     .await
                 {
-                    Ok(code) => {
+                    Ok(()) => {
                         let outcome = Outcome::DeadLetter { code };
                         let subject = &self.rules.dead_letter_subject;
                         span.published(&outcome, subject, delivery.payload.len());
                         (outcome, Settle::Term)
                     }
                     Err(e) => return self.failed(&delivery, &decision, e, span).await,
-                }
-            }
-            Err(e) => return self.failed(&delivery, &decision, e, span).await,
+                },
+                None => return self.failed(&delivery, &decision, e, span).await,
+            },
         };
 
         self.metrics.record(
@@ -304,11 +306,13 @@ fn settled(span: &mut ResultSpan, delivery: &Delivery, settle: Settle) {
     }
 }
 
-/// The dead-letter code that stands in for an output that can never be
-/// published.
-fn fallback_code(e: &PublishError) -> DeadLetterCode {
+/// The dead letter that stands in for an output that can never be
+/// published; `None` when a later try may succeed. Both modes dead-letter
+/// an invalid reply subject (core mode used to publish nothing for it).
+fn fallback_code(e: &PublishError) -> Option<DeadLetterCode> {
     match e {
-        PublishError::InvalidSubject { .. } => DeadLetterCode::ReplyToNotAllowed,
-        PublishError::TooLarge(_) | PublishError::Failed { .. } => DeadLetterCode::TooLarge,
+        PublishError::TooLarge(_) => Some(DeadLetterCode::TooLarge),
+        PublishError::InvalidSubject { .. } => Some(DeadLetterCode::ReplyToNotAllowed),
+        PublishError::Failed { .. } => None,
     }
 }

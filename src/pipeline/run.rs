@@ -11,7 +11,7 @@
 //! Deliveries are handled in spawned tasks, so decisions run on every
 //! runtime thread (handling all results inside the loop's task measured
 //! ~20% slower on two cores). A task takes every delivery already waiting,
-//! up to [`BATCH`], so a burst does not pay one spawn per result; they run
+//! up to `BATCH`, so a burst does not pay one spawn per result; they run
 //! concurrently inside it, so a slow confirmation holds up none of the others.
 
 use super::{Pipeline, Stats};
@@ -104,35 +104,44 @@ impl Runner {
         let mut drain_deadline = std::pin::pin!(drain_deadline);
         let mut deadline: Option<Instant> = None;
 
+        // Taken from the source while no slot was free: first in the next batch.
+        let mut carried: Option<Admitted> = None;
         loop {
             while tasks.try_join_next().is_some() {}
-            let draining = deadline.is_some();
-            let next = tokio::select! {
-                biased;
-                () = &mut shutdown, if !draining => {
-                    let until = begin_drain(&mut source, timeout).await;
-                    drain_deadline.as_mut().reset(until);
-                    deadline = Some(until);
-                    continue;
-                }
-                () = &mut drain_deadline, if draining => break,
-                next = source.next() => next,
-            };
-            let Some(admission) = next else {
-                if draining {
-                    tracing::info!(
-                        "shutdown: the source is drained; every accepted result is taken"
-                    );
-                } else {
-                    tracing::warn!("the transport closed; finishing the results already taken");
-                }
-                break;
-            };
-            let first = match admission {
-                Admission::Admitted(admitted) => admitted,
-                Admission::OverBudget { delivery, bytes } => {
-                    self.refuse(delivery, bytes).await;
-                    continue;
+            let first = match carried.take() {
+                Some(admitted) => admitted,
+                None => {
+                    let draining = deadline.is_some();
+                    let next = tokio::select! {
+                        biased;
+                        () = &mut shutdown, if !draining => {
+                            let until = begin_drain(&mut source, timeout).await;
+                            drain_deadline.as_mut().reset(until);
+                            deadline = Some(until);
+                            continue;
+                        }
+                        () = &mut drain_deadline, if draining => break,
+                        next = source.next() => next,
+                    };
+                    match next {
+                        Some(Admission::Admitted(admitted)) => admitted,
+                        Some(Admission::OverBudget { delivery, bytes }) => {
+                            self.refuse(delivery, bytes).await;
+                            continue;
+                        }
+                        None => {
+                            if draining {
+                                tracing::info!(
+                                    "shutdown: the source is drained; every accepted result is taken"
+                                );
+                            } else {
+                                tracing::warn!(
+                                    "the transport closed; finishing the results already taken"
+                                );
+                            }
+                            break;
+                        }
+                    }
                 }
             };
             // Its processing slot, if the source did not take one.
@@ -156,19 +165,27 @@ impl Runner {
                 Some(slot)
             };
             let mut batch = vec![with_slot(first, slot)];
+            // Whatever the source already holds joins the batch, as long as
+            // there are slots for it.
             while batch.len() < BATCH {
-                let Ok(slot) = Arc::clone(&self.limits.slots).try_acquire_owned() else {
-                    break;
-                };
-                match source.ready() {
-                    Some(Admission::Admitted(admitted)) => {
-                        batch.push(with_slot(admitted, Some(slot)));
-                    }
+                let admitted = match source.ready() {
+                    Some(Admission::Admitted(admitted)) => admitted,
                     Some(Admission::OverBudget { delivery, bytes }) => {
-                        drop(slot);
                         self.refuse(delivery, bytes).await;
+                        continue;
                     }
                     None => break,
+                };
+                if admitted.slot.is_some() {
+                    batch.push(admitted);
+                    continue;
+                }
+                match Arc::clone(&self.limits.slots).try_acquire_owned() {
+                    Ok(slot) => batch.push(with_slot(admitted, Some(slot))),
+                    Err(_) => {
+                        carried = Some(admitted);
+                        break;
+                    }
                 }
             }
             self.stats.received(batch.len());

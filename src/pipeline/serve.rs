@@ -9,9 +9,7 @@ use crate::identity::Identity;
 use crate::metrics::{Metrics, Readiness};
 use crate::setup::{self, JetStreamError};
 use crate::telemetry::Telemetry;
-use crate::transport::jetstream::{
-    self, PullSource, Puller, confirm::Confirmer, publish::Publisher,
-};
+use crate::transport::jetstream::{self, Puller, confirm::Confirmer, publish::Publisher};
 use crate::transport::{self, CoreSink, Sink, Source, TransportError};
 use async_nats::Client;
 use std::future::Future;
@@ -74,7 +72,8 @@ pub async fn start(
 ) -> Result<Worker, StartError> {
     let options = super::Options::from_config(config);
     let rules = config.rules()?;
-    let core = |sink| Pipeline {
+    // The at-most-once pipeline; durable mode sets its redelivery and GEN.
+    let pipeline = |sink| Pipeline {
         rules: rules.clone(),
         identity: identity.clone(),
         metrics: metrics.clone(),
@@ -86,7 +85,8 @@ pub async fn start(
     };
     match config.mode {
         Mode::Core => {
-            let runner = Runner::new(core(Sink::Core(CoreSink::new(client.clone()))), options);
+            let sink = Sink::Core(CoreSink::new(client.clone()));
+            let runner = Runner::new(pipeline(sink), options);
             let source = transport::core::subscribe(
                 client,
                 &config.prefill_subjects(),
@@ -94,10 +94,7 @@ pub async fn start(
                 runner.limits(),
             )
             .await?;
-            Ok(Worker {
-                runner,
-                source: Source::Core(source),
-            })
+            Ok(Worker { runner, source })
         }
         Mode::Jetstream => {
             let js_config = &config.jetstream;
@@ -119,16 +116,17 @@ pub async fn start(
                 js: js.clone(),
                 confirmer: Confirmer::new(client.clone()),
             }));
-            let pipeline = Pipeline {
+            let durable = Pipeline {
                 redelivery: Redelivery {
                     nak_delay: Duration::from_millis(js_config.nak_delay_ms),
                     max_deliver,
                 },
                 gen_stream,
                 lookup_bound: ack_wait / 2,
-                ..core(sink)
+                ..pipeline(sink)
             };
-            let runner = Runner::new(pipeline, options);
+            let drain_timeout = options.shutdown_timeout;
+            let runner = Runner::new(durable, options);
             let ensure = js_config.create.then(|| {
                 let (js, config) = (js.clone(), config.clone());
                 let ensure: jetstream::consume::Ensure = Arc::new(move || {
@@ -155,7 +153,7 @@ pub async fn start(
                 batch: js_config.batch,
                 max_payload: config.max_payload_bytes,
                 ack_wait,
-                drain_timeout: options_drain(config),
+                drain_timeout,
                 ensure,
                 on_consuming,
             };
@@ -165,11 +163,8 @@ pub async fn start(
                 ack_wait_ms = ack_wait.as_millis() as u64,
                 "consuming from JetStream"
             );
-            let source = PullSource::start(puller, consumer, runner.limits().clone());
-            Ok(Worker {
-                runner,
-                source: Source::JetStream(source),
-            })
+            let source = jetstream::start(puller, consumer, runner.limits().clone());
+            Ok(Worker { runner, source })
         }
     }
 }
@@ -194,11 +189,6 @@ pub async fn serve(
         }),
     };
     Ok(worker.run(shutdown).await)
-}
-
-/// How long the pull under way may run on after shutdown.
-fn options_drain(config: &Config) -> Duration {
-    Duration::from_secs(config.shutdown_timeout_secs)
 }
 
 /// Opens the consumer (with `jetstream.create`, first creating what is

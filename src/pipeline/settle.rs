@@ -164,6 +164,22 @@ mod tests {
             (unavailable.clone(), 9, R, Plan::Publish(Settle::Ack)),
             // No delivery limit: retry forever, the delay capped.
             (unavailable.clone(), 50, UNLIMITED, Plan::Retry(ms(3200))),
+            // At most once (core NATS): no second delivery to wait for, so
+            // the error is the answer, and a dead letter is still terminal.
+            (
+                unavailable.clone(),
+                1,
+                Redelivery::AT_MOST_ONCE,
+                Plan::Publish(Settle::Ack),
+            ),
+            (
+                Outcome::DeadLetter {
+                    code: DeadLetterCode::Malformed,
+                },
+                1,
+                Redelivery::AT_MOST_ONCE,
+                Plan::Publish(Settle::Term),
+            ),
         ];
         for (i, (outcome, delivered, redelivery, expected)) in rows.iter().enumerate() {
             assert_eq!(

@@ -3,14 +3,13 @@
 //! message published while no worker listens is lost, and so is one a worker
 //! holds when it dies.
 
-use super::core_intake::CoreSource;
-use super::{Attempt, Delivery, Limits, Settler, TransportError};
+use super::{Attempt, Delivery, Limits, Settler, Source, TransportError};
 use async_nats::{Client, Subscriber};
 use futures::StreamExt;
 use futures::stream::SelectAll;
 use std::time::Instant;
 
-/// The queue subscriptions, read by the intake ([`CoreSource`]).
+/// The queue subscriptions, read by the intake (`core_intake.rs`).
 pub(super) struct Subscriptions {
     client: Client,
     subscriptions: SelectAll<Subscriber>,
@@ -23,9 +22,15 @@ pub async fn subscribe(
     subjects: &[String],
     queue_group: &str,
     limits: &Limits,
-) -> Result<CoreSource, TransportError> {
+) -> Result<Source, TransportError> {
     let subscriptions = Subscriptions::subscribe(client, subjects, queue_group).await?;
-    Ok(CoreSource::start(subscriptions, limits.budget.clone()))
+    let (source, feed) = Source::new();
+    tokio::spawn(super::core_intake::run(
+        subscriptions,
+        limits.budget.clone(),
+        feed,
+    ));
+    Ok(source)
 }
 
 impl Subscriptions {

@@ -1,6 +1,6 @@
-//! The core source's intake: takes every result off the subscriptions as soon as it arrives and
-//! holds its bytes in the worker's byte budget (`max_in_flight_bytes`), or
-//! refuses it when the budget is spent.
+//! The core source's intake: takes every result off the subscriptions as
+//! soon as it arrives and holds its bytes in the worker's byte budget
+//! (`max_in_flight_bytes`), or refuses it when the budget is spent.
 //!
 //! Reading is not gated on free in-flight slots: a result waiting for a slot
 //! waits here, in bytes the budget counts, not in the NATS client's
@@ -15,60 +15,14 @@
 
 use super::budget::ByteBudget;
 use super::core::Subscriptions;
-use super::{Admission, Admitted};
+use super::{Admission, Admitted, Feed};
 use bytes::Bytes;
 use futures::future::OptionFuture;
-use tokio::sync::{mpsc, oneshot};
 
-/// Results from core NATS, each holding its bytes in the budget.
-pub struct CoreSource {
-    admitted: mpsc::UnboundedReceiver<Admission>,
-    drain: Option<oneshot::Sender<oneshot::Sender<()>>>,
-}
-
-impl CoreSource {
-    /// Starts taking results from `subscriptions`.
-    pub(super) fn start(subscriptions: Subscriptions, budget: ByteBudget) -> CoreSource {
-        // Unbounded in count; bounded in bytes by the budget each result holds.
-        let (tx, admitted) = mpsc::unbounded_channel();
-        let (drain, drain_rx) = oneshot::channel();
-        tokio::spawn(run(subscriptions, budget, tx, drain_rx));
-        CoreSource {
-            admitted,
-            drain: Some(drain),
-        }
-    }
-
-    /// The next result taken; `None` once the subscriptions are drained or
-    /// closed and every result taken is out. Cancel-safe.
-    pub async fn next(&mut self) -> Option<Admission> {
-        self.admitted.recv().await
-    }
-
-    /// A result already taken, if any; never waits.
-    pub fn ready(&mut self) -> Option<Admission> {
-        self.admitted.try_recv().ok()
-    }
-
-    /// Stops taking new input (see `Subscriptions::drain`); returns once
-    /// the subscriptions accepted the drain.
-    pub async fn drain(&mut self) {
-        let Some(drain) = self.drain.take() else {
-            return;
-        };
-        let (done, accepted) = oneshot::channel();
-        if drain.send(done).is_ok() {
-            let _ = accepted.await;
-        }
-    }
-}
-
-async fn run(
-    mut subscriptions: Subscriptions,
-    budget: ByteBudget,
-    admitted: mpsc::UnboundedSender<Admission>,
-    drain: oneshot::Receiver<oneshot::Sender<()>>,
-) {
+/// Takes results from `subscriptions` until they are drained or closed.
+pub(super) async fn run(subscriptions: Subscriptions, budget: ByteBudget, feed: Feed) {
+    let Feed { admitted, drain } = feed;
+    let mut subscriptions = subscriptions;
     let mut drain = Some(drain);
     loop {
         let next = tokio::select! {

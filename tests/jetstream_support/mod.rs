@@ -60,7 +60,7 @@ impl LibWorker {
         let client = async_nats::ConnectOptions::new()
             .retry_on_initial_connect()
             .connect(
-                prefill_handoff::transport::connect::parse_url(&config.nats.url)
+                prefill_handoff::connect::parse_url(&config.nats.url)
                     .expect("nats.url lists server URLs")
                     .addrs,
             )

@@ -14,7 +14,6 @@ use prefill_handoff::ids::{DEFAULT_EPOCH_UNIX_MS, IdLayout, MachineId};
 use prefill_handoff::metrics::{Metrics, Readiness};
 use prefill_handoff::pipeline::serve;
 use prefill_handoff::pipeline::{Report, Stats};
-use prefill_handoff::transport;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
@@ -54,7 +53,7 @@ impl InProcess {
     pub async fn start(config: &Config, identity: Identity) -> InProcess {
         init_logging();
         let readiness = Readiness::new(identity.watch());
-        let client = transport::connect(&config.nats, Metrics::new(), readiness)
+        let client = prefill_handoff::connect::connect(&config.nats, Metrics::new(), readiness)
             .await
             .expect("connect");
         let metrics = Metrics::new();

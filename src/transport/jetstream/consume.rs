@@ -9,7 +9,7 @@
 //! wait to run out.
 
 use super::OpenError;
-use crate::transport::{Admission, Admitted, Attempt, Delivery, Limits, Settler};
+use crate::transport::{Admission, Admitted, Attempt, Delivery, Feed, Limits, Settler, Source};
 use async_nats::Client;
 use async_nats::jetstream::{self, consumer::PullConsumer, context::ConsumerInfoErrorKind};
 use futures::StreamExt;
@@ -18,7 +18,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 /// How long one pull waits on the server for messages. Only idle workers
@@ -108,45 +108,20 @@ pub async fn open(
         .map_err(|e| OpenError::Api(format!("opening consumer {consumer}: {e}")))
 }
 
-/// Deliveries pulled from the durable consumer, each admitted within the
-/// in-flight limits.
-pub struct PullSource {
-    admitted: mpsc::UnboundedReceiver<Admission>,
-    drain: Option<oneshot::Sender<()>>,
-}
-
-impl PullSource {
-    /// Starts pulling from `consumer` (already opened).
-    pub fn start(puller: Puller, consumer: PullConsumer, limits: Limits) -> PullSource {
-        let (tx, admitted) = mpsc::unbounded_channel();
-        let (drain, drained) = oneshot::channel();
-        let shutdown = async {
-            let _ = drained.await;
-        };
-        tokio::spawn(async move { puller.run(consumer, limits, tx, shutdown).await });
-        PullSource {
-            admitted,
-            drain: Some(drain),
+/// Starts pulling from `consumer` (already opened): deliveries pulled from
+/// the durable consumer, each admitted within the in-flight limits. A drain
+/// stops new pulls; the pull under way is finished (within the drain timeout).
+pub fn start(puller: Puller, consumer: PullConsumer, limits: Limits) -> Source {
+    let (source, feed) = Source::new();
+    let Feed { admitted, drain } = feed;
+    let shutdown = async {
+        if let Ok(done) = drain.await {
+            // Accepted at once: the loop sends no new pull from here on.
+            let _ = done.send(());
         }
-    }
-
-    /// The next delivery pulled; `None` once the pull loop ended and every
-    /// delivery is handed on. Cancel-safe.
-    pub async fn next(&mut self) -> Option<Admission> {
-        self.admitted.recv().await
-    }
-
-    /// A delivery already pulled, if any; never waits.
-    pub fn ready(&mut self) -> Option<Admission> {
-        self.admitted.try_recv().ok()
-    }
-
-    /// No new pulls; the pull under way is finished (within the drain timeout).
-    pub async fn drain(&mut self) {
-        if let Some(drain) = self.drain.take() {
-            let _ = drain.send(());
-        }
-    }
+    };
+    tokio::spawn(async move { puller.run(consumer, limits, admitted, shutdown).await });
+    source
 }
 
 impl Puller {

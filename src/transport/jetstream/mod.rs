@@ -22,7 +22,7 @@ pub mod consume;
 pub mod publish;
 pub mod sweep;
 
-pub use consume::{PullSource, Puller, open};
+pub use consume::{Puller, open, start};
 
 use super::Settle;
 use async_nats::jetstream::{AckKind, message::Acker};

@@ -10,12 +10,33 @@
 //! ([`crate::config::nats_url`]): the addresses async-nats gets, and logs,
 //! hold none, and every URL this module shows is redacted.
 
-use super::TransportError;
 use crate::config::{NatsConfig, nats_url, redact_urls};
 use crate::metrics::{self, Metrics, Readiness};
 use crate::security::{self, Section, TlsFiles, pem::Material};
 use async_nats::{Client, ConnectOptions, ServerAddr};
 use std::time::Duration;
+
+/// Why the NATS connection could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// `nats.url` cannot be used (the message names the key).
+    #[error(transparent)]
+    Url(crate::config::ConfigError),
+    #[error("nats.user and nats.password must be set together")]
+    HalfUserPassword,
+    #[error("nats.credentials_file {path:?} cannot be used: {reason}")]
+    Credentials { path: String, reason: String },
+    #[error("cannot connect to NATS at {url}: {reason}")]
+    Connect { url: String, reason: String },
+    #[error(
+        "cannot connect to NATS at {url}: no server answered within {secs} s (nats.connect_timeout_secs); check that nats-server runs there and is reachable"
+    )]
+    Unreachable { url: String, secs: u64 },
+    #[error("TLS to NATS at {url} failed: {reason}")]
+    Tls { url: String, reason: String },
+    #[error(transparent)]
+    Security(#[from] crate::security::SecurityError),
+}
 
 /// Connects to the servers in `config.url` with the configured auth and client
 /// name. Returns once connected, or fails after `config.connect_timeout_secs`.
@@ -23,7 +44,7 @@ pub async fn connect(
     config: &NatsConfig,
     metrics: Metrics,
     readiness: Readiness,
-) -> Result<Client, TransportError> {
+) -> Result<Client, ConnectError> {
     let servers = parse_url(&config.url)?;
     let mut options = ConnectOptions::new()
         .name(&config.name)
@@ -37,7 +58,7 @@ pub async fn connect(
     let client = options
         .connect(servers.addrs)
         .await
-        .map_err(|e| TransportError::Connect {
+        .map_err(|e| ConnectError::Connect {
             url: shown.clone(),
             reason: e.to_string(),
         })?;
@@ -55,27 +76,26 @@ pub async fn auth_options(
     mut options: ConnectOptions,
     config: &NatsConfig,
     url_credentials: Option<nats_url::UrlCredentials>,
-) -> Result<ConnectOptions, TransportError> {
+) -> Result<ConnectOptions, ConnectError> {
     match (&config.user, &config.password) {
         (Some(user), Some(password)) => {
             options = options.user_and_password(user.clone(), password.clone());
         }
         (None, None) => {}
-        _ => return Err(TransportError::HalfUserPassword),
+        _ => return Err(ConnectError::HalfUserPassword),
     }
     if let Some(token) = &config.token {
         options = options.token(token.clone());
     }
     options = with_url_credentials(options, url_credentials);
     if let Some(path) = &config.credentials_file {
-        options =
-            options
-                .credentials_file(path)
-                .await
-                .map_err(|e| TransportError::Credentials {
-                    path: path.display().to_string(),
-                    reason: e.to_string(),
-                })?;
+        options = options
+            .credentials_file(path)
+            .await
+            .map_err(|e| ConnectError::Credentials {
+                path: path.display().to_string(),
+                reason: e.to_string(),
+            })?;
     }
     tls_options(options, config).await
 }
@@ -83,8 +103,8 @@ pub async fn auth_options(
 /// `nats.url` as server addresses without credentials, and the credentials.
 /// Errors name `nats.url` and show it redacted (loading has checked it
 /// already, so `run` meets none).
-pub fn parse_url(urls: &str) -> Result<nats_url::NatsServers, TransportError> {
-    nats_url::parse(urls).map_err(TransportError::Url)
+pub fn parse_url(urls: &str) -> Result<nats_url::NatsServers, ConnectError> {
+    nats_url::parse(urls).map_err(ConnectError::Url)
 }
 
 /// Credentials written in `nats.url` as connect options. Loading refuses
@@ -109,7 +129,7 @@ fn with_url_credentials(
 pub async fn tls_options(
     mut options: ConnectOptions,
     config: &NatsConfig,
-) -> Result<ConnectOptions, TransportError> {
+) -> Result<ConnectOptions, ConnectError> {
     if config.tls_required() {
         let material = Material::load(TlsFiles::nats(config))?;
         options = options
@@ -137,7 +157,7 @@ const HANDSHAKE_CHECK_TIMEOUT: Duration = Duration::from_secs(10);
 pub async fn check_handshake(
     config: &NatsConfig,
     servers: &[ServerAddr],
-) -> Result<(), TransportError> {
+) -> Result<(), ConnectError> {
     if !config.tls_required() {
         return Ok(());
     }
@@ -152,7 +172,7 @@ pub async fn check_handshake(
         }
         Err(e) => {
             match security::reason::tls_failure(&e, Section::Nats, config.tls.cert_file.is_some()) {
-                Some(reason) => Err(TransportError::Tls {
+                Some(reason) => Err(ConnectError::Tls {
                     url: crate::config::redact_urls(&config.url),
                     reason,
                 }),
@@ -169,7 +189,7 @@ async fn first_connection(
     client: &Client,
     timeout: Duration,
     shown_url: &str,
-) -> Result<(), TransportError> {
+) -> Result<(), ConnectError> {
     let connected = async {
         while client.connection_state() != async_nats::connection::State::Connected {
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -177,7 +197,7 @@ async fn first_connection(
     };
     tokio::time::timeout(timeout, connected)
         .await
-        .map_err(|_| TransportError::Unreachable {
+        .map_err(|_| ConnectError::Unreachable {
             url: shown_url.to_string(),
             secs: timeout.as_secs(),
         })

@@ -1,0 +1,101 @@
+//! One delivery: what arrived, which attempt it is, and how it is settled.
+
+use async_nats::{HeaderMap, Subject};
+use bytes::Bytes;
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+/// One received prefill result, whatever transport it came from.
+#[derive(Debug)]
+pub struct Delivery {
+    /// The subject it arrived on.
+    pub subject: Subject,
+    pub payload: Bytes,
+    pub headers: Option<HeaderMap>,
+    /// The NATS message's own reply subject, where a request's answer may
+    /// go. Always `None` from a durable source: there the NATS reply subject
+    /// is the ack subject, which never leaves the transport (this is the one
+    /// place that keeps durable mode from answering on it).
+    pub reply: Option<Subject>,
+    /// When the worker took it from the transport; latency is measured from here.
+    pub received_at: Instant,
+    pub attempt: Attempt,
+    pub(crate) settler: Settler,
+}
+
+/// Which delivery of its message this is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Attempt {
+    /// 1 for the first delivery.
+    pub number: i64,
+    /// When the server stored the message (durable mode only).
+    pub stored_at: Option<time::OffsetDateTime>,
+}
+
+impl Attempt {
+    /// The only delivery an at-most-once transport makes.
+    pub const ONLY: Attempt = Attempt {
+        number: 1,
+        stored_at: None,
+    };
+}
+
+/// What is done with a delivery once its fate is known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settle {
+    /// Done: never deliver it again.
+    Ack,
+    /// Done, and never to be redelivered: marked terminated, not done.
+    Term,
+    /// Not done: deliver it again after the delay.
+    Nak(Duration),
+}
+
+/// How a delivery is settled with its transport.
+pub(crate) enum Settler {
+    /// Core NATS: at most once, nothing to settle.
+    AtMostOnce,
+    /// JetStream: the message's ack subject; progress every `every`.
+    JetStream {
+        acker: Box<async_nats::jetstream::message::Acker>,
+        every: Duration,
+    },
+}
+
+impl std::fmt::Debug for Settler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Settler::AtMostOnce => f.write_str("AtMostOnce"),
+            Settler::JetStream { every, .. } => {
+                f.debug_struct("JetStream").field("every", every).finish()
+            }
+        }
+    }
+}
+
+impl Delivery {
+    /// Whether this transport can deliver the message again (a nak means
+    /// something).
+    pub fn redeliverable(&self) -> bool {
+        matches!(self.settler, Settler::JetStream { .. })
+    }
+
+    /// Settles the delivery. A settlement that cannot be sent is logged: the
+    /// server's ack wait redelivers the message anyway.
+    pub async fn settle(&self, settle: Settle) {
+        if let Settler::JetStream { acker, .. } = &self.settler {
+            super::jetstream::settle(acker, settle).await;
+        }
+    }
+
+    /// Runs `work` (publishing this delivery's output), reporting progress
+    /// to the server while it is pending so the delivery does not time out.
+    pub async fn while_pending<F: Future>(&self, work: F) -> F::Output {
+        match &self.settler {
+            Settler::AtMostOnce => work.await,
+            Settler::JetStream { acker, every } => {
+                super::jetstream::with_progress(work, acker, *every).await
+            }
+        }
+    }
+}

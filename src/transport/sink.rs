@@ -1,0 +1,77 @@
+//! Where outputs go: one [`Sink`], enqueued (core NATS) or confirmed
+//! (JetStream).
+
+use super::{CoreSink, jetstream};
+use async_nats::HeaderMap;
+use bytes::Bytes;
+use std::time::Duration;
+
+/// Why an output is not known to have reached the server.
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    /// Bigger than the server's `max_payload`: this output can never be sent.
+    #[error("the output is larger than the NATS server accepts: {0}")]
+    TooLarge(String),
+    /// A subject the client refuses: this output can never be sent there.
+    #[error("{subject:?} is not a subject NATS accepts: {reason}")]
+    InvalidSubject { subject: String, reason: String },
+    /// Worth retrying later: the server, the connection or the stream failed.
+    #[error("publishing to {subject}: {reason}")]
+    Failed { subject: String, reason: String },
+}
+
+/// Whether an output goes into a stream (waiting for its stored ack) or
+/// onto a plain subject.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    Subject,
+    Stream,
+}
+
+/// Where outputs go: one variant per delivery mode.
+#[derive(Clone)]
+pub enum Sink {
+    /// Enqueued on the connection; pipelined, flushed at shutdown.
+    Core(CoreSink),
+    /// Known to have reached the server before the call returns.
+    JetStream(Box<jetstream::publish::Publisher>),
+}
+
+impl Sink {
+    /// Publishes one output. An empty header map publishes without headers.
+    pub async fn publish(
+        &self,
+        subject: &str,
+        headers: HeaderMap,
+        payload: Bytes,
+        target: Target,
+    ) -> Result<(), PublishError> {
+        match self {
+            Sink::Core(sink) => sink.publish(subject, headers, payload).await,
+            Sink::JetStream(sink) => match target {
+                Target::Stream => sink.stored(subject, headers, payload).await,
+                Target::Subject => sink.confirmed(subject, headers, payload).await,
+            },
+        }
+    }
+
+    /// Waits until the server has received everything published so far, or
+    /// `timeout` passes. True when flushed.
+    pub async fn flush(&self, timeout: Duration) -> bool {
+        let client = match self {
+            Sink::Core(sink) => sink.client(),
+            Sink::JetStream(sink) => &sink.client,
+        };
+        match tokio::time::timeout(timeout, client.flush()).await {
+            Ok(Ok(())) => true,
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "flushing NATS failed");
+                false
+            }
+            Err(_) => {
+                tracing::warn!(?timeout, "flushing NATS timed out");
+                false
+            }
+        }
+    }
+}

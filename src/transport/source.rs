@@ -1,0 +1,108 @@
+//! Where deliveries come from: the in-flight limits a source admits within,
+//! and the one [`Source`] both transports feed.
+
+use super::Delivery;
+use super::budget::{ByteBudget, Held};
+use std::sync::Arc;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+
+/// The in-flight bounds every source admits deliveries within, shared with
+/// the runner that frees them: processing slots (`max_in_flight`) and bytes
+/// (`max_in_flight_bytes`).
+#[derive(Clone, Debug)]
+pub struct Limits {
+    pub slots: Arc<Semaphore>,
+    pub budget: ByteBudget,
+}
+
+impl Limits {
+    pub fn new(max_in_flight: usize, max_in_flight_bytes: usize) -> Limits {
+        // At least one, or nothing would ever be taken; the runner's options
+        // cap it at u32::MAX, far below the semaphore's limit.
+        let slots = max_in_flight.max(1);
+        Limits {
+            slots: Arc::new(Semaphore::new(slots)),
+            budget: ByteBudget::new(max_in_flight_bytes),
+        }
+    }
+}
+
+/// A delivery taken, holding its bytes (and, once given, its processing
+/// slot) until dropped.
+#[derive(Debug)]
+pub struct Admitted {
+    pub delivery: Delivery,
+    pub held: Held,
+    /// The processing slot, when the source took one before it pulled; the
+    /// runner takes one otherwise.
+    pub slot: Option<OwnedSemaphorePermit>,
+}
+
+/// What a source hands on.
+#[derive(Debug)]
+pub enum Admission {
+    Admitted(Admitted),
+    /// The byte budget had no room: the delivery, its payload already
+    /// dropped (its length in `bytes`), must be answered without being
+    /// decided.
+    OverBudget {
+        delivery: Delivery,
+        bytes: usize,
+    },
+}
+
+/// Where deliveries come from, whichever the mode: a task of the transport
+/// ([`super::core::subscribe`], [`super::jetstream::start`]) takes them and
+/// hands them on here.
+pub struct Source {
+    admitted: mpsc::UnboundedReceiver<Admission>,
+    drain: Option<oneshot::Sender<oneshot::Sender<()>>>,
+}
+
+/// The transport task's side of a [`Source`].
+pub struct Feed {
+    /// Unbounded in count; bounded by the limits each admission holds.
+    pub admitted: mpsc::UnboundedSender<Admission>,
+    /// A drain request, answered once the task takes no new input.
+    pub drain: oneshot::Receiver<oneshot::Sender<()>>,
+}
+
+impl Source {
+    pub fn new() -> (Source, Feed) {
+        let (tx, admitted) = mpsc::unbounded_channel();
+        let (drain, drain_rx) = oneshot::channel();
+        let source = Source {
+            admitted,
+            drain: Some(drain),
+        };
+        let feed = Feed {
+            admitted: tx,
+            drain: drain_rx,
+        };
+        (source, feed)
+    }
+
+    /// The next admission; `None` once the source is drained or closed and
+    /// everything it took is handed on. Cancel-safe.
+    pub async fn next(&mut self) -> Option<Admission> {
+        self.admitted.recv().await
+    }
+
+    /// An admission already taken, if any; never waits.
+    pub fn ready(&mut self) -> Option<Admission> {
+        self.admitted.try_recv().ok()
+    }
+
+    /// Stops taking new input; returns once the transport did. What was
+    /// already accepted still comes out of [`Source::next`], which then
+    /// returns `None`.
+    pub async fn drain(&mut self) {
+        let Some(drain) = self.drain.take() else {
+            return;
+        };
+        let (done, accepted) = oneshot::channel();
+        if drain.send(done).is_ok() {
+            let _ = accepted.await;
+        }
+    }
+}
