@@ -199,3 +199,29 @@ pub(super) fn start_attributes(arrival: &Arrival<'_>, machine_id: Option<u16>) -
     }
     attributes
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decision::trace_headers;
+
+    const TP: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    /// Without tracing nothing is built: no span, no log span, the output's
+    /// trace headers exactly the input's.
+    #[test]
+    fn without_tracing_a_result_span_holds_nothing_and_changes_nothing() {
+        let mut span = ResultSpan::none();
+        assert!(span.context().is_none());
+        assert!(!span.is_sampled());
+        assert!(span.log_span().is_disabled());
+        let mut trace = trace_headers([("traceparent", TP), ("tracestate", "a=1")]);
+        let before = trace.clone();
+        span.propagate(&mut trace);
+        assert_eq!(trace, before);
+        let mut root = trace_headers([]);
+        span.propagate(&mut root);
+        assert!(root.is_empty(), "no traceparent is invented for a root");
+        assert_eq!(std::mem::size_of::<ResultSpan>(), std::mem::size_of::<usize>());
+    }
+}
