@@ -211,7 +211,7 @@ mod tests {
     /// trace headers exactly the input's.
     #[test]
     fn without_tracing_a_result_span_holds_nothing_and_changes_nothing() {
-        let mut span = ResultSpan::none();
+        let span = ResultSpan::none();
         assert!(span.context().is_none());
         assert!(!span.is_sampled());
         assert!(span.log_span().is_disabled());
@@ -222,6 +222,9 @@ mod tests {
         let mut root = trace_headers([]);
         span.propagate(&mut root);
         assert!(root.is_empty(), "no traceparent is invented for a root");
-        assert_eq!(std::mem::size_of::<ResultSpan>(), std::mem::size_of::<usize>());
+        assert_eq!(
+            std::mem::size_of::<ResultSpan>(),
+            std::mem::size_of::<usize>()
+        );
     }
 }
