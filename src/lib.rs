@@ -31,6 +31,7 @@
 //! - [`config`]: TOML file, `HANDOFF_*` environment and flags.
 //! - [`security`]: TLS files and NKey seeds for NATS and etcd, checked at start.
 //! - [`metrics`]: Prometheus metrics, `/healthz` and `/readyz`.
+//! - [`telemetry`]: OpenTelemetry spans per result, exported over OTLP.
 //! - [`cli`]: the `prefill-handoff` subcommands.
 //!
 //! The load generator and the raw relays it is compared with are a crate of
@@ -48,5 +49,6 @@ pub mod metrics;
 pub mod pipeline;
 pub mod security;
 pub mod setup;
+pub mod telemetry;
 pub mod transport;
 pub mod wire;

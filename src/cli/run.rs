@@ -10,6 +10,7 @@ use crate::identity::{Identity, Lease, LeaseError, Registration};
 use crate::metrics::{self, Metrics, Readiness};
 use crate::pipeline::serve::{StartError, Worker};
 use crate::pipeline::shutdown::Signals;
+use crate::telemetry::{Telemetry, TelemetryError};
 use anyhow::Context;
 use std::future::Future;
 use std::sync::Arc;
@@ -38,6 +39,14 @@ pub fn run(args: ConfigArgs) -> anyhow::Result<()> {
 async fn serve(config: Config, id_service: IdService) -> anyhow::Result<()> {
     let mut signals = Signals::install().context("cannot install the SIGTERM/SIGINT handlers")?;
     let metrics = Metrics::new();
+    let telemetry = match Telemetry::from_config(&config.otel, &metrics) {
+        Ok(telemetry) => telemetry,
+        // A standard OTEL_* variable that cannot be used, like a bad key: exit 2.
+        Err(TelemetryError::Settings(e)) => {
+            return Err(crate::config::ConfigError(e.to_string()).into());
+        }
+        Err(e) => return Err(e.into()),
+    };
     let registration = Registration {
         subjects: config.own_subjects(),
     };
@@ -64,6 +73,9 @@ async fn serve(config: Config, id_service: IdService) -> anyhow::Result<()> {
         "identity held"
     );
     metrics.watch_identity(identity.watch());
+    if let Some(telemetry) = &telemetry {
+        telemetry.watch_identity(identity.watch());
+    }
     let readiness = Readiness::new(identity.watch());
 
     let (stop_http, http_stopped) = oneshot::channel::<()>();
@@ -71,6 +83,7 @@ async fn serve(config: Config, id_service: IdService) -> anyhow::Result<()> {
         &config,
         id_service,
         identity,
+        telemetry.clone(),
         &metrics,
         &readiness,
         http_stopped,
@@ -132,6 +145,13 @@ async fn serve(config: Config, id_service: IdService) -> anyhow::Result<()> {
         () = watched.closed() => Err(stopped(&readiness, Stopped::ConnectionEnded)),
     };
     id_service.abort();
+    if let Some(telemetry) = &telemetry {
+        // Bounded: a dead collector delays the exit by one export timeout.
+        tracing::info!("shutdown: exporting the spans still queued");
+        telemetry
+            .shutdown(telemetry.settings().export_timeout)
+            .await;
+    }
     tracing::info!("shutdown: revoking the etcd lease (frees the machine-ID slot)");
     lease.shutdown().await;
     let _ = stop_http.send(());
@@ -178,6 +198,7 @@ async fn start(
     config: &Config,
     id_service: IdService,
     identity: Identity,
+    telemetry: Option<Telemetry>,
     metrics: &Metrics,
     readiness: &Readiness,
     http_stopped: oneshot::Receiver<()>,
@@ -206,6 +227,7 @@ async fn start(
         identity,
         metrics.clone(),
         Some(readiness.clone()),
+        telemetry,
     )
     .await
     .map_err(start_error)?;

@@ -18,6 +18,8 @@ pub(crate) enum Kind {
     /// A non-negative integer.
     UInt,
     Int,
+    /// A finite number (an integer is taken as a number too).
+    Float,
     Bool,
     /// A list of strings; from the environment or a flag, comma-separated.
     List,
@@ -83,6 +85,11 @@ pub(crate) const KEYS: &[(&str, Kind)] = &[
     ("max_in_flight", Kind::UInt),
     ("max_in_flight_bytes", Kind::UInt),
     ("log_format", Kind::Enum(&["text", "json"])),
+    ("otel.endpoint", Kind::OptStr),
+    ("otel.protocol", Kind::OptStr),
+    ("otel.sampling_ratio", Kind::Float),
+    ("otel.queue_spans", Kind::UInt),
+    ("otel.export_timeout_ms", Kind::UInt),
 ];
 
 /// The known key and its kind.
@@ -133,6 +140,7 @@ fn expected(kind: Kind) -> String {
         Kind::OptStr | Kind::Secret => "a string (empty means unset)".into(),
         Kind::UInt => "a non-negative integer".into(),
         Kind::Int => "an integer".into(),
+        Kind::Float => "a number".into(),
         Kind::Bool => "true or false".into(),
         Kind::List => "a list of strings (comma-separated outside the file)".into(),
         Kind::Enum(words) => {
@@ -175,6 +183,12 @@ pub(crate) fn from_text(
                 .ok_or_else(fail)?,
         ),
         Kind::Int => Value::Integer(word.parse::<i64>().map_err(|_| fail())?),
+        Kind::Float => Value::Float(
+            word.parse::<f64>()
+                .ok()
+                .filter(|f| f.is_finite())
+                .ok_or_else(fail)?,
+        ),
         Kind::Bool => match word.to_ascii_lowercase().as_str() {
             "true" => Value::Boolean(true),
             "false" => Value::Boolean(false),
@@ -215,6 +229,8 @@ pub(crate) fn from_toml(
         (Kind::OptStr | Kind::Secret, v @ Value::String(_)) => v,
         (Kind::UInt, Value::Integer(n)) if n >= 0 => Value::Integer(n),
         (Kind::Int, v @ Value::Integer(_)) => v,
+        (Kind::Float, Value::Float(f)) if f.is_finite() => Value::Float(f),
+        (Kind::Float, Value::Integer(n)) => Value::Float(n as f64),
         (Kind::Bool, v @ Value::Boolean(_)) => v,
         (Kind::List, Value::Array(items)) => {
             let strings: Option<Vec<Value>> =
@@ -273,6 +289,8 @@ mod tests {
         c.etcd.tls.ca_file = Some("/ca".into());
         c.etcd.tls.cert_file = Some("/c".into());
         c.etcd.tls.key_file = Some("/k".into());
+        c.otel.endpoint = Some("http://collector:4317".into());
+        c.otel.protocol = Some("grpc".into());
         let Value::Table(root) = Value::try_from(&c).unwrap() else {
             panic!("a config serializes to a table");
         };

@@ -55,6 +55,7 @@ pub struct Config {
     pub max_in_flight_bytes: usize,
     /// `text` or `json` log lines.
     pub log_format: String,
+    pub otel: OtelConfig,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
@@ -200,6 +201,38 @@ pub struct JetStreamConfig {
     pub replicas: usize,
 }
 
+/// OpenTelemetry traces exported over OTLP (`crate::telemetry`).
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct OtelConfig {
+    /// The OTLP collector, `http://host:port`. Unset: the standard
+    /// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` / `OTEL_EXPORTER_OTLP_ENDPOINT`,
+    /// and with neither no tracing at all.
+    pub endpoint: Option<String>,
+    /// `grpc` or `http` (OTLP/HTTP with protobuf). Unset: the standard
+    /// `OTEL_EXPORTER_OTLP_PROTOCOL`, else `grpc`.
+    pub protocol: Option<String>,
+    /// Share of new traces (results without a sampled-or-not `traceparent`)
+    /// recorded, 0 to 1. A result with a `traceparent` follows its flag.
+    pub sampling_ratio: f64,
+    /// Finished spans waiting for export, at most; more are dropped and counted.
+    pub queue_spans: usize,
+    /// Longest one export may take before its spans are dropped.
+    pub export_timeout_ms: u64,
+}
+
+impl Default for OtelConfig {
+    fn default() -> Self {
+        OtelConfig {
+            endpoint: None,
+            protocol: None,
+            sampling_ratio: 1.0,
+            queue_spans: 2048,
+            export_timeout_ms: 5000,
+        }
+    }
+}
+
 /// The ID mint service's own budget, apart from the decode jobs' minting.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -241,6 +274,7 @@ impl Default for Config {
             max_in_flight: 256,
             max_in_flight_bytes: 8 * 1024 * 1024,
             log_format: "text".into(),
+            otel: OtelConfig::default(),
         }
     }
 }

@@ -21,6 +21,7 @@ pub(super) fn check(c: &Config) -> Result<(), ConfigError> {
     limits(c)?;
     jetstream(c)?;
     id_epoch(c)?;
+    otel(c)?;
     for (key, value, allowed) in [
         ("log_format", c.log_format.as_str(), &["text", "json"]),
         (
@@ -503,6 +504,54 @@ fn id_epoch(c: &Config) -> Result<(), ConfigError> {
                 c.id_epoch
             ),
         ));
+    }
+    Ok(())
+}
+
+/// `otel.*`: a URL the exporter can use, a known protocol, a ratio, bounds.
+fn otel(c: &Config) -> Result<(), ConfigError> {
+    let o = &c.otel;
+    if let Some(endpoint) = &o.endpoint
+        && !crate::telemetry::is_collector_url(endpoint)
+    {
+        return Err(err(
+            "otel.endpoint",
+            format!(
+                "{:?} is not a collector URL; expected http://host:port \
+                     (e.g. http://127.0.0.1:4317 for OTLP/gRPC, http://127.0.0.1:4318 for OTLP/HTTP; \
+                     TLS to the collector is not supported: use a collector agent on the node)",
+                redact_urls(endpoint)
+            ),
+        ));
+    }
+    if let Some(protocol) = &o.protocol
+        && crate::telemetry::Protocol::parse(protocol).is_none()
+    {
+        return Err(err(
+            "otel.protocol",
+            format!("{protocol:?} is not one of \"grpc\", \"http\" (\"http/protobuf\")"),
+        ));
+    }
+    if !(0.0..=1.0).contains(&o.sampling_ratio) {
+        return Err(err(
+            "otel.sampling_ratio",
+            format!(
+                "{} is not a share; expected a number from 0 (no new traces) to 1 (all)",
+                o.sampling_ratio
+            ),
+        ));
+    }
+    if !(1..=1_000_000).contains(&o.queue_spans) {
+        return Err(err(
+            "otel.queue_spans",
+            format!(
+                "{} is out of range; expected 1 to 1000000 (each waiting span holds about 1 KiB)",
+                o.queue_spans
+            ),
+        ));
+    }
+    if o.export_timeout_ms == 0 {
+        return Err(err("otel.export_timeout_ms", "expected at least 1"));
     }
     Ok(())
 }

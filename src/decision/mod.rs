@@ -19,7 +19,10 @@ pub use handoff::{backend_of, describe};
 pub use headers::{PAYLOAD_OMITTED, dead_letter_headers, msg_id, without_payload};
 pub use reply::{Refusal, ReplyPolicy};
 pub use request::MAX_REQUEST_ID_BYTES;
-pub use trace::{MAX_TRACESTATE_BYTES, TRACEPARENT_LEN, TraceHeader, TraceHeaders, trace_headers};
+pub use trace::{
+    MAX_TRACESTATE_BYTES, TRACEPARENT, TRACEPARENT_LEN, TRACESTATE, TraceHeader, TraceHeaders,
+    trace_headers,
+};
 
 use crate::ids::MachineId;
 use crate::wire::{self, Encoding, map, messages};

@@ -75,6 +75,27 @@ impl MintSource {
     }
 }
 
+/// Why a finished span was not exported (`crate::telemetry`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SpanDrop {
+    /// The export queue (`otel.queue_spans`) was full.
+    QueueFull,
+    /// The collector refused the batch, could not be reached, or did not
+    /// answer within `otel.export_timeout_ms`.
+    ExportFailed,
+}
+
+impl SpanDrop {
+    pub const ALL: [SpanDrop; 2] = [SpanDrop::QueueFull, SpanDrop::ExportFailed];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SpanDrop::QueueFull => "queue_full",
+            SpanDrop::ExportFailed => "export_failed",
+        }
+    }
+}
+
 /// The label of [`Outcome::kind`], in the order of `OUTCOME_KINDS`.
 const OUTCOME_KINDS: [&str; 4] = ["decode", "terminal", "error", "dead_letter"];
 
@@ -114,6 +135,8 @@ struct Inner {
     naks: [Counter; NakReason::ALL.len()],
     redeliveries: Counter,
     trace_headers_dropped: [Counter; TraceHeader::ALL.len()],
+    otel_spans_exported: Counter,
+    otel_spans_dropped: [Counter; SpanDrop::ALL.len()],
     fenced: Gauge,
     machine_id: Gauge,
     in_flight: Gauge,
@@ -257,6 +280,18 @@ impl Metrics {
                 "header",
                 TraceHeader::ALL.map(TraceHeader::as_str),
             ),
+            otel_spans_exported: counter(
+                &mut r,
+                "otel_spans_exported",
+                "Spans the OTLP collector accepted (otel.endpoint)",
+            ),
+            otel_spans_dropped: counter_family(
+                &mut r,
+                "otel_spans_dropped",
+                "Finished spans never exported, by reason: queue_full (otel.queue_spans waiting already), export_failed (collector unreachable, refusing, or slower than otel.export_timeout_ms)",
+                "reason",
+                SpanDrop::ALL.map(SpanDrop::as_str),
+            ),
             fenced: gauge(
                 &mut r,
                 "fenced",
@@ -358,6 +393,16 @@ impl Metrics {
         for header in dropped {
             self.inner.trace_headers_dropped[*header as usize].inc();
         }
+    }
+
+    /// `n` spans were accepted by the OTLP collector.
+    pub fn otel_spans_exported(&self, n: usize) {
+        self.inner.otel_spans_exported.inc_by(n as u64);
+    }
+
+    /// `n` finished spans were dropped instead of exported.
+    pub fn otel_spans_dropped(&self, reason: SpanDrop, n: usize) {
+        self.inner.otel_spans_dropped[reason as usize].inc_by(n as u64);
     }
 
     /// Counts an input as in flight until the returned guard drops.

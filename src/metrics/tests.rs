@@ -35,6 +35,9 @@ fn label_handles_are_indexed_by_discriminant() {
     for (i, v) in TraceHeader::ALL.iter().enumerate() {
         assert_eq!(*v as usize, i, "{v:?}");
     }
+    for (i, v) in SpanDrop::ALL.iter().enumerate() {
+        assert_eq!(*v as usize, i, "{v:?}");
+    }
     let kinds = [
         Outcome::Decode {
             backend: Backend::Opaque,
@@ -99,7 +102,14 @@ fn every_series_exists_at_zero_from_the_start() {
             v.as_str()
         ));
     }
+    for v in SpanDrop::ALL {
+        want.push(format!(
+            "handoff_otel_spans_dropped_total{{reason=\"{}\"}}",
+            v.as_str()
+        ));
+    }
     for name in [
+        "otel_spans_exported_total",
         "trailing_frames_ignored_total",
         "lease_recoveries_total",
         "nats_reconnects_total",

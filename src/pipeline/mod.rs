@@ -30,15 +30,17 @@ pub mod stats;
 pub use run::{Options, Report, Runner};
 pub use stats::{Counts, Stats};
 
-use crate::decision::{DeadLetterCode, Decision, Input, Outcome, Rules};
+use crate::decision::{DeadLetterCode, Decision, Input, Outcome, Rules, TraceHeaders};
 use crate::identity::Identity;
 use crate::metrics::{Metrics, NakReason};
+use crate::telemetry::{Arrival, ResultSpan, Telemetry};
 use crate::transport::{self, Delivery, PublishError, Settle, Sink, Target};
 use crate::wire::Encoding;
 use async_nats::HeaderMap;
 use bytes::Bytes;
 use settle::{Plan, Redelivery};
 use std::time::Duration;
+use tracing::Instrument as _;
 
 /// What happened to one delivery.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -85,16 +87,45 @@ pub struct Pipeline {
     pub gen_stream: Option<GenStream>,
     /// How long the late-redelivery lookup in GEN may take.
     pub lookup_bound: Duration,
+    /// Each delivery's span (`crate::telemetry`); `None`: no tracing, and
+    /// no span built.
+    pub telemetry: Option<Telemetry>,
 }
 
 impl Pipeline {
     /// Takes one delivery to its end: decided, its one output published,
     /// settled. Never panics on the message's content.
     ///
-    /// The one place a delivery starts and ends, in both modes: its headers
-    /// are read here (`incoming`) and its output's built here (`outgoing`),
-    /// so a trace span around a delivery belongs here.
+    /// The one place a delivery starts and ends, in both modes: its trace
+    /// span (`crate::telemetry`) starts here, at delivery, and ends after
+    /// settling; the output's `traceparent` names it, and log lines inside
+    /// carry its IDs.
     pub async fn handle(&self, delivery: Delivery) -> Handled {
+        let mut trace = headers::trace_headers(delivery.headers.as_ref());
+        let arrival = Arrival {
+            subject: &delivery.subject,
+            size: delivery.payload.len(),
+            attempt: delivery.attempt.number,
+        };
+        let mut span = Telemetry::result(
+            self.telemetry.as_ref(),
+            &trace,
+            arrival,
+            delivery.received_at,
+        );
+        span.propagate(&mut trace);
+        let log = span.log_span();
+        self.handle_traced(delivery, trace, &mut span)
+            .instrument(log)
+            .await
+    }
+
+    async fn handle_traced(
+        &self,
+        delivery: Delivery,
+        trace: TraceHeaders,
+        span: &mut ResultSpan,
+    ) -> Handled {
         let _in_flight = self.metrics.in_flight();
         let attempt = delivery.attempt.number;
         if attempt > 1 {
@@ -112,6 +143,7 @@ impl Pipeline {
         };
         let mut decision =
             decide::decide(input, incoming, &self.rules, &mut self.identity.clone()).await;
+        span.decided(&decision);
 
         let redelivery = if delivery.redeliverable() {
             self.redelivery
@@ -128,27 +160,37 @@ impl Pipeline {
                 );
                 self.metrics.nacked(NakReason::IdentityUnavailable);
                 delivery.settle(Settle::Nak(delay)).await;
+                span.not_published(&decision.outcome, "no slot held: redelivery asked for");
+                span.settled("nak");
                 return Handled::Deferred(decision.outcome);
             }
             Plan::Publish(done) => done,
         };
 
-        let trace = headers::trace_headers(incoming);
         self.metrics.trace_headers_dropped(&trace.dropped);
         let outgoing = headers::output_headers(&decision.headers, &trace);
         let payload = Bytes::from(std::mem::take(&mut decision.payload));
+        let output_size = payload.len();
         let publish = self.publish(&delivery, &decision, outgoing, payload);
         let (outcome, done) = match delivery.while_pending(publish).await {
-            Ok(()) => (decision.outcome.clone(), done),
+            Ok(()) => {
+                span.published(&decision.outcome, &decision.subject, output_size);
+                (decision.outcome.clone(), done)
+            }
             Err(e) => match fallback_code(&e) {
                 Some(code) => match self
                     .dead_letter_instead(&delivery, &trace, &decision, code, &e)
                     .await
                 {
-                    Ok(()) => (Outcome::DeadLetter { code }, Settle::Term),
-                    Err(e) => return self.failed(&delivery, &decision, e).await,
+                    Ok(()) => {
+                        let outcome = Outcome::DeadLetter { code };
+                        let subject = &self.rules.dead_letter_subject;
+                        span.published(&outcome, subject, delivery.payload.len());
+                        (outcome, Settle::Term)
+                    }
+                    Err(e) => return self.failed(&delivery, &decision, e, span).await,
                 },
-                None => return self.failed(&delivery, &decision, e).await,
+                None => return self.failed(&delivery, &decision, e, span).await,
             },
         };
 
@@ -159,6 +201,7 @@ impl Pipeline {
         );
         log::outcome(&outcome, &decision, &delivery.subject, attempt);
         delivery.settle(done).await;
+        settled(span, &delivery, done);
         Handled::Published(outcome)
     }
 
@@ -213,8 +256,15 @@ impl Pipeline {
     /// The one failure path: the output (or its dead letter) is not known to
     /// be out. Redelivered later where the transport can; otherwise, or
     /// when it can never be published, this result has no output.
-    async fn failed(&self, delivery: &Delivery, decision: &Decision, e: PublishError) -> Handled {
+    async fn failed(
+        &self,
+        delivery: &Delivery,
+        decision: &Decision,
+        e: PublishError,
+        span: &mut ResultSpan,
+    ) -> Handled {
         self.metrics.publish_failed();
+        span.not_published(&decision.outcome, &e.to_string());
         let request_id = decision.request_id.as_deref();
         let attempt = delivery.attempt.number;
         let permanent = !matches!(e, PublishError::Failed { .. });
@@ -227,6 +277,7 @@ impl Pipeline {
                 "could not publish the output; this result has none"
             );
             delivery.settle(Settle::Term).await;
+            settled(span, delivery, Settle::Term);
             return Handled::Failed(decision.outcome.clone());
         }
         let delay = self.redelivery.delay(attempt);
@@ -239,7 +290,19 @@ impl Pipeline {
         );
         self.metrics.nacked(NakReason::PublishFailed);
         delivery.settle(Settle::Nak(delay)).await;
+        settled(span, delivery, Settle::Nak(delay));
         Handled::Failed(decision.outcome.clone())
+    }
+}
+
+/// Records the settlement on the span; core NATS has nothing to settle.
+fn settled(span: &mut ResultSpan, delivery: &Delivery, settle: Settle) {
+    if delivery.redeliverable() {
+        span.settled(match settle {
+            Settle::Ack => "ack",
+            Settle::Term => "term",
+            Settle::Nak(_) => "nak",
+        });
     }
 }
 

@@ -8,6 +8,7 @@ use crate::config::{Config, ConfigError, Mode};
 use crate::identity::Identity;
 use crate::metrics::{Metrics, Readiness};
 use crate::setup::{self, JetStreamError};
+use crate::telemetry::Telemetry;
 use crate::transport::jetstream::{self, Puller, confirm::Confirmer, publish::Publisher};
 use crate::transport::{self, CoreSink, Sink, Source, TransportError};
 use async_nats::Client;
@@ -59,13 +60,15 @@ impl Worker {
 /// Starts consuming in `config.mode`: core NATS subscribes; JetStream opens
 /// (with `jetstream.create`: creates) the consumer, waiting for a server
 /// that does not answer yet. `readiness`, when given, is marked consuming
-/// while JetStream pulls are sent.
+/// while JetStream pulls are sent. `telemetry`: each delivery's span
+/// (`None`: no tracing, no span built).
 pub async fn start(
     client: &Client,
     config: &Config,
     identity: Identity,
     metrics: Metrics,
     readiness: Option<Readiness>,
+    telemetry: Option<Telemetry>,
 ) -> Result<Worker, StartError> {
     let options = super::Options::from_config(config);
     let rules = config.rules()?;
@@ -78,6 +81,7 @@ pub async fn start(
         redelivery: Redelivery::AT_MOST_ONCE,
         gen_stream: None,
         lookup_bound: Duration::ZERO,
+        telemetry: telemetry.clone(),
     };
     match config.mode {
         Mode::Core => {
@@ -177,7 +181,7 @@ pub async fn serve(
 ) -> Result<Report, StartError> {
     let mut shutdown = std::pin::pin!(shutdown);
     let worker = tokio::select! {
-        worker = start(&client, config, identity, metrics, readiness) => worker?,
+        worker = start(&client, config, identity, metrics, readiness, None) => worker?,
         () = shutdown.as_mut() => return Ok(Report {
             counts: super::Counts::default(),
             unfinished: 0,

@@ -11,6 +11,7 @@
 
 pub mod cluster;
 pub mod jetstream_support;
+pub mod otlp;
 pub mod tls;
 pub mod worker_support;
 

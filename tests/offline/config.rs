@@ -119,6 +119,9 @@ const PRECEDENCE: &[&str] = &[
     r#"log_format | "json" -> json | text | json"#,
     r#"nats.tls.required | true | false | true"#,
     r#"nats.tls.first | true | false | true"#,
+    r#"otel.sampling_ratio | 0.5 | 0.25 | 0.125"#,
+    r#"otel.queue_spans | 16 | 32 | 64"#,
+    r#"otel.export_timeout_ms | 100 | 200 | 300"#,
 ];
 
 const CREDENTIALS: &[&str] = &[
@@ -136,6 +139,9 @@ const CREDENTIALS: &[&str] = &[
     "etcd.tls.ca_file",
     "etcd.tls.cert_file",
     "etcd.tls.key_file",
+    // Optional, unset by default: otel_endpoint_and_protocol_across_layers.
+    "otel.endpoint",
+    "otel.protocol",
 ];
 
 /// `written -> read back`, or `written` when they are the same.
@@ -236,6 +242,30 @@ fn optional_credentials_are_set_and_unset_across_layers() {
     let path = creds.path().to_str().unwrap();
     let c = load(None, &[("HANDOFF_NATS__CREDENTIALS_FILE", path)], &[]).unwrap();
     assert_eq!(c.nats.credentials_file.as_deref(), Some(creds.path()));
+}
+
+#[test]
+fn otel_endpoint_and_protocol_across_layers() {
+    let c = load(None, &[], &[]).unwrap();
+    assert_eq!(
+        (c.otel.endpoint, c.otel.protocol),
+        (None, None),
+        "off by default"
+    );
+    let file = "[otel]\nendpoint = \"http://file:4317\"\nprotocol = \"grpc\"\n";
+    let c = load(Some(file), &[], &[]).unwrap();
+    assert_eq!(c.otel.endpoint.as_deref(), Some("http://file:4317"));
+    assert_eq!(c.otel.protocol.as_deref(), Some("grpc"));
+    let env = [
+        ("HANDOFF_OTEL__ENDPOINT", "http://env:4318"),
+        ("HANDOFF_OTEL__PROTOCOL", "http"),
+    ];
+    let c = load(Some(file), &env, &[]).unwrap();
+    assert_eq!(c.otel.endpoint.as_deref(), Some("http://env:4318"));
+    assert_eq!(c.otel.protocol.as_deref(), Some("http"));
+    // An empty value unsets: tracing off again, whatever the file said.
+    let c = load(Some(file), &env, &[("otel.endpoint", "")]).unwrap();
+    assert_eq!(c.otel.endpoint, None);
 }
 
 #[test]

@@ -26,6 +26,7 @@ mod loadgen;
 mod metrics;
 mod secure_transport;
 mod supervision;
+mod telemetry;
 mod worker_bounds;
 mod worker_core;
 mod worker_edges;

@@ -57,7 +57,7 @@ impl InProcess {
             .await
             .expect("connect");
         let metrics = Metrics::new();
-        let worker = serve::start(&client, config, identity, metrics.clone(), None)
+        let worker = serve::start(&client, config, identity, metrics.clone(), None, None)
             .await
             .expect("subscribe");
         client
