@@ -182,5 +182,24 @@ pub fn answer(
     }
 }
 
+/// The answer to a request whose NATS header block the client could not
+/// parse (`what` says why, as [`crate::pipeline::decide::header_block_error`]
+/// returns it): `malformed`, whatever its body, as the pipeline dead-letters
+/// such a result. The headers it was sent with are unknown, its content type
+/// among them, so the answer is MessagePack (contract 3's default), and no
+/// IDs are taken from the budget or minted.
+pub fn unreadable_headers(what: &str) -> Answer {
+    let message = format!("the request's NATS header block could not be parsed: {what}");
+    Answer {
+        result: IdRequestResult::Malformed,
+        minted: 0,
+        payload: wire::encode(
+            &messages::error_response(None, ErrorCode::Malformed.as_str(), &message),
+            Encoding::MsgPack,
+        ),
+        detail: Some(message),
+    }
+}
+
 #[cfg(test)]
 mod tests;

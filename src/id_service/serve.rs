@@ -1,7 +1,7 @@
 //! The NATS side of the ID mint service: a queue subscription on the ids
 //! subject, so each request is answered by exactly one worker of the fleet.
 
-use super::{Budget, IdRequestResult, answer};
+use super::{Budget, IdRequestResult, answer, unreadable_headers};
 use crate::config::{Config, ConfigError};
 use crate::decision::ReplyPolicy;
 use crate::identity::Identity;
@@ -122,13 +122,18 @@ async fn handle(
     // Matched without regard to case, like a prefill result's.
     let content_type = crate::transport::first_header(request.headers.as_ref(), "content-type");
     let encoding = Encoding::from_content_type(content_type);
-    let answer = answer(
-        &request.payload,
-        encoding,
-        identity,
-        budget,
-        std::time::Instant::now(),
-    );
+    // A header block the client could not parse: refused like the pipeline
+    // refuses such a result, before its body is read or the budget touched.
+    let answer = match crate::pipeline::decide::header_block_error(request.headers.as_ref()) {
+        Some(what) => unreadable_headers(what),
+        None => answer(
+            &request.payload,
+            encoding,
+            identity,
+            budget,
+            std::time::Instant::now(),
+        ),
+    };
 
     // The pipeline's header policy: the answer's own headers, then the
     // request's trace headers (W3C-valid, canonical names).

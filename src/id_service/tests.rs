@@ -326,3 +326,20 @@ fn result_labels_are_indexed_by_discriminant() {
         assert_eq!(*r as usize, i, "{r:?}");
     }
 }
+
+#[test]
+fn a_request_whose_header_block_could_not_be_parsed_is_malformed() {
+    let a = unreadable_headers("value of header X-Evil: invalid character");
+    assert_eq!(a.result, IdRequestResult::Malformed);
+    assert_eq!(a.minted, 0);
+    let value = wire::decode(&a.payload, Encoding::MsgPack).expect("MessagePack");
+    let json = serde_json::to_value(&value).expect("as JSON");
+    assert_eq!(json["kind"], "error", "{json}");
+    assert_eq!(json["error"]["code"], "malformed");
+    assert_eq!(json["request_id"], serde_json::Value::Null);
+    let message = json["error"]["message"].as_str().unwrap_or_default();
+    assert_eq!(
+        message,
+        "the request's NATS header block could not be parsed: value of header X-Evil: invalid character"
+    );
+}

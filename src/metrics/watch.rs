@@ -103,7 +103,14 @@ pub fn on_nats_event(
             }
             async_nats::Event::Disconnected | async_nats::Event::Closed => {
                 readiness.set_nats_connected(false);
-                tracing::warn!(%event, "NATS connection lost");
+                // The client sees only EOF when the server cuts it off as a
+                // slow consumer (no `-ERR`): what was queued for it is gone
+                // in core mode, and this line is the only trace the worker
+                // can leave of it.
+                tracing::warn!(
+                    %event,
+                    "NATS connection lost; in core mode, results the server had queued for this worker get no output (at most once; if the server logged \"Slow Consumer Detected\", the worker read slower than results came: add workers or use jetstream mode); in jetstream mode they are redelivered"
+                );
             }
             async_nats::Event::SlowConsumer(_) => {
                 metrics.slow_consumer_drop();

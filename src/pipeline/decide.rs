@@ -8,7 +8,9 @@
 //! not parse with one header only, [`HEADER_BLOCK_ERROR`], saying what was
 //! wrong. The client sets it and never takes it from the wire (a block using
 //! that name is itself unparsable), so a publisher forging it only gets its
-//! own message dead-lettered.
+//! own message dead-lettered. [`header_block_error`] is the one place that
+//! recognizes the marker: the pipeline dead-letters such a message, the ID
+//! service (`crate::id_service`) answers it `malformed`.
 //!
 //! ## Deciding a large result without stalling the connection
 //!
@@ -75,8 +77,15 @@ pub fn decide_now(
     rules: &Rules,
     ids: &mut dyn IdSource,
 ) -> Decision {
-    match headers.and_then(|h| h.get(HEADER_BLOCK_ERROR)) {
-        Some(what) => decision::unreadable_headers(input, rules, what.as_str()),
+    match header_block_error(headers) {
+        Some(what) => decision::unreadable_headers(input, rules, what),
         None => decision::decide(input, rules, ids),
     }
+}
+
+/// What was wrong with the message's NATS header block, when the client could
+/// not parse it; `None` for a well-formed block or none at all. Its headers
+/// are then unknown (content type, trace context): only the marker is there.
+pub fn header_block_error(headers: Option<&HeaderMap>) -> Option<&str> {
+    headers?.get(HEADER_BLOCK_ERROR).map(|what| what.as_str())
 }

@@ -203,6 +203,17 @@ impl Nats {
     /// then `PING` and waits for the `PONG`, so the server has routed the
     /// message on return. No client library checks the block. Blocking.
     pub fn raw_hpub(&self, subject: &str, header_block: &[u8], payload: &[u8]) {
+        self.raw_hpub_with_reply(subject, None, header_block, payload);
+    }
+
+    /// [`Nats::raw_hpub`] with a reply subject, as a request would carry.
+    pub fn raw_hpub_with_reply(
+        &self,
+        subject: &str,
+        reply: Option<&str>,
+        header_block: &[u8],
+        payload: &[u8],
+    ) {
         use std::io::{BufRead, BufReader, Write};
         let stream = TcpStream::connect(("127.0.0.1", self.port)).expect("connect to nats-server");
         stream
@@ -213,9 +224,10 @@ impl Nats {
         reader.read_line(&mut line).expect("the server's INFO");
         assert!(line.starts_with("INFO "), "expected INFO, got {line:?}");
         let total = header_block.len() + payload.len();
+        let reply = reply.map(|r| format!("{r} ")).unwrap_or_default();
         let mut ops = format!(
             "CONNECT {{\"verbose\":false,\"pedantic\":false,\"headers\":true,\"protocol\":1}}\r\n\
-             HPUB {subject} {} {total}\r\n",
+             HPUB {subject} {reply}{} {total}\r\n",
             header_block.len()
         )
         .into_bytes();

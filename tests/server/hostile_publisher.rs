@@ -237,3 +237,72 @@ async fn jetstream_forged_status_lines_are_handled_as_messages() {
     );
     assert_up_and_ready(&mut workers);
 }
+
+/// The ID mint service reads the same connection: a request whose header
+/// block the client could not parse is refused `malformed` (the pipeline
+/// dead-letters such a result), whatever its body asks for, and no ID is
+/// minted for it; a publisher forging the client's marker gets the same.
+/// The service keeps answering well-formed requests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 3)]
+async fn id_requests_with_an_unparsable_header_block_are_refused_malformed() {
+    use futures::StreamExt;
+    const IDS: &str = "llm.handoff.ids";
+    let nats = Nats::start();
+    let etcd = Etcd::start();
+    let mut workers = vec![spawn_ready(&nats, &etcd, "core")];
+    let test = worker_support::client(&nats.url()).await;
+    let mut answers = test.subscribe("_INBOX.hostile.>").await.expect("subscribe");
+    test.flush().await.expect("flush");
+
+    // (header block, what the refusal names)
+    let cases: [(&[u8], &str); 2] = [
+        (HOSTILE_BLOCK, "value of header X-Evil"),
+        (
+            b"NATS/1.0\r\nAsync-Nats-Header-Block-Error: fine\r\n\r\n",
+            "is reserved by the client",
+        ),
+    ];
+    let body = worker_support::msgpack(&json!({"count": 5}));
+    for (i, (block, why)) in cases.iter().enumerate() {
+        let reply = format!("_INBOX.hostile.{i}");
+        block_in_place(|| nats.raw_hpub_with_reply(IDS, Some(&reply), block, &body));
+        let answer = tokio::time::timeout(Duration::from_secs(10), answers.next())
+            .await
+            .expect("the ID service answers")
+            .expect("an answer");
+        assert_eq!(answer.subject.as_str(), reply);
+        let value = worker_support::decode_output(&answer);
+        assert_eq!(value["kind"], "error", "{value}");
+        assert_eq!(value["error"]["code"], "malformed", "{value}");
+        assert_eq!(value["request_id"], serde_json::Value::Null);
+        assert!(value.get("ids").is_none(), "{value}");
+        let message = value["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.starts_with("the request's NATS header block could not be parsed: ")
+                && message.contains(why),
+            "{message:?}"
+        );
+    }
+
+    let answer = test
+        .request(IDS, worker_support::msgpack(&json!({"count": 2})).into())
+        .await
+        .expect("a well-formed request is answered");
+    let value = worker_support::decode_output(&answer);
+    assert_eq!(value["ids"].as_array().map(Vec::len), Some(2), "{value}");
+
+    let metrics = block_in_place(|| http_get(workers[0].1.as_str(), "/metrics"));
+    let samples = common::prometheus_samples(&metrics.body);
+    let sample = |series: &str| samples.get(series).copied().unwrap_or(-1.0);
+    assert_eq!(
+        sample("handoff_id_requests_total{result=\"malformed\"}"),
+        cases.len() as f64
+    );
+    assert_eq!(sample("handoff_id_requests_total{result=\"ok\"}"), 1.0);
+    assert_eq!(
+        sample("handoff_ids_minted_total{source=\"id_service\"}"),
+        2.0,
+        "only the well-formed request minted"
+    );
+    assert_up_and_ready(&mut workers);
+}
