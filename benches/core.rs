@@ -95,6 +95,11 @@ fn rules() -> Rules {
         .expect("default rules")
 }
 
+// The worker's allocator (src/main.rs): a decision allocates its output and
+// a few strings, and what that costs depends on the allocator.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 type DecideFn = fn(Input<'_>, &Rules, &mut dyn IdSource) -> Decision;
 
 /// The benchmarked results: name, value, encoding.
