@@ -17,7 +17,15 @@ use std::hint::black_box;
 /// A prefill result as TensorRT-LLM's context phase returns it through
 /// Dynamo: a few tokens, a 256-byte opaque_state, and the original request.
 fn typical_result(finish_reason: Value, disagg_request_id: Option<u64>) -> Value {
-    let mut params = vec![
+    let mut params = trtllm_params();
+    if let Some(id) = disagg_request_id {
+        params.push((Value::from("disagg_request_id"), Value::from(id)));
+    }
+    result_with(finish_reason, params)
+}
+
+fn trtllm_params() -> Vec<(Value, Value)> {
+    vec![
         (Value::from("ctx_request_id"), Value::from(1_234_567_u64)),
         (Value::from("request_type"), Value::from("context_only")),
         (
@@ -29,10 +37,18 @@ fn typical_result(finish_reason: Value, disagg_request_id: Option<u64>) -> Value
             Value::Array(vec![Value::from(791)]),
         ),
         (Value::from("draft_tokens"), Value::Nil),
-    ];
-    if let Some(id) = disagg_request_id {
-        params.push((Value::from("disagg_request_id"), Value::from(id)));
+    ]
+}
+
+/// The same result with another engine's params.
+fn engine_result(params: serde_json::Value) -> Value {
+    match rmpv::ext::to_value(params).expect("params") {
+        Value::Map(params) => result_with(Value::from("length"), params),
+        other => panic!("params are a map, not {other}"),
     }
+}
+
+fn result_with(finish_reason: Value, params: Vec<(Value, Value)>) -> Value {
     let frame = Value::Map(vec![
         (
             Value::from("token_ids"),
@@ -79,10 +95,15 @@ fn rules() -> Rules {
         .expect("default rules")
 }
 
+// The worker's allocator (src/main.rs): a decision allocates its output and
+// a few strings, and what that costs depends on the allocator.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 type DecideFn = fn(Input<'_>, &Rules, &mut dyn IdSource) -> Decision;
 
 /// The benchmarked results: name, value, encoding.
-fn cases() -> [(&'static str, Value, Encoding); 4] {
+fn cases() -> [(&'static str, Value, Encoding); 6] {
     [
         (
             "trtllm_decode_minted_msgpack",
@@ -97,6 +118,22 @@ fn cases() -> [(&'static str, Value, Encoding); 4] {
         (
             "trtllm_terminal_eos_msgpack",
             typical_result(Value::from("eos"), None),
+            Encoding::MsgPack,
+        ),
+        (
+            "sglang_decode_msgpack",
+            engine_result(json!({
+                "bootstrap_host": "10.0.0.5", "bootstrap_port": 8998, "bootstrap_room": 1_234_567_u64,
+            })),
+            Encoding::MsgPack,
+        ),
+        (
+            "vllm_decode_msgpack",
+            engine_result(json!({
+                "do_remote_prefill": true, "remote_engine_id": "engine-a",
+                "remote_block_ids": (0..26).collect::<Vec<u32>>(),
+                "remote_host": "10.0.0.6", "remote_port": 5600,
+            })),
             Encoding::MsgPack,
         ),
         (

@@ -1,14 +1,22 @@
 //! The decision for the common MessagePack cases without building value
-//! trees: the body is scanned once, the few scalars the decision needs are
-//! read in place, and the output is spliced from byte spans of the input.
+//! trees: the body is validated in one pass that keeps the byte spans of the
+//! few maps the decision reads (top level, first frame, its params), the
+//! scalars it needs are read in place, and the output is spliced from spans
+//! of the input.
 //!
 //! [`decide`] answers only when it is sure its answer is the one the
 //! value-tree path would give, byte for byte: a canonically encoded body
-//! (see [`scan`]) whose result is a TensorRT-LLM or opaque decode
-//! handoff or a terminal response with a string finish reason. For anything
-//! else — errors, dead letters, SGLang and vLLM handoffs, duplicate keys,
-//! maps wider than [`WIDE`] — it returns `None` before any side effect (no
-//! ID is minted) and the caller takes the value-tree path.
+//! (see [`scan`]) whose result is a TensorRT-LLM, SGLang, vLLM or opaque
+//! decode handoff, or a terminal response with a string finish reason. For
+//! anything else — errors, dead letters, duplicate keys, maps wider than
+//! [`WIDE`] — it returns `None` before any side effect (no ID is minted) and
+//! the caller takes the value-tree path.
+//!
+//! Cost: a typical 600-byte TensorRT-LLM handoff took 17,200 instructions
+//! when the body was walked once to validate and again for each map read
+//! (the first frame three times); one pass, spans compared as raw bytes and
+//! the output copied in contiguous runs bring it to the figure in
+//! `docs/benchmark.md`.
 
 use super::handoff::{TRTLLM_KEYS, VLLM_KEYS};
 use super::{Backend, Decision, FinishReason, IdSource, Input, Outcome, Rules, msg_id};
@@ -23,6 +31,22 @@ const MAX_I63: u64 = (1 << 63) - 1;
 
 type Span<'a> = &'a [u8];
 
+/// Whether a key span is the string `name`. Canonical MessagePack writes a
+/// string shorter than 32 bytes (every name here) as a fixstr, so equal
+/// strings have equal spans.
+fn is(key: Span<'_>, name: &str) -> bool {
+    key.len() == name.len() + 1 && key[0] == 0xa0 | name.len() as u8 && &key[1..] == name.as_bytes()
+}
+
+fn is_key(key: Span<'_>, names: &[&str]) -> bool {
+    names.iter().any(|n| is(key, n))
+}
+
+/// A UTF-8 string value.
+fn utf8(raw: Span<'_>) -> Option<&str> {
+    std::str::from_utf8(scan::str_bytes(raw)?).ok()
+}
+
 /// A map's entries as spans, in order.
 struct Fields<'a> {
     entries: [(Span<'a>, Span<'a>); WIDE],
@@ -30,28 +54,6 @@ struct Fields<'a> {
 }
 
 impl<'a> Fields<'a> {
-    /// The entries of a map span with at most [`WIDE`] entries and no string
-    /// key twice.
-    fn of(raw: Span<'a>) -> Option<Fields<'a>> {
-        let (n, mut spans) = scan::entries(raw)?;
-        if n > WIDE {
-            return None;
-        }
-        let mut fields = Fields::new();
-        for _ in 0..n {
-            fields.push(spans.next()?, spans.next()?)?;
-        }
-        fields.unique()
-    }
-
-    /// The entries of a whole body, validated in the same pass (see
-    /// [`scan::validate_entries`]).
-    fn of_body(body: Span<'a>) -> Option<Fields<'a>> {
-        let mut fields = Fields::new();
-        scan::validate_entries(body, |k, v| fields.push(k, v))?;
-        fields.unique()
-    }
-
     fn new() -> Fields<'a> {
         Fields {
             entries: [(&[][..], &[][..]); WIDE],
@@ -59,22 +61,41 @@ impl<'a> Fields<'a> {
         }
     }
 
-    fn push(&mut self, key: Span<'a>, value: Span<'a>) -> Option<()> {
-        *self.entries.get_mut(self.len)? = (key, value);
-        self.len += 1;
-        Some(())
+    /// Reads and validates the map at `pos` of `b`, which sits in `depth`
+    /// containers: its entries, at most [`WIDE`], no string key twice. Each
+    /// value's end comes from `value`, given the key, where the value starts
+    /// and its depth (a reader of its own for the values the decision looks
+    /// into, [`scan::value_end`] for the rest). Returns the map's end.
+    fn read(
+        &mut self,
+        b: &'a [u8],
+        pos: usize,
+        depth: usize,
+        mut value: impl FnMut(Span<'a>, usize, usize) -> Option<usize>,
+    ) -> Option<usize> {
+        let (n, start) = scan::map_header(b.get(pos..)?)?;
+        if n > WIDE || depth >= crate::wire::MAX_DEPTH {
+            return None;
+        }
+        let mut p = pos + start;
+        for _ in 0..n {
+            let key_end = scan::value_end(b, p, depth + 1)?;
+            let key = b.get(p..key_end)?;
+            let end = value(key, key_end, depth + 1)?;
+            *self.entries.get_mut(self.len)? = (key, b.get(key_end..end)?);
+            self.len += 1;
+            p = end;
+        }
+        self.unique().then_some(p)
     }
 
-    /// The fields, when no string key appears twice.
-    fn unique(self) -> Option<Fields<'a>> {
-        let fields = self;
-        let keys = || fields.iter().filter_map(|(k, _)| scan::str_bytes(k));
-        for (i, key) in keys().enumerate() {
-            if keys().take(i).any(|other| other == key) {
-                return None;
-            }
-        }
-        Some(fields)
+    /// No string key twice. Spans of equal canonical strings are equal.
+    fn unique(&self) -> bool {
+        let entries = &self.entries[..self.len];
+        entries.iter().enumerate().all(|(i, (key, _))| {
+            !matches!(key.first(), Some(0xa0..=0xbf | 0xd9..=0xdb))
+                || !entries[..i].iter().any(|(other, _)| other == key)
+        })
     }
 
     fn iter(&self) -> impl Iterator<Item = &(Span<'a>, Span<'a>)> {
@@ -83,9 +104,7 @@ impl<'a> Fields<'a> {
 
     /// The value under a string key.
     fn get(&self, key: &str) -> Option<Span<'a>> {
-        self.iter()
-            .find(|(k, _)| scan::str_bytes(k) == Some(key.as_bytes()))
-            .map(|(_, v)| *v)
+        self.iter().find(|(k, _)| is(k, key)).map(|(_, v)| *v)
     }
 
     /// Like [`Fields::get`], with a present `nil` counted as absent.
@@ -94,13 +113,65 @@ impl<'a> Fields<'a> {
     }
 }
 
-fn is_key(key: Span<'_>, names: &[&str]) -> bool {
-    scan::str_bytes(key).is_some_and(|k| names.iter().any(|n| n.as_bytes() == k))
+/// The parts of a body the decision reads, from one validating pass.
+struct Body<'a> {
+    top: Fields<'a>,
+    /// How many frames, when `frames` is an array whose first item is a map
+    /// read into `frame`.
+    frames: Option<usize>,
+    frame: Fields<'a>,
+    /// The first frame's `disaggregated_params`, when it is a map of at most
+    /// [`WIDE`] entries with no key twice (else the tree path decides a
+    /// handoff; a terminal response never looks into it).
+    params: Option<Fields<'a>>,
 }
 
-/// A UTF-8 string value.
-fn utf8(raw: Span<'_>) -> Option<&str> {
-    std::str::from_utf8(scan::str_bytes(raw)?).ok()
+impl<'a> Body<'a> {
+    /// The body, when it is one valid, canonical map of at most [`WIDE`]
+    /// entries with no key twice, whose `frames` (if it is an array with
+    /// items) starts with such a map and holds only maps.
+    fn read(b: &'a [u8]) -> Option<Body<'a>> {
+        let mut top = Fields::new();
+        let mut frame = Fields::new();
+        let mut params = None;
+        let mut frames = None;
+        let end = top.read(b, 0, 0, |key, p, depth| {
+            if !is(key, "frames") || frames.is_some() {
+                return scan::value_end(b, p, depth);
+            }
+            let Some((n, start)) = scan::array_header(b.get(p..)?) else {
+                return scan::value_end(b, p, depth);
+            };
+            if n == 0 {
+                return Some(p + start);
+            }
+            frames = Some(n);
+            let mut p = frame.read(b, p + start, depth + 1, |key, p, depth| {
+                if !is(key, "disaggregated_params") {
+                    return scan::value_end(b, p, depth);
+                }
+                let mut fields = Fields::new();
+                match fields.read(b, p, depth, |_, p, depth| scan::value_end(b, p, depth)) {
+                    Some(end) => {
+                        params = Some(fields);
+                        Some(end)
+                    }
+                    None => scan::value_end(b, p, depth),
+                }
+            })?;
+            for _ in 1..n {
+                scan::map_header(b.get(p..)?)?;
+                p = scan::value_end(b, p, depth + 1)?;
+            }
+            Some(p)
+        })?;
+        (end == b.len()).then_some(Body {
+            top,
+            frames,
+            frame,
+            params,
+        })
+    }
 }
 
 /// The decision for `input`, or `None` when the value-tree path must decide.
@@ -109,7 +180,12 @@ pub(super) fn decide(input: Input<'_>, rules: &Rules, ids: &mut dyn IdSource) ->
     if input.encoding != Encoding::MsgPack || body.len() > rules.max_payload_bytes {
         return None;
     }
-    let top = Fields::of_body(body)?;
+    let Body {
+        top,
+        frames,
+        frame,
+        params,
+    } = Body::read(body)?;
     let reply_to = match top.get_non_nil("reply_to") {
         Some(raw) => utf8(raw)?,
         None => input.nats_reply.filter(|_| rules.use_nats_reply)?,
@@ -119,24 +195,17 @@ pub(super) fn decide(input: Input<'_>, rules: &Rules, ids: &mut dyn IdSource) ->
     if !(1..=MAX_REQUEST_ID_BYTES).contains(&request_id.len()) {
         return None;
     }
-    let (count, mut frames) = scan::items(top.get("frames")?)?;
-    let first = frames.next()?;
-    for frame in frames {
-        scan::entries(frame)?;
-    }
+    let count = frames?;
     let request = match top.get("request") {
         Some(raw) if scan::is_nil(raw) => None,
-        Some(raw) => Some(raw).filter(|raw| scan::entries(raw).is_some()),
+        Some(raw) => Some(scan::map_header(raw).map(|_| raw)?),
         None => None,
     };
-    if request.is_none() && top.get_non_nil("request").is_some() {
-        return None;
-    }
-    let frame = Fields::of(first)?;
     if frame.get_non_nil("error").is_some() {
         return None;
     }
     let answer = Answer {
+        body,
         request_id,
         reply_to,
         frame: &frame,
@@ -145,15 +214,73 @@ pub(super) fn decide(input: Input<'_>, rules: &Rules, ids: &mut dyn IdSource) ->
     };
     match frame.get_non_nil("finish_reason") {
         Some(reason) => match utf8(reason)? {
-            "length" | "not_finished" => answer.handoff(&top, request, rules, ids),
+            "length" | "not_finished" => answer.handoff(&top, params?, request, rules, ids),
             label => Some(answer.terminal(FinishReason::from_label(label))),
         },
-        None => answer.handoff(&top, request, rules, ids),
+        None => answer.handoff(&top, params?, request, rules, ids),
+    }
+}
+
+/// The output: bytes written here, and runs of input bytes copied in one
+/// piece when spans follow each other in the input (most of a frame does).
+struct Out<'a> {
+    buf: Vec<u8>,
+    input: &'a [u8],
+    /// The pending run of input bytes, as offsets into `input`.
+    run: (usize, usize),
+}
+
+impl<'a> Out<'a> {
+    fn new(input: &'a [u8], capacity: usize) -> Out<'a> {
+        Out {
+            buf: Vec::with_capacity(capacity),
+            input,
+            run: (0, 0),
+        }
+    }
+
+    /// Appends a span of the input.
+    fn span(&mut self, span: Span<'a>) {
+        let start = span.as_ptr() as usize - self.input.as_ptr() as usize;
+        if start != self.run.1 {
+            self.flush();
+            self.run.0 = start;
+        }
+        self.run.1 = start + span.len();
+    }
+
+    fn entry(&mut self, (k, v): &(Span<'a>, Span<'a>)) {
+        self.span(k);
+        self.span(v);
+    }
+
+    /// The writer for bytes that are not the input's.
+    fn own(&mut self) -> &mut Vec<u8> {
+        self.flush();
+        &mut self.buf
+    }
+
+    fn str(&mut self, s: &[u8]) {
+        write_str(self.own(), s);
+    }
+
+    fn flush(&mut self) {
+        let (start, end) = self.run;
+        if end > start {
+            self.buf.extend_from_slice(&self.input[start..end]);
+        }
+        self.run = (end, end);
+    }
+
+    fn finish(mut self) -> Vec<u8> {
+        self.flush();
+        self.buf
     }
 }
 
 /// What every output of one input shares.
 struct Answer<'a, 'f> {
+    body: &'a [u8],
     request_id: &'a str,
     reply_to: &'a str,
     frame: &'f Fields<'a>,
@@ -161,33 +288,32 @@ struct Answer<'a, 'f> {
     capacity: usize,
 }
 
-impl Answer<'_, '_> {
+impl<'a> Answer<'a, '_> {
     /// The first frame without `disaggregated_params`.
-    fn write_output(&self, out: &mut Vec<u8>) {
-        let is_params = |k: &[u8]| is_key(k, &["disaggregated_params"]);
+    fn write_output(&self, out: &mut Out<'a>) {
+        let is_params = |k: &[u8]| is(k, "disaggregated_params");
         let kept = self.frame.iter().filter(|(k, _)| !is_params(k)).count();
-        write_map_len(out, kept);
-        for (k, v) in self.frame.iter().filter(|(k, _)| !is_params(k)) {
-            out.extend_from_slice(k);
-            out.extend_from_slice(v);
+        write_map_len(out.own(), kept);
+        for entry in self.frame.iter().filter(|(k, _)| !is_params(k)) {
+            out.entry(entry);
         }
     }
 
     fn terminal(self, finish_reason: FinishReason) -> Decision {
-        let mut out = Vec::with_capacity(self.capacity);
-        write_map_len(&mut out, 3);
-        write_str(&mut out, b"request_id");
-        write_str(&mut out, self.request_id.as_bytes());
-        write_str(&mut out, b"kind");
-        write_str(&mut out, b"terminal");
-        write_str(&mut out, b"output");
+        let mut out = Out::new(self.body, self.capacity);
+        write_map_len(out.own(), 3);
+        out.str(b"request_id");
+        out.str(self.request_id.as_bytes());
+        out.str(b"kind");
+        out.str(b"terminal");
+        out.str(b"output");
         self.write_output(&mut out);
         Decision {
             outcome: Outcome::Terminal { finish_reason },
             request_id: Some(self.request_id.to_string()),
             subject: self.reply_to.to_string(),
             headers: Vec::new(),
-            payload: out,
+            payload: out.finish(),
             trailing_frames: self.trailing,
             detail: None,
         }
@@ -195,23 +321,15 @@ impl Answer<'_, '_> {
 
     fn handoff(
         self,
-        top: &Fields<'_>,
-        request: Option<Span<'_>>,
+        top: &Fields<'a>,
+        params: Fields<'a>,
+        request: Option<Span<'a>>,
         rules: &Rules,
         ids: &mut dyn IdSource,
     ) -> Option<Decision> {
-        let params = Fields::of(self.frame.get("disaggregated_params")?)?;
-        let has_any = |keys: &[&str]| params.iter().any(|(k, _)| is_key(k, keys));
-        let trtllm = has_any(&TRTLLM_KEYS);
-        let other_engine = params
-            .iter()
-            .any(|(k, _)| scan::str_bytes(k).is_some_and(|k| k.starts_with(b"bootstrap_")))
-            || has_any(&VLLM_KEYS);
-        if !trtllm && other_engine {
-            return None;
-        }
+        let backend = engine(&params)?;
         let mut minted = (false, None);
-        let disagg = if trtllm {
+        let disagg = if backend == Backend::Trtllm {
             scan::uint(params.get_non_nil("ctx_request_id")?).filter(|id| *id <= MAX_I63)?;
             if let Some(kind) = params.get_non_nil("request_type") {
                 (utf8(kind)? == "context_only").then_some(())?;
@@ -230,51 +348,48 @@ impl Answer<'_, '_> {
         };
         let machine_id = if minted.0 { minted.1 } else { ids.machine_id() };
         let instance_id = ids.instance_id();
-        let backend = if trtllm {
-            Backend::Trtllm
-        } else {
-            Backend::Opaque
-        };
+        // The input's other top-level entries, passed on after the job's own.
         let taken = ["frames", "request", "request_id", "reply_to"];
-        let extra = || {
-            top.iter()
-                .filter(|(k, _)| !is_key(k, &taken) && !is_key(k, &DECODE_JOB_KEYS))
-        };
+        let mut extra = [false; WIDE];
+        for (keep, (k, _)) in extra.iter_mut().zip(top.iter()) {
+            *keep = !is_key(k, &taken) && !is_key(k, &DECODE_JOB_KEYS);
+        }
+        let extras = extra.iter().filter(|keep| **keep).count();
         let own = 6 + usize::from(disagg.is_some()) + usize::from(request.is_some());
-        let mut out = Vec::with_capacity(self.capacity);
-        write_map_len(&mut out, own + extra().count());
+        let mut out = Out::new(self.body, self.capacity);
+        write_map_len(out.own(), own + extras);
         for (key, value) in [
             ("request_id", self.request_id),
             ("reply_to", self.reply_to),
             ("backend", backend.as_str()),
         ] {
-            write_str(&mut out, key.as_bytes());
-            write_str(&mut out, value.as_bytes());
+            out.str(key.as_bytes());
+            out.str(value.as_bytes());
         }
         if let Some(id) = disagg {
-            write_str(&mut out, b"disagg_request_id");
-            write_uint(&mut out, id);
+            out.str(b"disagg_request_id");
+            write_uint(out.own(), id);
         }
-        write_str(&mut out, b"handoff");
+        out.str(b"handoff");
         write_params(&mut out, &params, disagg);
-        write_str(&mut out, b"prefill_output");
+        out.str(b"prefill_output");
         self.write_output(&mut out);
         if let Some(request) = request {
-            write_str(&mut out, b"request");
-            out.extend_from_slice(request);
+            out.str(b"request");
+            out.span(request);
         }
-        write_str(&mut out, b"worker");
-        write_map_len(&mut out, 2);
-        write_str(&mut out, b"instance_id");
-        write_str(&mut out, instance_id.as_bytes());
-        write_str(&mut out, b"machine_id");
+        let w = out.own();
+        write_str(w, b"worker");
+        write_map_len(w, 2);
+        write_str(w, b"instance_id");
+        write_str(w, instance_id.as_bytes());
+        write_str(w, b"machine_id");
         match machine_id {
-            Some(m) => write_uint(&mut out, u64::from(m.get())),
-            None => out.push(0xc0),
+            Some(m) => write_uint(w, u64::from(m.get())),
+            None => w.push(0xc0),
         }
-        for (k, v) in extra() {
-            out.extend_from_slice(k);
-            out.extend_from_slice(v);
+        for (entry, _) in top.iter().zip(extra).filter(|(_, keep)| *keep) {
+            out.entry(entry);
         }
         Some(Decision {
             outcome: Outcome::Decode {
@@ -284,47 +399,82 @@ impl Answer<'_, '_> {
             request_id: Some(self.request_id.to_string()),
             subject: rules.gen_subject.clone(),
             headers: vec![("Nats-Msg-Id", msg_id(self.request_id))],
-            payload: out,
+            payload: out.finish(),
             trailing_frames: self.trailing,
             detail: None,
         })
     }
 }
 
+/// The engine a params map is for, when the tree path would accept its
+/// handoff (`None` otherwise: the caller declines). TensorRT-LLM keys win over
+/// SGLang's, which win over vLLM's, as in `handoff::backend_of`; the
+/// TensorRT-LLM checks (and the mint) are the caller's. The SGLang and vLLM
+/// checks are `handoff::sglang` and `handoff::vllm` on spans.
+fn engine(params: &Fields<'_>) -> Option<Backend> {
+    let has_any = |keys: &[&str]| params.iter().any(|(k, _)| is_key(k, keys));
+    if has_any(&TRTLLM_KEYS) {
+        return Some(Backend::Trtllm);
+    }
+    let port = |raw: Span<'_>| scan::uint(raw).filter(|p| (1..=65535).contains(p));
+    if params
+        .iter()
+        .any(|(k, _)| utf8(k).is_some_and(|k| k.starts_with("bootstrap_")))
+    {
+        utf8(params.get("bootstrap_host")?).filter(|h| !h.is_empty())?;
+        port(params.get("bootstrap_port")?)?;
+        scan::uint(params.get("bootstrap_room")?).filter(|r| *r <= MAX_I63)?;
+        return Some(Backend::Sglang);
+    }
+    if has_any(&VLLM_KEYS) {
+        utf8(params.get("remote_engine_id")?).filter(|e| !e.is_empty())?;
+        let (n, blocks) = scan::items(params.get("remote_block_ids")?)?;
+        // Spans of a validated body: every item is there.
+        let ints = blocks.map(scan::uint).take_while(Option::is_some).count();
+        (ints == n).then_some(())?;
+        if let Some(raw) = params.get_non_nil("remote_port") {
+            port(raw)?;
+        }
+        return Some(Backend::Vllm);
+    }
+    Some(Backend::Opaque)
+}
+
 /// The params as they go to decode: for TensorRT-LLM (`disagg` is `Some`),
 /// `request_type` and `disagg_request_id` set in place or appended in that
 /// order; otherwise unchanged.
-fn write_params(out: &mut Vec<u8>, params: &Fields<'_>, disagg: Option<u64>) {
+fn write_params<'a>(out: &mut Out<'a>, params: &Fields<'a>, disagg: Option<u64>) {
     let Some(id) = disagg else {
-        write_map_len(out, params.len);
-        for (k, v) in params.iter() {
-            out.extend_from_slice(k);
-            out.extend_from_slice(v);
+        write_map_len(out.own(), params.len);
+        for entry in params.iter() {
+            out.entry(entry);
         }
         return;
     };
     let has_type = params.get("request_type").is_some();
     let has_id = params.get("disagg_request_id").is_some();
     write_map_len(
-        out,
+        out.own(),
         params.len + usize::from(!has_type) + usize::from(!has_id),
     );
     for (k, v) in params.iter() {
-        out.extend_from_slice(k);
-        if is_key(k, &["request_type"]) {
-            write_str(out, b"generation_only");
-        } else if is_key(k, &["disagg_request_id"]) {
-            write_uint(out, id);
+        if is(k, "request_type") {
+            out.span(k);
+            out.str(b"generation_only");
+        } else if is(k, "disagg_request_id") {
+            out.span(k);
+            write_uint(out.own(), id);
         } else {
-            out.extend_from_slice(v);
+            out.span(k);
+            out.span(v);
         }
     }
     if !has_type {
-        write_str(out, b"request_type");
-        write_str(out, b"generation_only");
+        out.str(b"request_type");
+        out.str(b"generation_only");
     }
     if !has_id {
-        write_str(out, b"disagg_request_id");
-        write_uint(out, id);
+        out.str(b"disagg_request_id");
+        write_uint(out.own(), id);
     }
 }

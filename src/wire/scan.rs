@@ -149,6 +149,26 @@ pub fn validate_entries<'a>(
     (p == bytes.len()).then_some(n)
 }
 
+/// The end of the canonically encoded value starting at `pos`, which sits in
+/// `depth` containers (so that nesting is bounded as [`validate`] bounds it);
+/// `None` when it is invalid or not canonical. For readers that validate a
+/// body piece by piece, reading some pieces themselves.
+pub fn value_end(bytes: &[u8], pos: usize, depth: usize) -> Option<usize> {
+    skip(bytes, pos, depth)
+}
+
+/// A canonical map header at the start of `raw`: the entry count and the
+/// offset of the first key.
+pub fn map_header(raw: &[u8]) -> Option<(usize, usize)> {
+    container_header(raw, 0x80, 0xde)
+}
+
+/// A canonical array header at the start of `raw`: the item count and the
+/// offset of the first item.
+pub fn array_header(raw: &[u8]) -> Option<(usize, usize)> {
+    container_header(raw, 0x90, 0xdc)
+}
+
 /// A canonical container header: the entry or item count and where the
 /// first one starts.
 fn container_header(raw: &[u8], fix: u8, wide: u8) -> Option<(usize, usize)> {

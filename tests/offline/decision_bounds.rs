@@ -11,7 +11,7 @@ use crate::decision_support;
 
 use decision_support::*;
 use prefill_handoff::decision::{
-    DeadLetterCode, Decision, ErrorCode, Input, MAX_TREE_VALUES, Outcome, decide,
+    Backend, DeadLetterCode, Decision, ErrorCode, Input, MAX_TREE_VALUES, Outcome, decide,
 };
 use prefill_handoff::wire::Encoding;
 use serde_json::json;
@@ -243,5 +243,37 @@ fn json_results_within_the_value_bound_are_decided_as_before() {
             "{count}: {d:?}"
         );
         assert!(peak <= LIMIT, "{count}: peak {peak} bytes");
+    }
+}
+
+#[test]
+fn a_long_prompt_in_an_sglang_or_vllm_handoff_is_handed_off_in_place() {
+    // 100,000 token IDs in the request: three times the value-tree bound.
+    // Before SGLang and vLLM handoffs were decided in place, such a result
+    // was refused as too complex; TensorRT-LLM's already passed.
+    let tokens: Vec<u32> = (0..100_000).collect();
+    for (params, backend) in [
+        (sglang(), Backend::Sglang),
+        (vllm(), Backend::Vllm),
+        (trt(), Backend::Trtllm),
+    ] {
+        let body = msgpack(&v(json!({
+            "request_id": "r-1",
+            "reply_to": REPLY,
+            "frames": [{"token_ids": [7], "finish_reason": "length", "disaggregated_params": params}],
+            "request": {"model": "m", "token_ids": tokens},
+        })));
+        let (d, peak) = measured(&body, Encoding::MsgPack);
+        assert!(
+            matches!(d.outcome, Outcome::Decode { backend: b, .. } if b == backend),
+            "{backend}: {:?} {:?}",
+            d.outcome,
+            d.detail
+        );
+        assert!(
+            d.payload.len() > body.len(),
+            "{backend}: the request is passed on whole"
+        );
+        assert!(peak <= LIMIT, "{backend}: peak {peak} bytes");
     }
 }

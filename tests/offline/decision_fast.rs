@@ -92,9 +92,82 @@ fn params() -> impl Strategy<Value = Value> {
         6 => trt,
         1 => Just(v(sglang())),
         1 => Just(v(vllm())),
+        2 => engine_params(),
         1 => proptest::collection::vec((anything(), anything()), 0..4).prop_map(Value::Map),
         1 => anything(),
     ]
+}
+
+/// SGLang and vLLM params near the edges of their checks (both decided in
+/// place): ports around 1..=65535, empty and non-string hosts, block IDs
+/// that are negative or not integers, fields missing or null.
+fn engine_params() -> impl Strategy<Value = Value> {
+    let ints = || {
+        vec![
+            Value::from(0),
+            Value::from(1_234_567),
+            Value::from((1u64 << 63) - 1),
+            Value::from(1u64 << 63),
+            Value::from(-1),
+            Value::Nil,
+        ]
+    };
+    let ports = || {
+        vec![
+            Value::from(0),
+            Value::from(1),
+            Value::from(8998),
+            Value::from(65535),
+            Value::from(65536),
+            Value::from(-1),
+            k("8998"),
+            Value::Nil,
+        ]
+    };
+    let hosts = || vec![k("10.0.0.5"), k(""), Value::Nil, Value::from(5)];
+    let sglang_near = (
+        field_of(hosts()),
+        field_of(ports()),
+        field_of(ints()),
+        proptest::collection::vec((anything(), anything()), 0..2),
+    )
+        .prop_map(|(host, port, room, extra)| {
+            map_of(
+                vec![
+                    ("bootstrap_host", host),
+                    ("bootstrap_port", port),
+                    ("bootstrap_room", room),
+                ],
+                extra,
+            )
+        });
+    let blocks = vec![
+        v(serde_json::json!([0, 1, 2])),
+        v(serde_json::json!([])),
+        v(serde_json::json!([0, -1])),
+        v(serde_json::json!([7, "8"])),
+        v(serde_json::json!([18446744073709551615u64])),
+        Value::Nil,
+    ];
+    let vllm_near = (
+        field_of(hosts()),
+        field_of(blocks),
+        field_of(ports()),
+        field_of(vec![Value::Boolean(true)]),
+        proptest::collection::vec((anything(), anything()), 0..2),
+    )
+        .prop_map(|(engine, blocks, port, remote, extra)| {
+            map_of(
+                vec![
+                    ("do_remote_prefill", remote),
+                    ("remote_engine_id", engine),
+                    ("remote_block_ids", blocks),
+                    ("remote_port", port),
+                ],
+                extra,
+            )
+        });
+    prop_oneof![sglang_near, vllm_near]
 }
 
 fn gen_frame() -> impl Strategy<Value = Value> {
@@ -228,6 +301,21 @@ proptest! {
     }
 
     #[test]
+    fn engine_handoffs_decide_the_same(params in engine_params()) {
+        let frame = Value::Map(vec![
+            (k("token_ids"), Value::Array(vec![Value::from(791)])),
+            (k("finish_reason"), k("length")),
+            (k("disaggregated_params"), params),
+        ]);
+        let message = Value::Map(vec![
+            (k("request_id"), k("req-1")),
+            (k("reply_to"), k(REPLY)),
+            (k("frames"), Value::Array(vec![frame])),
+        ]);
+        check_same(&msgpack(&message))?;
+    }
+
+    #[test]
     fn mutated_bytes_decide_the_same(
         message in gen_result(),
         edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>(), 0u8..3), 1..4),
@@ -248,14 +336,21 @@ proptest! {
     }
 }
 
-/// A typical TensorRT-LLM handoff result and a terminal one are decided in
-/// place (so the equality above covers the in-place path, not just the
+/// A typical TensorRT-LLM, SGLang and vLLM handoff result and a terminal
+/// one are decided in place (so the equality above covers the in-place path, not just the
 /// fallback), and a non-canonical encoding of the same is not.
 #[test]
 fn typical_results_are_decided_in_place() {
     let handoff = msgpack(&v(needs_decode(without(trt(), "disagg_request_id"))));
     let terminal = msgpack(&v(result_json_terminal()));
-    for (payload, kind) in [(&handoff, "decode"), (&terminal, "terminal")] {
+    let sglang_handoff = msgpack(&v(needs_decode(sglang())));
+    let vllm_handoff = msgpack(&v(needs_decode(vllm())));
+    for (payload, kind) in [
+        (&handoff, "decode"),
+        (&terminal, "terminal"),
+        (&sglang_handoff, "decode"),
+        (&vllm_handoff, "decode"),
+    ] {
         let input = Input {
             payload,
             encoding: Encoding::MsgPack,
