@@ -137,33 +137,6 @@ impl FinishReason {
     }
 }
 
-/// Which engine's handoff shape a decode job carries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Backend {
-    Trtllm,
-    Sglang,
-    Vllm,
-    Opaque,
-}
-
-impl Backend {
-    pub const ALL: [Backend; 4] = [
-        Backend::Trtllm,
-        Backend::Sglang,
-        Backend::Vllm,
-        Backend::Opaque,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Backend::Trtllm => "trtllm",
-            Backend::Sglang => "sglang",
-            Backend::Vllm => "vllm",
-            Backend::Opaque => "opaque",
-        }
-    }
-}
-
 macro_rules! display_as_str {
     ($($t:ty),*) => {$(
         impl fmt::Display for $t {
@@ -173,4 +146,4 @@ macro_rules! display_as_str {
         }
     )*};
 }
-display_as_str!(ErrorCode, DeadLetterCode, FinishReason, Backend);
+display_as_str!(ErrorCode, DeadLetterCode, FinishReason);

@@ -5,7 +5,7 @@
 //! failing inside a decode worker later.
 
 use super::{ErrorCode, IdSource};
-use crate::decision::codes::Backend;
+use crate::decision::Backend;
 use crate::ids::MachineId;
 use crate::wire::map;
 use rmpv::Value;

@@ -13,7 +13,8 @@ pub mod reply;
 mod request;
 mod trace;
 
-pub use codes::{Backend, DeadLetterCode, ErrorCode, FinishReason};
+pub use crate::wire::messages::Backend;
+pub use codes::{DeadLetterCode, ErrorCode, FinishReason};
 pub use complex::MAX_TREE_VALUES;
 pub use handoff::{backend_of, describe};
 pub use headers::{PAYLOAD_OMITTED, dead_letter_headers, msg_id, without_payload};

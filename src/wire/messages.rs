@@ -2,9 +2,42 @@
 //! that passed-on parts keep every field they came with.
 
 use super::map::from_pairs;
-use crate::decision::Backend;
 use crate::ids::{IdLayout, MachineId};
 use rmpv::Value;
+
+/// Which engine's handoff shape a decode job carries (its `backend` field).
+/// Defined here with the message it names; the decision re-exports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Backend {
+    Trtllm,
+    Sglang,
+    Vllm,
+    Opaque,
+}
+
+impl Backend {
+    pub const ALL: [Backend; 4] = [
+        Backend::Trtllm,
+        Backend::Sglang,
+        Backend::Vllm,
+        Backend::Opaque,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Backend::Trtllm => "trtllm",
+            Backend::Sglang => "sglang",
+            Backend::Vllm => "vllm",
+            Backend::Opaque => "opaque",
+        }
+    }
+}
+
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 /// `{"request_id", "kind": "error", "error": {"code", "message"}}`.
 pub fn error_response(request_id: Option<&str>, code: &str, message: &str) -> Value {
