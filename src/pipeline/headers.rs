@@ -8,7 +8,7 @@
 //! copied one.
 
 use crate::decision::{self, TraceHeaders};
-use async_nats::{HeaderMap, HeaderValue};
+use async_nats::{HeaderMap, HeaderName, HeaderValue};
 
 /// The trace headers an input passes on to its outputs.
 pub fn trace_headers(headers: Option<&HeaderMap>) -> TraceHeaders {
@@ -23,19 +23,26 @@ pub fn trace_headers(headers: Option<&HeaderMap>) -> TraceHeaders {
 
 /// An output's headers: `set` (the decision's), then the copied trace
 /// headers. Empty when both are (the sink then publishes without headers).
+///
+/// Built for every output, so built cheaply: the names are static and
+/// become [`HeaderName::from_static`] (no allocation, no validation: every
+/// name here is a constant of the decision or of the trace policy), and each
+/// value is copied once (`parse` validated and copied it, and `insert` by
+/// `&str` copied the name again).
 pub fn output_headers(set: &[(&'static str, String)], trace: &TraceHeaders) -> HeaderMap {
-    let mut headers = HeaderMap::new();
-    for (name, value) in set.iter().chain(&trace.copy) {
-        headers.insert(*name, header_value(value));
-    }
-    headers
+    set.iter()
+        .chain(&trace.copy)
+        .map(|(name, value)| (HeaderName::from_static(name), header_value(value)))
+        .collect()
 }
 
 /// A header value; line breaks (which cannot stand in a header) become spaces.
 fn header_value(value: &str) -> HeaderValue {
-    value
-        .parse()
-        .unwrap_or_else(|_| HeaderValue::from(value.replace(['\r', '\n'], " ")))
+    if value.contains(['\r', '\n']) {
+        HeaderValue::from(value.replace(['\r', '\n'], " "))
+    } else {
+        HeaderValue::from(value.to_owned())
+    }
 }
 
 #[cfg(test)]
