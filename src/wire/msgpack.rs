@@ -16,6 +16,7 @@
 //! shortest encoding.
 
 use super::{MAX_DEPTH, WireError};
+use rmp::encode;
 use rmpv::Value;
 
 /// The most items reserved up front for one array or map; larger ones grow.
@@ -184,56 +185,40 @@ fn truncated(at: usize) -> WireError {
     ))
 }
 
-/// Appends the MessagePack encoding of `value` to `out`.
+/// Appends the MessagePack encoding of `value` to `out`. The markers and
+/// lengths are rmp's (`rmp::encode`, each in its shortest form, as rmpv
+/// writes them); only the walk over the tree and the string rule are ours.
 pub fn write(out: &mut Vec<u8>, value: &Value) {
     match value {
-        Value::Nil => out.push(0xc0),
-        Value::Boolean(b) => out.push(if *b { 0xc3 } else { 0xc2 }),
+        Value::Nil => infallible(encode::write_nil(out)),
+        Value::Boolean(b) => infallible(encode::write_bool(out, *b)),
         Value::Integer(i) => match (i.as_u64(), i.as_i64()) {
             (Some(u), _) => write_uint(out, u),
-            (None, Some(n)) => write_negative(out, n),
-            (None, None) => out.push(0xc0),
+            (None, Some(n)) => infallible(encode::write_sint(out, n)),
+            (None, None) => infallible(encode::write_nil(out)),
         },
-        Value::F32(f) => {
-            out.push(0xca);
-            out.extend_from_slice(&f.to_be_bytes());
-        }
-        Value::F64(f) => {
-            out.push(0xcb);
-            out.extend_from_slice(&f.to_be_bytes());
-        }
-        Value::String(s) => {
-            let bytes = s.as_bytes();
-            write_len(out, bytes.len(), Some(0xa0), [0xd9, 0xda, 0xdb]);
-            out.extend_from_slice(bytes);
-        }
+        Value::F32(f) => infallible(encode::write_f32(out, *f)),
+        Value::F64(f) => infallible(encode::write_f64(out, *f)),
+        Value::String(s) => write_str(out, s.as_bytes()),
         Value::Binary(bytes) => {
-            write_len(out, bytes.len(), None, [0xc4, 0xc5, 0xc6]);
+            infallible(encode::write_bin_len(out, len32(bytes.len())));
             out.extend_from_slice(bytes);
         }
         Value::Array(items) => {
-            write_container_len(out, items.len(), 0x90, [0xdc, 0xdd]);
+            infallible(encode::write_array_len(out, len32(items.len())));
             for item in items {
                 write(out, item);
             }
         }
         Value::Map(entries) => {
-            write_container_len(out, entries.len(), 0x80, [0xde, 0xdf]);
+            write_map_len(out, entries.len());
             for (k, v) in entries {
                 write(out, k);
                 write(out, v);
             }
         }
         Value::Ext(tag, data) => {
-            match data.len() {
-                1 => out.push(0xd4),
-                2 => out.push(0xd5),
-                4 => out.push(0xd6),
-                8 => out.push(0xd7),
-                16 => out.push(0xd8),
-                n => write_len(out, n, None, [0xc7, 0xc8, 0xc9]),
-            }
-            out.push(*tag as u8);
+            infallible(encode::write_ext_meta(out, len32(data.len()), *tag));
             out.extend_from_slice(data);
         }
     }
@@ -242,77 +227,27 @@ pub fn write(out: &mut Vec<u8>, value: &Value) {
 /// Appends a string's header and bytes (which need not be UTF-8), as
 /// [`write()`] writes a string value.
 pub fn write_str(out: &mut Vec<u8>, bytes: &[u8]) {
-    write_len(out, bytes.len(), Some(0xa0), [0xd9, 0xda, 0xdb]);
+    infallible(encode::write_str_len(out, len32(bytes.len())));
     out.extend_from_slice(bytes);
 }
 
 /// Appends the header of a map of `n` entries, as [`write()`] writes it.
 pub fn write_map_len(out: &mut Vec<u8>, n: usize) {
-    write_container_len(out, n, 0x80, [0xde, 0xdf]);
+    infallible(encode::write_map_len(out, len32(n)));
 }
 
 /// Appends a non-negative integer in its shortest form, as [`write()`] does.
 pub fn write_uint(out: &mut Vec<u8>, n: u64) {
-    if n < 0x80 {
-        out.push(n as u8);
-    } else if n <= u64::from(u8::MAX) {
-        out.extend_from_slice(&[0xcc, n as u8]);
-    } else if n <= u64::from(u16::MAX) {
-        out.push(0xcd);
-        out.extend_from_slice(&(n as u16).to_be_bytes());
-    } else if n <= u64::from(u32::MAX) {
-        out.push(0xce);
-        out.extend_from_slice(&(n as u32).to_be_bytes());
-    } else {
-        out.push(0xcf);
-        out.extend_from_slice(&n.to_be_bytes());
-    }
+    infallible(encode::write_uint(out, n));
 }
 
-/// A negative integer (non-negative ones go through [`write_uint`]).
-fn write_negative(out: &mut Vec<u8>, n: i64) {
-    if n >= -32 {
-        out.push(n as i8 as u8);
-    } else if n >= i64::from(i8::MIN) {
-        out.extend_from_slice(&[0xd0, n as i8 as u8]);
-    } else if n >= i64::from(i16::MIN) {
-        out.push(0xd1);
-        out.extend_from_slice(&(n as i16).to_be_bytes());
-    } else if n >= i64::from(i32::MIN) {
-        out.push(0xd2);
-        out.extend_from_slice(&(n as i32).to_be_bytes());
-    } else {
-        out.push(0xd3);
-        out.extend_from_slice(&n.to_be_bytes());
-    }
+/// A length as MessagePack carries it. Lengths past 32 bits cannot occur:
+/// every value comes from a message bounded far below 4 GiB.
+fn len32(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
 }
 
-/// The length of a string (with a fix form for up to 31 bytes), binary or
-/// ext: markers for 8-, 16- and 32-bit lengths. Lengths past 32 bits cannot
-/// occur: every value comes from a bounded message.
-fn write_len(out: &mut Vec<u8>, n: usize, fix: Option<u8>, markers: [u8; 3]) {
-    match fix {
-        Some(fix) if n < 32 => out.push(fix | n as u8),
-        _ if n <= usize::from(u8::MAX) => out.extend_from_slice(&[markers[0], n as u8]),
-        _ if n <= usize::from(u16::MAX) => {
-            out.push(markers[1]);
-            out.extend_from_slice(&(n as u16).to_be_bytes());
-        }
-        _ => {
-            out.push(markers[2]);
-            out.extend_from_slice(&(n as u32).to_be_bytes());
-        }
-    }
-}
-
-fn write_container_len(out: &mut Vec<u8>, n: usize, fix: u8, markers: [u8; 2]) {
-    if n < 16 {
-        out.push(fix | n as u8);
-    } else if n <= usize::from(u16::MAX) {
-        out.push(markers[0]);
-        out.extend_from_slice(&(n as u16).to_be_bytes());
-    } else {
-        out.push(markers[1]);
-        out.extend_from_slice(&(n as u32).to_be_bytes());
-    }
+/// Writing into a `Vec` cannot fail; rmp's signatures are for any writer.
+fn infallible<T, E>(written: Result<T, E>) {
+    debug_assert!(written.is_ok(), "writing MessagePack into a Vec failed");
 }
