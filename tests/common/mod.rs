@@ -194,6 +194,27 @@ impl Nats {
         self.spawn();
     }
 
+    /// SIGTERM, wait for the exit, start again on the same port with the
+    /// same store: a rolling restart. Tests that count every output across
+    /// the restart use this one: a SIGKILLed single nats-server can lose
+    /// messages it had already acknowledged (its file store writes them out
+    /// shortly after the ack, and a stream stores a captured core publish
+    /// after the publisher's PING round trip has returned), which no client
+    /// can prevent. Crashes are covered where replication keeps acknowledged
+    /// messages: the R3 stream-leader SIGKILL test in tests/cluster.
+    pub fn restart_gracefully(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            signal(&child, "TERM");
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            while matches!(child.try_wait(), Ok(None)) && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        self.spawn();
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("nats.log")).unwrap_or_default()
     }

@@ -86,7 +86,7 @@ async fn jetstream_nats_server_restart_mid_run_loses_nothing() {
     let inputs: Vec<Input> = (0..n).map(mixed).collect();
     publish_all(&js, &inputs).await;
     assert!(collector.wait_for(n / 5, Duration::from_secs(60)).await);
-    nats.restart();
+    nats.restart_gracefully();
     println!("nats-server restarted after {} outputs", collector.len());
 
     assert!(
