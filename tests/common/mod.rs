@@ -470,6 +470,25 @@ impl Worker {
         }
     }
 
+    /// `run` against `nats_url` and `etcd`, configured by `HANDOFF_*`
+    /// environment (`extra` added to the servers and a free metrics
+    /// address), without waiting for it; returns it with its metrics
+    /// address. For starts that may be refused as well as ones that serve.
+    pub fn run_with_env(nats_url: &str, etcd: &Etcd, extra: &[(&str, &str)]) -> (Worker, String) {
+        let metrics_addr = format!("127.0.0.1:{}", free_port());
+        let mut env = vec![
+            ("HANDOFF_NATS__URL", nats_url.to_string()),
+            ("HANDOFF_ETCD__ENDPOINTS", etcd.endpoint()),
+            ("HANDOFF_METRICS_ADDR", metrics_addr.clone()),
+            ("NO_COLOR", "1".to_string()),
+        ];
+        for (k, v) in extra {
+            env.push((k, v.to_string()));
+        }
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        (Worker::spawn(&["run"], &env), metrics_addr)
+    }
+
     /// `prefill-handoff run` in `mode` against `nats` and `etcd`, with
     /// `--set` overrides and extra environment; returns it once `/readyz`
     /// answers 200 (within 30 s, generous for a loaded machine), with its

@@ -23,18 +23,7 @@ const SPANS: Duration = Duration::from_secs(30);
 /// Starts `run` with `extra` settings and waits until it consumes; returns
 /// it and its metrics address.
 fn spawn_worker(nats: &Nats, etcd: &Etcd, extra: &[(&str, &str)]) -> (Worker, String) {
-    let metrics_addr = format!("127.0.0.1:{}", free_port());
-    let mut env = vec![
-        ("HANDOFF_NATS__URL", nats.url()),
-        ("HANDOFF_ETCD__ENDPOINTS", etcd.endpoint()),
-        ("HANDOFF_METRICS_ADDR", metrics_addr.clone()),
-        ("NO_COLOR", "1".to_string()),
-    ];
-    for (k, v) in extra {
-        env.push((k, v.to_string()));
-    }
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let worker = Worker::spawn(&["run"], &env);
+    let (worker, metrics_addr) = Worker::run_with_env(&nats.url(), etcd, extra);
     let up = block_in_place(|| worker.wait_for_log("consuming prefill results", START));
     assert!(up, "the worker did not start:\n{}", worker.log());
     (worker, metrics_addr)

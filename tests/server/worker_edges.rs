@@ -18,22 +18,6 @@ use worker_support::{GEN, PREFILL, msgpack};
 const START: Duration = Duration::from_secs(30);
 const PASSWORD: &str = "Sw0rdf1shPassw0rd";
 
-/// `run` against the servers with `nats_url`; `wait` for it to consume.
-fn spawn(nats_url: &str, etcd: &Etcd, extra: &[(&str, &str)]) -> (Worker, String) {
-    let metrics_addr = format!("127.0.0.1:{}", free_port());
-    let mut env = vec![
-        ("HANDOFF_NATS__URL", nats_url.to_string()),
-        ("HANDOFF_ETCD__ENDPOINTS", etcd.endpoint()),
-        ("HANDOFF_METRICS_ADDR", metrics_addr.clone()),
-        ("NO_COLOR", "1".to_string()),
-    ];
-    for (k, v) in extra {
-        env.push((k, v.to_string()));
-    }
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    (Worker::spawn(&["run"], &env), metrics_addr)
-}
-
 fn wait_consuming(worker: &Worker) {
     let up = block_in_place(|| worker.wait_for_log("consuming prefill results", START));
     assert!(up, "the worker did not start:\n{}", worker.log());
@@ -97,7 +81,8 @@ async fn nats_unreachable_at_start_exits_1_naming_the_redacted_url() {
     let etcd = Etcd::start();
     let port = free_port();
     let url = format!("nats://u:{PASSWORD}@127.0.0.1:{port}");
-    let (mut worker, _) = spawn(&url, &etcd, &[("HANDOFF_NATS__CONNECT_TIMEOUT_SECS", "2")]);
+    let (mut worker, _) =
+        Worker::run_with_env(&url, &etcd, &[("HANDOFF_NATS__CONNECT_TIMEOUT_SECS", "2")]);
     let code = block_in_place(|| worker.wait_exit(Duration::from_secs(60)));
     let log = worker.log();
     assert_eq!(code, Some(1), "exit code; log:\n{log}");
@@ -122,7 +107,7 @@ async fn nats_unreachable_at_start_exits_1_naming_the_redacted_url() {
 async fn credentials_in_the_url_authenticate() {
     let nats = Nats::start_with_user("handoff", PASSWORD);
     let etcd = Etcd::start();
-    let (worker, _) = spawn(&nats.url_with_user(), &etcd, &[]);
+    let (worker, _) = Worker::run_with_env(&nats.url_with_user(), &etcd, &[]);
     wait_consuming(&worker);
     let test = client_as(&nats, "handoff").await;
     let seen = outputs(&test).await;
@@ -137,7 +122,7 @@ async fn credentials_in_the_url_authenticate() {
     drop(worker);
 
     let wrong = format!("nats://handoff:not-{PASSWORD}@127.0.0.1:{}", nats.port);
-    let (mut refused, _) = spawn(
+    let (mut refused, _) = Worker::run_with_env(
         &wrong,
         &etcd,
         &[("HANDOFF_NATS__CONNECT_TIMEOUT_SECS", "2")],
@@ -153,7 +138,7 @@ async fn credentials_in_the_url_authenticate() {
 async fn a_password_in_the_url_appears_nowhere_in_the_output_at_debug() {
     let nats = Nats::start_with_user("handoff", PASSWORD);
     let etcd = Etcd::start();
-    let (mut worker, _) = spawn(
+    let (mut worker, _) = Worker::run_with_env(
         &nats.url_with_user(),
         &etcd,
         &[
@@ -198,7 +183,8 @@ async fn an_id_service_flood_never_makes_a_decode_job_identity_unavailable() {
     let etcd = Etcd::start();
     // A short lease: the slot's ID reservation reaches 3 s past the clock,
     // so a flood that outruns the slot's rate reaches its end within seconds.
-    let (worker, metrics_addr) = spawn(&nats.url(), &etcd, &[("HANDOFF_LEASE_TTL_SECS", "3")]);
+    let (worker, metrics_addr) =
+        Worker::run_with_env(&nats.url(), &etcd, &[("HANDOFF_LEASE_TTL_SECS", "3")]);
     wait_consuming(&worker);
     let test = worker_support::client(&nats.url()).await;
     let seen = outputs(&test).await;
