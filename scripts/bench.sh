@@ -19,7 +19,9 @@
 # Knobs (environment): PEAK_COUNT (50000), REPEATS (3), RATE (2000 msg/s),
 # RATE_SECS (10), WARMUP (2000), MIX (trtllm=80,terminal=15,error=5),
 # NATS_SERVER (Debian's /usr/sbin/nats-server when present), ETCD (etcd),
-# ONLY (space-separated scenario names to run, default all), KEEP_TMP=1.
+# ONLY (space-separated scenario names to run, default all), KEEP_TMP=1,
+# BENCH_MAX_IN_FLIGHT_BYTES (the worker's max_in_flight_bytes, 64 MiB), BENCH_BIN (a
+# prefill-handoff binary to measure instead of this tree's release build).
 #
 # Exit status: 0 when every scenario that could run ran; 1 when one failed.
 # A scenario whose program is not built yet is skipped, not failed.
@@ -65,7 +67,7 @@ fi
 log "building release binary and examples"
 cargo build --release --quiet --bin prefill-handoff --example raw_relay --example raw_js_relay
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
-BIN=$TARGET/release/prefill-handoff
+BIN=${BENCH_BIN:-$TARGET/release/prefill-handoff}
 RELAY=$TARGET/release/examples/raw_relay
 JS_RELAY=$TARGET/release/examples/raw_js_relay
 [[ -x $BIN && -x $RELAY && -x $JS_RELAY ]] || die "build produced no binaries under $TARGET/release"
@@ -199,7 +201,14 @@ measure() {
     fi
 }
 
-WORKER_ARGS=(--nats-url "$NATS_URL" --etcd-endpoints "$ETCD_URL")
+# The worker's byte budget (max_in_flight_bytes) for the runs: large enough
+# to hold a whole burst (PEAK_COUNT results of ~600 bytes), so every result
+# of a burst is decided. With the default 8 MiB, a 50,000-result burst sent in
+# 0.1 s is mostly refused as over_budget dead letters: cheap outputs the
+# loadgen cannot match (it reports them missing), which understated both the
+# CPU per message and the peak RSS.
+BENCH_MAX_IN_FLIGHT_BYTES=${BENCH_MAX_IN_FLIGHT_BYTES:-67108864}
+WORKER_ARGS=(--nats-url "$NATS_URL" --etcd-endpoints "$ETCD_URL" --set "max_in_flight_bytes=$BENCH_MAX_IN_FLIGHT_BYTES")
 
 start relay brelay "--expect-relay" -- \
     "$RELAY" --nats-url "$NATS_URL" --namespace brelay

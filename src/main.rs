@@ -15,17 +15,6 @@ use prefill_handoff_loadgen::{Connect, cli::CliError, cli::LoadgenArgs};
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-// mimalloc's `mi_option_set` (from the mimalloc library `mimalloc` links in;
-// libmimalloc-sys declares it only behind its `extended` feature).
-unsafe extern "C" {
-    fn mi_option_set(option: std::ffi::c_int, value: std::ffi::c_long);
-}
-
-/// `mi_option_purge_delay` in `mi_option_e` (mimalloc v2 and v3 include/mimalloc.h
-/// of libmimalloc-sys 0.1.49): milliseconds before freed memory is given back
-/// to the OS (default 10, and 10 times that for arenas).
-const MI_OPTION_PURGE_DELAY: std::ffi::c_int = 15;
-
 #[derive(Debug, Parser)]
 #[command(name = "prefill-handoff", version, about = cli::ABOUT)]
 struct Cli {
@@ -42,14 +31,13 @@ enum Command {
 }
 
 fn main() {
-    // Give freed memory back at once. A burst of 2,000 results of 1 MiB
-    // (tests/server/worker_bounds.rs, nats-server 2.9.10, debug build) peaked at
-    // 209-214 MiB with the default delay and 132 MiB without: results are
-    // allocated by the NATS connection's thread and freed on others, and the
-    // delayed purges kept ~80 MiB of them resident against the 256 MiB limit.
-    // SAFETY: called first thing, before any other thread exists (the
-    // function is not thread safe); an unknown option is ignored.
-    unsafe { mi_option_set(MI_OPTION_PURGE_DELAY, 0) };
+    // mimalloc keeps its default purge delay (10 ms; MIMALLOC_PURGE_DELAY
+    // sets another). A delay of 0, which gave freed memory back at once,
+    // cost 20-25% more CPU per message in 50,000-result bursts (page faults
+    // and TLB shootdowns in `perf`), and since results are read in place by
+    // the runner it no longer lowers the peak of the 2,000 x 1 MiB hostile
+    // burst (tests/server/worker_bounds.rs: 42-45 MiB at 0, 54-68 MiB at
+    // 10 ms, against a 256 MiB limit).
     // No transparent huge pages for this process, whatever the host's
     // setting. mimalloc's `no_thp` feature (Cargo.toml) only stops it asking
     // for them (MADV_HUGEPAGE); on a host set to THP "always" the kernel

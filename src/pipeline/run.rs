@@ -18,6 +18,7 @@ use super::{Pipeline, Stats};
 use crate::config::Config;
 use crate::metrics::RateLimitedLog;
 use crate::transport::{Admission, Admitted, Limits, Source};
+use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -104,12 +105,19 @@ impl Runner {
         let mut drain_deadline = std::pin::pin!(drain_deadline);
         let mut deadline: Option<Instant> = None;
 
-        // Taken from the source while no slot was free: first in the next batch.
-        let mut carried: Option<Admitted> = None;
+        // Taken from the source while no slot was free, in arrival order:
+        // first in the next batches. Bounded by the byte budget each holds.
+        let mut waiting: VecDeque<Admitted> = VecDeque::new();
+        // The source has ended: nothing more comes out of it.
+        let mut closed = false;
         loop {
             while tasks.try_join_next().is_some() {}
-            let first = match carried.take() {
+            let first = match waiting.pop_front() {
                 Some(admitted) => admitted,
+                None if closed => {
+                    source_ended(deadline.is_some());
+                    break;
+                }
                 None => {
                     let draining = deadline.is_some();
                     let next = tokio::select! {
@@ -130,15 +138,7 @@ impl Runner {
                             continue;
                         }
                         None => {
-                            if draining {
-                                tracing::info!(
-                                    "shutdown: the source is drained; every accepted result is taken"
-                                );
-                            } else {
-                                tracing::warn!(
-                                    "the transport closed; finishing the results already taken"
-                                );
-                            }
+                            source_ended(draining);
                             break;
                         }
                     }
@@ -148,6 +148,10 @@ impl Runner {
             let slot = if first.slot.is_some() {
                 None
             } else {
+                // One wait, kept across the loop: its place in the queue for
+                // a slot is not lost while deliveries arrive.
+                let acquire = Arc::clone(&self.limits.slots).acquire_owned();
+                let mut acquire = std::pin::pin!(acquire);
                 let slot = loop {
                     tokio::select! {
                         biased;
@@ -157,7 +161,18 @@ impl Runner {
                             deadline = Some(until);
                         }
                         () = &mut drain_deadline, if deadline.is_some() => break None,
-                        slot = Arc::clone(&self.limits.slots).acquire_owned() => break slot.ok(),
+                        slot = &mut acquire => break slot.ok(),
+                        // Reading goes on while every slot is taken: what
+                        // arrives waits here, counted in the byte budget
+                        // (or refused by it), not in the NATS client's
+                        // buffer, which only a count of messages bounds.
+                        next = source.next(), if !closed => match next {
+                            Some(Admission::Admitted(admitted)) => waiting.push_back(admitted),
+                            Some(Admission::OverBudget { delivery, bytes }) => {
+                                self.refuse(delivery, bytes).await;
+                            }
+                            None => closed = true,
+                        },
                     }
                 };
                 // Past the drain deadline: not taken, it gets no output here.
@@ -165,16 +180,19 @@ impl Runner {
                 Some(slot)
             };
             let mut batch = vec![with_slot(first, slot)];
-            // Whatever the source already holds joins the batch, as long as
-            // there are slots for it.
+            // What waits, then whatever the source already holds, joins the
+            // batch, as long as there are slots for it.
             while batch.len() < BATCH {
-                let admitted = match source.ready() {
-                    Some(Admission::Admitted(admitted)) => admitted,
-                    Some(Admission::OverBudget { delivery, bytes }) => {
-                        self.refuse(delivery, bytes).await;
-                        continue;
-                    }
-                    None => break,
+                let admitted = match waiting.pop_front() {
+                    Some(admitted) => admitted,
+                    None => match source.ready() {
+                        Some(Admission::Admitted(admitted)) => admitted,
+                        Some(Admission::OverBudget { delivery, bytes }) => {
+                            self.refuse(delivery, bytes).await;
+                            continue;
+                        }
+                        None => break,
+                    },
                 };
                 if admitted.slot.is_some() {
                     batch.push(admitted);
@@ -183,7 +201,7 @@ impl Runner {
                 match Arc::clone(&self.limits.slots).try_acquire_owned() {
                     Ok(slot) => batch.push(with_slot(admitted, Some(slot))),
                     Err(_) => {
-                        carried = Some(admitted);
+                        waiting.push_front(admitted);
                         break;
                     }
                 }
@@ -278,6 +296,15 @@ async fn finish(tasks: &mut JoinSet<()>, deadline: Instant, stats: &Stats) -> us
     let counts = stats.counts();
     let done = counts.published + counts.failed + counts.deferred;
     usize::try_from(counts.received.saturating_sub(done)).unwrap_or(usize::MAX)
+}
+
+/// Logs why no more input comes.
+fn source_ended(draining: bool) {
+    if draining {
+        tracing::info!("shutdown: the source is drained; every accepted result is taken");
+    } else {
+        tracing::warn!("the transport closed; finishing the results already taken");
+    }
 }
 
 /// Stops taking input; returns the instant by which in-flight work must end.

@@ -9,7 +9,7 @@ use futures::StreamExt;
 use futures::stream::SelectAll;
 use std::time::Instant;
 
-/// The queue subscriptions, read by the intake (`core_intake.rs`).
+/// The queue subscriptions, read through the intake (`core_intake.rs`).
 pub(super) struct Subscriptions {
     client: Client,
     subscriptions: SelectAll<Subscriber>,
@@ -24,13 +24,8 @@ pub async fn subscribe(
     limits: &Limits,
 ) -> Result<Source, TransportError> {
     let subscriptions = Subscriptions::subscribe(client, subjects, queue_group).await?;
-    let (source, feed) = Source::new();
-    tokio::spawn(super::core_intake::run(
-        subscriptions,
-        limits.budget.clone(),
-        feed,
-    ));
-    Ok(source)
+    let intake = super::core_intake::Intake::new(subscriptions, limits.budget.clone());
+    Ok(Source::core(intake))
 }
 
 impl Subscriptions {

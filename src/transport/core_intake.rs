@@ -1,13 +1,15 @@
-//! The core source's intake: takes every result off the subscriptions as
-//! soon as it arrives and holds its bytes in the worker's byte budget
-//! (`max_in_flight_bytes`), or refuses it when the budget is spent.
+//! The core source's intake: each result is taken off the subscriptions by
+//! the runner itself (no task or channel in between) and holds its bytes in
+//! the worker's byte budget (`max_in_flight_bytes`), or is refused when the
+//! budget is spent.
 //!
-//! Reading is not gated on free in-flight slots: a result waiting for a slot
-//! waits here, in bytes the budget counts, not in the NATS client's
-//! subscription buffer, which is bounded only by a count of messages
+//! Reading is not gated on free in-flight slots: the runner keeps reading
+//! while it waits for one, and a result waiting for a slot waits in the
+//! runner, in bytes the budget counts, not in the NATS client's subscription
+//! buffer, which is bounded only by a count of messages
 //! (`nats.subscription_capacity`) of up to the server's max_payload each.
-//! Measured before this: 2,000 results of 1 MiB at one worker grew it past
-//! 1 GiB against nats-server 2.9.10.
+//! Measured before the budget: 2,000 results of 1 MiB at one worker grew it
+//! past 1 GiB against nats-server 2.9.10.
 //!
 //! A refused result is handed on as [`Admission::OverBudget`], its bytes
 //! dropped at once: the pipeline still gives it its one output (a dead
@@ -15,30 +17,45 @@
 
 use super::budget::ByteBudget;
 use super::core::Subscriptions;
-use super::{Admission, Admitted, Feed};
+use super::{Admission, Admitted, Delivery};
 use bytes::Bytes;
-use futures::future::OptionFuture;
+use futures::FutureExt;
 
-/// Takes results from `subscriptions` until they are drained or closed.
-pub(super) async fn run(subscriptions: Subscriptions, budget: ByteBudget, feed: Feed) {
-    let Feed { admitted, drain } = feed;
-    let mut subscriptions = subscriptions;
-    let mut drain = Some(drain);
-    loop {
-        let next = tokio::select! {
-            biased;
-            request = OptionFuture::from(drain.as_mut()), if drain.is_some() => {
-                drain = None;
-                if let Some(Ok(done)) = request {
-                    subscriptions.drain().await;
-                    let _ = done.send(());
-                }
-                continue;
-            }
-            next = subscriptions.next() => next,
-        };
-        let Some(mut delivery) = next else { break };
-        let admission = match budget.try_hold(delivery.payload.len()) {
+/// The queue subscriptions and the budget their results are admitted in.
+pub(super) struct Intake {
+    subscriptions: Subscriptions,
+    budget: ByteBudget,
+}
+
+impl Intake {
+    pub(super) fn new(subscriptions: Subscriptions, budget: ByteBudget) -> Intake {
+        Intake {
+            subscriptions,
+            budget,
+        }
+    }
+
+    /// The next result, admitted or refused; `None` once the subscriptions
+    /// are drained or closed. Cancel-safe.
+    pub(super) async fn next(&mut self) -> Option<Admission> {
+        let delivery = self.subscriptions.next().await?;
+        Some(self.admit(delivery))
+    }
+
+    /// A result already received, if any; never waits.
+    pub(super) fn ready(&mut self) -> Option<Admission> {
+        // `Subscriptions::next` is cancel-safe: a pending poll loses nothing.
+        let delivery = self.subscriptions.next().now_or_never()??;
+        Some(self.admit(delivery))
+    }
+
+    /// Unsubscribes; results already received still come out of `next`.
+    pub(super) async fn drain(&mut self) {
+        self.subscriptions.drain().await;
+    }
+
+    fn admit(&self, mut delivery: Delivery) -> Admission {
+        match self.budget.try_hold(delivery.payload.len()) {
             Some(held) => {
                 delivery.payload = own_allocation(delivery.payload);
                 Admission::Admitted(Admitted {
@@ -52,9 +69,6 @@ pub(super) async fn run(subscriptions: Subscriptions, budget: ByteBudget, feed: 
                 let bytes = std::mem::take(&mut delivery.payload).len();
                 Admission::OverBudget { delivery, bytes }
             }
-        };
-        if admitted.send(admission).is_err() {
-            break;
         }
     }
 }

@@ -12,7 +12,8 @@
 //! Two implementations:
 //!
 //! - [`core`]: core NATS, a queue subscription on every prefill subject (at
-//!   most once, contract 7), read by `core_intake.rs` into the byte budget;
+//!   most once, contract 7), read in place by the runner through
+//!   `core_intake.rs`, into the byte budget;
 //!   its outputs are only enqueued on the connection ([`core_sink`]).
 //! - [`jetstream`]: the durable mode, a work-queue stream and a shared pull
 //!   consumer; outputs are confirmed by the server before the delivery is

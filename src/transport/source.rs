@@ -3,6 +3,7 @@
 
 use super::Delivery;
 use super::budget::{ByteBudget, Held};
+use super::core_intake::Intake;
 use std::sync::Arc;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
@@ -51,15 +52,25 @@ pub enum Admission {
     },
 }
 
-/// Where deliveries come from, whichever the mode: a task of the transport
-/// ([`super::core::subscribe`], [`super::jetstream::start`]) takes them and
-/// hands them on here.
+/// Where deliveries come from, whichever the mode: core NATS results are
+/// read in place from the subscriptions ([`super::core::subscribe`]);
+/// JetStream's pull loop, a task of its own ([`super::jetstream::start`]),
+/// hands its deliveries on through a channel.
 pub struct Source {
-    admitted: mpsc::UnboundedReceiver<Admission>,
-    drain: Option<oneshot::Sender<oneshot::Sender<()>>>,
+    kind: Kind,
 }
 
-/// The transport task's side of a [`Source`].
+enum Kind {
+    /// Read by the runner itself: no task or channel in between.
+    Core(Box<Intake>),
+    /// Fed by a transport task.
+    Fed {
+        admitted: mpsc::UnboundedReceiver<Admission>,
+        drain: Option<oneshot::Sender<oneshot::Sender<()>>>,
+    },
+}
+
+/// The transport task's side of a fed [`Source`].
 pub struct Feed {
     /// Unbounded in count; bounded by the limits each admission holds.
     pub admitted: mpsc::UnboundedSender<Admission>,
@@ -68,12 +79,15 @@ pub struct Feed {
 }
 
 impl Source {
+    /// A source fed by a transport task through the returned [`Feed`].
     pub fn new() -> (Source, Feed) {
         let (tx, admitted) = mpsc::unbounded_channel();
         let (drain, drain_rx) = oneshot::channel();
         let source = Source {
-            admitted,
-            drain: Some(drain),
+            kind: Kind::Fed {
+                admitted,
+                drain: Some(drain),
+            },
         };
         let feed = Feed {
             admitted: tx,
@@ -82,27 +96,45 @@ impl Source {
         (source, feed)
     }
 
+    /// A source read in place from core NATS subscriptions.
+    pub(super) fn core(intake: Intake) -> Source {
+        Source {
+            kind: Kind::Core(Box::new(intake)),
+        }
+    }
+
     /// The next admission; `None` once the source is drained or closed and
     /// everything it took is handed on. Cancel-safe.
     pub async fn next(&mut self) -> Option<Admission> {
-        self.admitted.recv().await
+        match &mut self.kind {
+            Kind::Core(intake) => intake.next().await,
+            Kind::Fed { admitted, .. } => admitted.recv().await,
+        }
     }
 
     /// An admission already taken, if any; never waits.
     pub fn ready(&mut self) -> Option<Admission> {
-        self.admitted.try_recv().ok()
+        match &mut self.kind {
+            Kind::Core(intake) => intake.ready(),
+            Kind::Fed { admitted, .. } => admitted.try_recv().ok(),
+        }
     }
 
     /// Stops taking new input; returns once the transport did. What was
     /// already accepted still comes out of [`Source::next`], which then
     /// returns `None`.
     pub async fn drain(&mut self) {
-        let Some(drain) = self.drain.take() else {
-            return;
-        };
-        let (done, accepted) = oneshot::channel();
-        if drain.send(done).is_ok() {
-            let _ = accepted.await;
+        match &mut self.kind {
+            Kind::Core(intake) => intake.drain().await,
+            Kind::Fed { drain, .. } => {
+                let Some(drain) = drain.take() else {
+                    return;
+                };
+                let (done, accepted) = oneshot::channel();
+                if drain.send(done).is_ok() {
+                    let _ = accepted.await;
+                }
+            }
         }
     }
 }
