@@ -237,7 +237,7 @@ async fn jetstream_process_nats_server_restart_mid_run_loses_nothing() {
         queue_state(&js).await
     );
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let outputs = all_outputs(&js).await;
+    let outputs = with_live_outputs(all_outputs(&js).await, &collector);
     let dups = check_outputs(&inputs, &outputs);
     println!(
         "after a nats-server restart: {} request IDs had more than one reply or dead letter",

@@ -95,7 +95,7 @@ async fn jetstream_nats_server_restart_mid_run_loses_nothing() {
         queue_state(&js).await
     );
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let outputs = all_outputs(&js).await;
+    let outputs = with_live_outputs(all_outputs(&js).await, &collector);
     let dups = check_outputs(&inputs, &outputs);
     report_duplicates("after a nats-server restart", &dups);
     // Acked messages an old server kept are swept by the idle workers.

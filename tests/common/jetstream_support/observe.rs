@@ -275,6 +275,24 @@ pub async fn wait_consumed(js: &jetstream::Context, timeout: Duration) -> bool {
     false
 }
 
+/// `stored` (from [`all_outputs`]) plus the replies and dead letters only
+/// the live `collector` saw. Across a server restart the capture stream can
+/// miss one: the server routes a core message to its subscribers, the
+/// worker's confirmation probe among them, before the stream stores it from
+/// a queue of its own, and a shutdown in between drops it from that queue
+/// (seen once under load: one reply of 10,000, acked by the worker after its
+/// probe came back). Decode jobs are counted from the GEN stream only, which
+/// acknowledged each.
+pub fn with_live_outputs(mut stored: Vec<Seen>, collector: &Collector) -> Vec<Seen> {
+    let known = count(&stored);
+    stored.extend(
+        collector.all().into_iter().filter(|s| {
+            s.kind != Expect::Gen && !known.contains_key(&(s.request_id.clone(), s.kind))
+        }),
+    );
+    stored
+}
+
 /// Every output of a run: the replies and dead letters captured in the
 /// `OUTPUTS` stream plus one [`Seen`] per decode job stored in the GEN
 /// stream. Asserts that the GEN stream holds each decode job once (the
