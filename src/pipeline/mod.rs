@@ -177,20 +177,25 @@ impl Pipeline {
                 span.published(&decision.outcome, &decision.subject, output_size);
                 (decision.outcome.clone(), done)
             }
+            // The failure paths are boxed: rare, and inline they would grow
+            // every result's future.
             Err(e) => match fallback_code(&e) {
-                Some(code) => match self
-                    .dead_letter_instead(&delivery, &trace, &decision, code, &e)
-                    .await
-                {
-                    Ok(()) => {
-                        let outcome = Outcome::DeadLetter { code };
-                        let subject = &self.rules.dead_letter_subject;
-                        span.published(&outcome, subject, delivery.payload.len());
-                        (outcome, Settle::Term)
+                Some(code) => {
+                    match Box::pin(self.dead_letter_instead(&delivery, &trace, &decision, code, &e))
+                        .await
+                    {
+                        Ok(()) => {
+                            let outcome = Outcome::DeadLetter { code };
+                            let subject = &self.rules.dead_letter_subject;
+                            span.published(&outcome, subject, delivery.payload.len());
+                            (outcome, Settle::Term)
+                        }
+                        Err(e) => {
+                            return Box::pin(self.failed(&delivery, &decision, e, span)).await;
+                        }
                     }
-                    Err(e) => return self.failed(&delivery, &decision, e, span).await,
-                },
-                None => return self.failed(&delivery, &decision, e, span).await,
+                }
+                None => return Box::pin(self.failed(&delivery, &decision, e, span)).await,
             },
         };
 
@@ -230,15 +235,16 @@ impl Pipeline {
             && gen_stream.may_have_forgotten(stored_at)
         {
             let msg_id = transport::first_header(Some(&headers), "Nats-Msg-Id").unwrap_or("");
-            let held = sink
-                .holds(
-                    &gen_stream.name,
-                    &decision.subject,
-                    msg_id,
-                    stored_at,
-                    self.lookup_bound,
-                )
-                .await?;
+            // Boxed: rare, and inline it would more than double every
+            // result's future (moved several times per result).
+            let held = Box::pin(sink.holds(
+                &gen_stream.name,
+                &decision.subject,
+                msg_id,
+                stored_at,
+                self.lookup_bound,
+            ))
+            .await?;
             if held {
                 tracing::info!(
                     request_id = decision.request_id.as_deref(),

@@ -2,6 +2,7 @@
 
 use async_nats::{HeaderMap, Subject};
 use bytes::Bytes;
+use futures::future::Either;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
@@ -90,12 +91,19 @@ impl Delivery {
 
     /// Runs `work` (publishing this delivery's output), reporting progress
     /// to the server while it is pending so the delivery does not time out.
-    pub async fn while_pending<F: Future>(&self, work: F) -> F::Output {
+    pub fn while_pending<'a, F: Future + 'a>(
+        &'a self,
+        work: F,
+    ) -> impl Future<Output = F::Output> + 'a {
+        // No async wrapper around `work` in core mode, and the JetStream one
+        // boxed: this future is held and moved once per result, and an async
+        // fn holding `work` in each arm (argument, pinned copy, progress
+        // loop) was several times its size.
         match &self.settler {
-            Settler::AtMostOnce => work.await,
-            Settler::JetStream { acker, every } => {
-                super::jetstream::with_progress(work, acker, *every).await
-            }
+            Settler::AtMostOnce => Either::Left(work),
+            Settler::JetStream { acker, every } => Either::Right(Box::pin(
+                super::jetstream::with_progress(work, acker, *every),
+            )),
         }
     }
 }

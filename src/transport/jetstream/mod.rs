@@ -69,7 +69,8 @@ pub(super) async fn with_progress<F: Future>(work: F, acker: &Acker, every: Dura
         tokio::select! {
             out = &mut work => return out,
             _ = ticks.tick() => {
-                if let Err(e) = acker.ack_with(AckKind::Progress).await {
+                // Boxed: rare, and inline it would grow every result's future.
+                if let Err(e) = Box::pin(acker.ack_with(AckKind::Progress)).await {
                     debug!(error = %e, "in-progress ack not sent");
                 }
             }
