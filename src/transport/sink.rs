@@ -38,6 +38,12 @@ pub enum Sink {
 }
 
 impl Sink {
+    /// Whether a publish waits for the server (JetStream mode): outputs of
+    /// one batch are then published concurrently.
+    pub fn confirms(&self) -> bool {
+        matches!(self, Sink::JetStream(_))
+    }
+
     /// Publishes one output. An empty header map publishes without headers.
     pub async fn publish(
         &self,
