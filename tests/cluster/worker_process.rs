@@ -18,18 +18,7 @@ const START: Duration = Duration::from_secs(30);
 
 /// Starts `run` against the servers and waits until it consumes.
 fn spawn_worker(nats: &Nats, etcd: &Etcd, extra: &[(&str, &str)]) -> Worker {
-    let metrics_addr = format!("127.0.0.1:{}", free_port());
-    let mut env = vec![
-        ("HANDOFF_NATS__URL", nats.url()),
-        ("HANDOFF_ETCD__ENDPOINTS", etcd.endpoint()),
-        ("HANDOFF_METRICS_ADDR", metrics_addr),
-        ("NO_COLOR", "1".to_string()),
-    ];
-    for (k, v) in extra {
-        env.push((k, v.to_string()));
-    }
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let worker = Worker::spawn(&["run"], &env);
+    let (worker, _) = Worker::run_with_env(&nats.url(), etcd, extra);
     let up = block_in_place(|| worker.wait_for_log("consuming prefill results", START));
     assert!(up, "the worker did not start:\n{}", worker.log());
     worker

@@ -26,30 +26,7 @@ async fn jetstream_slow_publish_ack_sends_progress_instead_of_timing_out() {
     setup(&js, &config).await;
     // Instead of the GEN stream, a responder that acks each job after 2.5 s:
     // two and a half ack waits.
-    js.delete_stream("LLM_GEN").await.expect("delete GEN");
-    let requests: Arc<Mutex<BTreeMap<String, usize>>> = Arc::default();
-    let mut sub = client.subscribe(GEN).await.expect("subscribe");
-    client.flush().await.expect("flush");
-    {
-        let client = client.clone();
-        let requests = requests.clone();
-        tokio::spawn(async move {
-            let mut seq = 0u64;
-            while let Some(m) = sub.next().await {
-                seq += 1;
-                let id = request_id_of(&m.payload, m.headers.as_ref());
-                *requests.lock().unwrap().entry(id).or_insert(0) += 1;
-                let client = client.clone();
-                tokio::spawn(async move {
-                    tokio::time::sleep(Duration::from_millis(2500)).await;
-                    if let Some(reply) = m.reply {
-                        let ack = format!(r#"{{"stream":"LLM_GEN","seq":{seq}}}"#);
-                        let _ = client.publish(reply, ack.into()).await;
-                    }
-                });
-            }
-        });
-    }
+    let slow_gen = SlowGen::start(&client, &js, Duration::from_millis(2500)).await;
     let worker = LibWorker::start(&config, fixed_identity(4)).await;
     let inputs: Vec<Input> = (0..5).map(|i| mixed(10 * i + 3)).collect(); // SGLang jobs
     publish_all(&js, &inputs).await;
@@ -59,7 +36,7 @@ async fn jetstream_slow_publish_ack_sends_progress_instead_of_timing_out() {
         "{}",
         queue_state(&js).await
     );
-    let requests = requests.lock().unwrap().clone();
+    let requests = slow_gen.requests();
     assert_eq!(requests.len(), 5, "{requests:?}");
     assert!(
         requests.values().all(|n| *n == 1),
@@ -126,40 +103,7 @@ async fn jetstream_pulls_never_hold_more_than_the_byte_budget() {
 
     // Instead of the GEN stream, a responder that acks each job 2 s after it
     // came: until then the worker holds the result it came from, unsettled.
-    js.delete_stream("LLM_GEN").await.expect("delete GEN");
-    let requests: Arc<Mutex<BTreeMap<String, usize>>> = Arc::default();
-    // (jobs not yet acked, the most at once)
-    let outstanding: Arc<Mutex<(usize, usize)>> = Arc::default();
-    let mut sub = client.subscribe(GEN).await.expect("subscribe");
-    client.flush().await.expect("flush");
-    {
-        let client = client.clone();
-        let requests = requests.clone();
-        let outstanding = outstanding.clone();
-        tokio::spawn(async move {
-            let mut seq = 0u64;
-            while let Some(m) = sub.next().await {
-                seq += 1;
-                let id = request_id_of(&m.payload, m.headers.as_ref());
-                *requests.lock().unwrap().entry(id).or_insert(0) += 1;
-                {
-                    let mut o = outstanding.lock().unwrap();
-                    o.0 += 1;
-                    o.1 = o.1.max(o.0);
-                }
-                let client = client.clone();
-                let outstanding = outstanding.clone();
-                tokio::spawn(async move {
-                    tokio::time::sleep(Duration::from_secs(2)).await;
-                    outstanding.lock().unwrap().0 -= 1;
-                    if let Some(reply) = m.reply {
-                        let ack = format!(r#"{{"stream":"LLM_GEN","seq":{seq}}}"#);
-                        let _ = client.publish(reply, ack.into()).await;
-                    }
-                });
-            }
-        });
-    }
+    let slow_gen = SlowGen::start(&client, &js, Duration::from_secs(2)).await;
 
     // Deliveries to the worker not yet settled, seen on the wire: each
     // delivery's reply subject is its ack subject, and a settlement other
@@ -211,7 +155,7 @@ async fn jetstream_pulls_never_hold_more_than_the_byte_budget() {
     while !held.lock().unwrap().0.is_empty() && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let most_outstanding = outstanding.lock().unwrap().1;
+    let most_outstanding = slow_gen.most_outstanding();
     let (still_held, most_held) = held.lock().unwrap().clone();
     let most = BUDGET / size;
     assert!(
@@ -221,7 +165,7 @@ async fn jetstream_pulls_never_hold_more_than_the_byte_budget() {
     );
     assert!(most_outstanding >= 1 && most_held >= 1);
     assert!(still_held.is_empty(), "never settled: {still_held:?}");
-    let requests = requests.lock().unwrap().clone();
+    let requests = slow_gen.requests();
     assert_eq!(requests.len(), RESULTS, "{requests:?}");
     assert!(
         requests.values().all(|n| *n == 1),
@@ -229,4 +173,66 @@ async fn jetstream_pulls_never_hold_more_than_the_byte_budget() {
     );
     assert_eq!(deliveries(&js).await, RESULTS as u64, "no redelivery");
     worker.stop().await.expect("stop");
+}
+
+/// Stands in for the GEN stream (deleted): a subscriber that acks each
+/// decode job `delay` after it came, as a slow stream would, counting the
+/// jobs per request ID and how many waited for their ack at once.
+struct SlowGen {
+    requests: Arc<Mutex<BTreeMap<String, usize>>>,
+    /// (jobs not yet acked, the most at once)
+    outstanding: Arc<Mutex<(usize, usize)>>,
+}
+
+impl SlowGen {
+    async fn start(
+        client: &async_nats::Client,
+        js: &async_nats::jetstream::Context,
+        delay: Duration,
+    ) -> SlowGen {
+        js.delete_stream("LLM_GEN").await.expect("delete GEN");
+        let slow_gen = SlowGen {
+            requests: Arc::default(),
+            outstanding: Arc::default(),
+        };
+        let mut sub = client.subscribe(GEN).await.expect("subscribe");
+        client.flush().await.expect("flush");
+        let client = client.clone();
+        let requests = slow_gen.requests.clone();
+        let outstanding = slow_gen.outstanding.clone();
+        tokio::spawn(async move {
+            let mut seq = 0u64;
+            while let Some(m) = sub.next().await {
+                seq += 1;
+                let id = request_id_of(&m.payload, m.headers.as_ref());
+                *requests.lock().unwrap().entry(id).or_insert(0) += 1;
+                {
+                    let mut o = outstanding.lock().unwrap();
+                    o.0 += 1;
+                    o.1 = o.1.max(o.0);
+                }
+                let client = client.clone();
+                let outstanding = outstanding.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(delay).await;
+                    outstanding.lock().unwrap().0 -= 1;
+                    if let Some(reply) = m.reply {
+                        let ack = format!(r#"{{"stream":"LLM_GEN","seq":{seq}}}"#);
+                        let _ = client.publish(reply, ack.into()).await;
+                    }
+                });
+            }
+        });
+        slow_gen
+    }
+
+    /// Jobs received per request ID.
+    fn requests(&self) -> BTreeMap<String, usize> {
+        self.requests.lock().unwrap().clone()
+    }
+
+    /// The most jobs that waited for their ack at once.
+    fn most_outstanding(&self) -> usize {
+        self.outstanding.lock().unwrap().1
+    }
 }

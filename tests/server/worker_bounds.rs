@@ -6,7 +6,7 @@ use crate::common::worker_support;
 
 use async_nats::HeaderMap;
 use bytes::Bytes;
-use common::{Etcd, Nats, Worker, free_port, http_get, prometheus_samples};
+use common::{Etcd, Nats, Worker, http_get, prometheus_samples};
 use futures::StreamExt;
 use prefill_handoff::decision::PAYLOAD_OMITTED;
 use serde_json::json;
@@ -147,16 +147,7 @@ async fn a_burst_of_2000_hostile_1mib_results_stays_under_256_mib_and_all_are_co
     const N: usize = 2000;
     let nats = Nats::start_with_max_payload(Some(2 * MIB));
     let etcd = Etcd::start();
-    let metrics_addr = format!("127.0.0.1:{}", free_port());
-    let worker = Worker::spawn(
-        &["run"],
-        &[
-            ("HANDOFF_NATS__URL", &nats.url()),
-            ("HANDOFF_ETCD__ENDPOINTS", &etcd.endpoint()),
-            ("HANDOFF_METRICS_ADDR", &metrics_addr),
-            ("NO_COLOR", "1"),
-        ],
-    );
+    let (worker, metrics_addr) = Worker::run_with_env(&nats.url(), &etcd, &[]);
     let up = block_in_place(|| {
         worker.wait_for_log("consuming prefill results", Duration::from_secs(30))
     });
