@@ -15,6 +15,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 step="install dependencies"
+step_start=$(date +%s)
+step_times=()
+# begin NAME: the step before ends (its wall time goes to the summary at the
+# end) and NAME starts.
+begin() {
+    local now
+    now=$(date +%s)
+    step_times+=("$step $((now - step_start)) s")
+    step=$1
+    step_start=$now
+}
 trap 'rc=$?; [ "$rc" -eq 0 ] || echo "test.sh: FAILED at step: $step (exit $rc)" >&2' EXIT
 
 bash scripts/install-deps.sh
@@ -33,16 +44,16 @@ if [ ! -d target ]; then
     echo "test.sh: first build in this checkout: clippy, then every test binary, about 6 minutes on a fresh 2-core machine before the tests start (not a hang)"
 fi
 
-step="cargo fmt --check"
+begin "cargo fmt --check"
 cargo fmt --check
 
-step="cargo clippy"
+begin "cargo clippy"
 cargo clippy --locked --all-targets -- -D warnings
 
-step="tests (cargo nextest run)"
+begin "tests (cargo nextest run)"
 cargo nextest run --locked --no-fail-fast --test-threads "$threads"
 
-step="doc tests (cargo test --doc)"
+begin "doc tests (cargo test --doc)"
 cargo test --locked --doc --quiet
 
 # --- Hook: JetStream against the second nats-server -------------------------
@@ -58,7 +69,7 @@ cargo test --locked --doc --quiet
 # the jetstream_* modules also hold tests without "jetstream" in their own
 # name: for them the name is the function's (the last path segment), as when
 # each file was a binary; unit tests keep their full module path.
-step="JetStream tests against the second nats-server"
+begin "JetStream tests against the second nats-server"
 debian=/usr/sbin/nats-server
 other=""
 if [ -x "$debian" ]; then
@@ -87,7 +98,7 @@ fi
 # A short run of each fuzz target from its seed corpus: catches a target that
 # no longer builds or an input near the seeds that crashes. The long runs
 # (millions of executions) are scripts/fuzz.sh by hand; see fuzz/README.md.
-step="fuzz smoke (scripts/fuzz.sh)"
+begin "fuzz smoke (scripts/fuzz.sh)"
 fuzz_seconds="${HANDOFF_FUZZ_SECONDS:-15}"
 fuzz="skipped (HANDOFF_FUZZ_SECONDS=0)"
 if [ "$fuzz_seconds" -gt 0 ]; then
@@ -95,5 +106,8 @@ if [ "$fuzz_seconds" -gt 0 ]; then
     fuzz="${fuzz_seconds} s per target, no crash"
 fi
 
-step="done"
+begin "done"
+printf 'test.sh: wall time per step:'
+printf ' %s;' "${step_times[@]}"
+echo
 echo "test.sh: OK: fmt, clippy, all tests and doc tests passed; JetStream re-run: $second; fuzz smoke: $fuzz"
