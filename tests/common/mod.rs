@@ -38,10 +38,51 @@ pub fn start_nats_server(conf: &Path, log: std::fs::File, port: u16, timeout: Du
     child
 }
 
-/// A port that was free a moment ago on 127.0.0.1.
+/// A port that was free a moment ago on 127.0.0.1, for a server the test
+/// starts (which binds it itself, so the port is released here).
+///
+/// Taken below the kernel's ephemeral range (`ip_local_port_range`), not
+/// from it: a released port of that range can become the source port of any
+/// outgoing connection on the machine, and the tests make thousands (1021
+/// etcd clients at once, bursts), so a server could find its port taken
+/// before it bound it (seen with 8 tests at once: "Address already in use").
+/// Below the range only another listener can take it. Each test process
+/// starts at a random point of the span and walks on from there, checking
+/// that each port binds, so concurrent tests rarely meet.
 pub fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral loopback port");
-    listener.local_addr().expect("local addr").port()
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    const LOWEST: u32 = 10_000;
+    static START: OnceLock<u32> = OnceLock::new();
+    static TAKEN: AtomicU32 = AtomicU32::new(0);
+
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32_768);
+    if ephemeral_low <= LOWEST + 1_000 {
+        // No room below the range on this machine: let the kernel choose.
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral loopback port");
+        return listener.local_addr().expect("local addr").port();
+    }
+    let span = ephemeral_low - LOWEST;
+    let start = *START.get_or_init(|| {
+        let random = std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish();
+        (random % u64::from(span)) as u32
+    });
+    for _ in 0..span {
+        let step = TAKEN.fetch_add(1, Ordering::Relaxed);
+        let port = LOWEST + (start + step) % span;
+        let port = u16::try_from(port).expect("below the ephemeral range");
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port between {LOWEST} and {ephemeral_low}");
 }
 
 /// Waits until something accepts TCP connections on the port.
