@@ -4,11 +4,14 @@
 #   2. cargo fmt --check
 #   3. clippy's lints as `cargo clippy --all-targets -- -D warnings` has them,
 #      applied while every target is built (see the step for why)
-#   4. every test (cargo nextest run; doc tests with cargo test --doc);
-#      integration tests start real nats-server and etcd processes
-#   5. the JetStream tests again against the second nats-server build
-#   6. a short smoke run of every fuzz target (scripts/fuzz.sh --smoke,
-#      15 s each, coverage-guided, built on what step 4 compiled)
+#   4. doc tests (cargo test --doc)
+#   5. every test (cargo nextest run); integration tests start real
+#      nats-server and etcd processes
+#   6. the JetStream tests again against the second nats-server build
+#   7. a short smoke run of every fuzz target (scripts/fuzz.sh --smoke,
+#      15 s each, coverage-guided, built on what step 3 compiled); it runs
+#      in the background at the lowest CPU priority during steps 5 and 6,
+#      which mostly wait on servers, and its output follows theirs
 # Exits non-zero on the first failure and says which step it was.
 #
 # HANDOFF_TEST_THREADS: tests run at once (default: 3 per CPU, at most 12).
@@ -77,11 +80,55 @@ export CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"
 begin "clippy + build (cargo build --all-targets through clippy-driver, -D warnings)"
 cargo build --locked --all-targets
 
-begin "tests (cargo nextest run)"
-cargo nextest run --locked --no-fail-fast --test-threads "$threads"
-
 begin "doc tests (cargo test --doc)"
 cargo test --locked --doc --quiet
+
+# --- Fuzz smoke, in the background ---------------------------------------------
+# A short run of each fuzz target from its seed corpus: catches a target that
+# no longer builds or an input near the seeds that crashes. --smoke builds
+# the targets on the dependencies the test build compiled (about a minute,
+# where cargo-fuzz's own instrumented build of every dependency took about
+# 400 s), without AddressSanitizer. The long runs (millions of executions,
+# cargo-fuzz with ASan) are scripts/fuzz.sh by hand; see fuzz/README.md.
+#
+# The tests mostly wait on servers (about one of two cores busy), the smoke
+# is all CPU (its build, then its targets): it runs beside them at nice 19,
+# so the tests keep the CPU whenever they want it, and the smoke takes the
+# rest. Its build holds cargo's lock on target/, which nextest's own build
+# step (cargo test --no-run) would wait for: the test runs below start the
+# binaries step 3 built from the list nextest writes here, without cargo
+# (nextest's --binaries-metadata/--cargo-metadata, made for reusing a build).
+begin "list the test binaries (cargo nextest list)"
+mkdir -p target/nextest
+cargo nextest list --locked --list-type binaries-only --message-format json \
+    >target/nextest/test-binaries.json
+cargo metadata --locked --format-version 1 >target/nextest/test-cargo-metadata.json
+reuse=(--binaries-metadata target/nextest/test-binaries.json
+    --cargo-metadata target/nextest/test-cargo-metadata.json)
+
+fuzz_seconds="${HANDOFF_FUZZ_SECONDS:-15}"
+fuzz="skipped (HANDOFF_FUZZ_SECONDS=0)"
+fuzz_pid=""
+fuzz_log=target/fuzz-smoke.log
+if [ "$fuzz_seconds" -gt 0 ]; then
+    fuzz_start=$(date +%s)
+    # A process group of its own (setsid), so it can be stopped whole.
+    env -u RUSTC_WORKSPACE_WRAPPER -u CLIPPY_ARGS \
+        setsid nice -n 19 bash scripts/fuzz.sh --smoke "$fuzz_seconds" >"$fuzz_log" 2>&1 &
+    fuzz_pid=$!
+    echo "test.sh: fuzz smoke started in the background (pid $fuzz_pid, log $fuzz_log)"
+fi
+# A failed step ends the script: the smoke (fuzz.sh, its cargo and rustc,
+# its targets) must not outlive it.
+stop_fuzz() {
+    if [ -n "$fuzz_pid" ]; then
+        kill -TERM -- "-$fuzz_pid" 2>/dev/null || true
+    fi
+}
+trap 'rc=$?; stop_fuzz; [ "$rc" -eq 0 ] || echo "test.sh: FAILED at step: $step (exit $rc)" >&2' EXIT
+
+begin "tests (cargo nextest run)"
+cargo nextest run "${reuse[@]}" --no-fail-fast --test-threads "$threads"
 
 # --- Hook: JetStream against the second nats-server -------------------------
 # The harness (tests/common) uses Debian's /usr/sbin/nats-server by default.
@@ -115,25 +162,24 @@ second="skipped (only one nats-server installed)"
 if [ -n "$other" ]; then
     version=$("$other" --version 2>/dev/null || echo "$other")
     echo "test.sh: JetStream tests again with $other ($version)"
-    HANDOFF_TEST_NATS_SERVER="$other" cargo nextest run --locked --no-fail-fast \
+    HANDOFF_TEST_NATS_SERVER="$other" cargo nextest run "${reuse[@]}" --no-fail-fast \
         --test-threads "$threads" --no-tests=pass \
         -E '(!kind(test) & test(/jetstream/)) | (kind(test) & test(/jetstream[^:]*$/)) | (binary(server) & test(/^(hostile_publisher::|worker_bounds::a_burst_of_2000)/))'
     second="ran with $version"
 fi
 
-# --- Fuzz smoke ----------------------------------------------------------------
-# A short run of each fuzz target from its seed corpus: catches a target that
-# no longer builds or an input near the seeds that crashes. --smoke builds
-# the targets on the dependencies the test build compiled (about a minute,
-# where cargo-fuzz's own instrumented build of every dependency took about
-# 400 s), without AddressSanitizer. The long runs (millions of executions,
-# cargo-fuzz with ASan) are scripts/fuzz.sh by hand; see fuzz/README.md.
-begin "fuzz smoke (scripts/fuzz.sh)"
-fuzz_seconds="${HANDOFF_FUZZ_SECONDS:-15}"
-fuzz="skipped (HANDOFF_FUZZ_SECONDS=0)"
-if [ "$fuzz_seconds" -gt 0 ]; then
-    env -u RUSTC_WORKSPACE_WRAPPER -u CLIPPY_ARGS bash scripts/fuzz.sh --smoke "$fuzz_seconds"
-    fuzz="${fuzz_seconds} s per target, no crash"
+# --- Fuzz smoke: its end --------------------------------------------------------
+begin "fuzz smoke: the rest of it after the tests (scripts/fuzz.sh)"
+if [ -n "$fuzz_pid" ]; then
+    fuzz_rc=0
+    wait "$fuzz_pid" || fuzz_rc=$?
+    fuzz_pid=""
+    sed 's/^/  /' "$fuzz_log"
+    if [ "$fuzz_rc" -ne 0 ]; then
+        echo "test.sh: the fuzz smoke failed (exit $fuzz_rc; log above, $fuzz_log)" >&2
+        exit "$fuzz_rc"
+    fi
+    fuzz="${fuzz_seconds} s per target, no crash ($(($(date +%s) - fuzz_start)) s from its start, beside the tests)"
 fi
 
 begin "done"
