@@ -158,7 +158,12 @@ fn after_a_crash_and_a_lost_lease_a_holder_whose_clock_is_behind_starts_above_ev
     let (lease_a, slot) = held(&zombie);
     assert_eq!(slot.get(), SLOT);
     let mut minted_a = mint_rounds(&zombie, 5);
-    a_side.shutdown_background();
+    // The runtime goes first, and whole: once `shutdown_timeout` returns,
+    // its threads are gone and A's tasks dropped unpolled. Dropping `a`
+    // asks its task to stop (fence, settle, revoke); a task still running
+    // would see that and fence the zombie. With `shutdown_background` it
+    // sometimes did, on a loaded machine.
+    a_side.shutdown_timeout(Duration::from_secs(30));
     drop(a);
 
     // The lease ends (revoked here, as if it had expired) and B, whose clock
