@@ -200,8 +200,10 @@ async fn supervise(
         if !revoked {
             claim::revoke(&settings, &claimed.client, old_lease).await;
         }
-        install(&identity, &claimed);
+        // Counted first: whoever sees the new slot installed (a test, the
+        // readiness probe) sees the recovery counted too.
         recoveries.bump();
+        install(&identity, &claimed);
         info!(
             old_lease = %old_hex,
             old_machine_id = old_slot,
