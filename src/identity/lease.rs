@@ -191,14 +191,30 @@ async fn supervise(
         // this fails; it is tried again once etcd answers, because a
         // restarted etcd renews every lease and the old slot would linger.
         let old_lease = claimed.lease_id;
-        let revoked =
-            !loss.lease_may_live() || claim::revoke(&settings, &claimed.client, old_lease).await;
-        let Some(fresh) = recover(&settings, &identity, &mut stop).await else {
+        let mut unrevoked = (loss.lease_may_live()
+            && !claim::revoke(&settings, &claimed.client, old_lease).await)
+            .then_some(old_lease);
+        let recovered = recover(
+            &settings,
+            &identity,
+            &mut stop,
+            (&claimed.client, &mut unrevoked),
+        )
+        .await;
+        let Some(fresh) = recovered else {
+            // Stopped while recovering: an old lease still alive holds its
+            // slot until its TTL runs out unless revoked now. Seen in the
+            // 1021-identity test: three workers whose revoke failed were
+            // still waiting for a free slot (their own, among others) when
+            // shut down, and their slots outlived them.
+            if let Some(lease) = unrevoked {
+                claim::revoke(&settings, &claimed.client, lease).await;
+            }
             return;
         };
         claimed = fresh;
-        if !revoked {
-            claim::revoke(&settings, &claimed.client, old_lease).await;
+        if let Some(lease) = unrevoked {
+            claim::revoke(&settings, &claimed.client, lease).await;
         }
         // Counted first: whoever sees the new slot installed (a test, the
         // readiness probe) sees the recovery counted too.
@@ -216,10 +232,16 @@ async fn supervise(
 
 /// Grants, claims and registers again, retrying with capped exponential
 /// backoff while etcd is down or every slot is taken. `None` on stop.
+///
+/// `unrevoked` is the lost lease when revoking it failed (with the client
+/// that holds it): it is tried again before each retry, since while it
+/// lives its slot stays taken, and when every other slot is taken too
+/// that slot is the only one this worker could get.
 async fn recover(
     settings: &Settings,
     identity: &Identity,
     stop: &mut watch::Receiver<bool>,
+    (old_client, unrevoked): (&etcd_client::Client, &mut Option<i64>),
 ) -> Option<Claimed> {
     let cap = Duration::from_secs(settings.ttl_secs.unsigned_abs())
         .clamp(Duration::from_millis(500), Duration::from_secs(5));
@@ -243,6 +265,15 @@ async fn recover(
             _ = session::stopped(stop) => return None,
         }
         backoff = (backoff * 2).min(cap);
+        if let Some(lease) = *unrevoked {
+            let revoked = tokio::select! {
+                revoked = claim::revoke(settings, old_client, lease) => revoked,
+                _ = session::stopped(stop) => return None,
+            };
+            if revoked {
+                *unrevoked = None;
+            }
+        }
     }
 }
 

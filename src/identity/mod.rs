@@ -232,13 +232,16 @@ impl Identity {
         Some(wanted.max(slot.reserved_until_ms.unwrap_or(0)))
     }
 
-    /// How many milliseconds of the reservation are left by the clock (0
-    /// when it is used up); `None` without a reservation. For logs.
+    /// How many milliseconds of the reservation are left by the clock;
+    /// `None` without a reservation. The reserved millisecond itself is
+    /// the last one IDs may be minted in, so it counts: 0 exactly when
+    /// minting is refused. (Counting it out, 0 was reported for a
+    /// millisecond that still minted, and a test that saw 0 then minted.)
     pub fn reserved_for_ms(&self) -> Option<u64> {
         let now_ms = self.now_ms();
         self.lock()
             .reserved_until_ms
-            .map(|until| until.saturating_sub(now_ms))
+            .map(|until| until.saturating_add(1).saturating_sub(now_ms))
     }
 
     /// Records a floor written to etcd: minting may go up to `until_ms`.
