@@ -31,7 +31,16 @@ begin() {
     step=$1
     step_start=$now
 }
-trap 'rc=$?; [ "$rc" -eq 0 ] || echo "test.sh: FAILED at step: $step (exit $rc)" >&2' EXIT
+# The background fuzz smoke (started after the build, see there), stopped
+# whole if the script ends before it does: fuzz.sh, its cargo and rustc,
+# its targets.
+fuzz_pid=""
+stop_fuzz() {
+    if [ -n "$fuzz_pid" ]; then
+        kill -TERM -- "-$fuzz_pid" 2>/dev/null || true
+    fi
+}
+trap 'rc=$?; stop_fuzz; [ "$rc" -eq 0 ] || echo "test.sh: FAILED at step: $step (exit $rc)" >&2' EXIT
 
 bash scripts/install-deps.sh
 if ! command -v cargo >/dev/null 2>&1 && [ -f "$HOME/.cargo/env" ]; then
@@ -108,7 +117,6 @@ reuse=(--binaries-metadata target/nextest/test-binaries.json
 
 fuzz_seconds="${HANDOFF_FUZZ_SECONDS:-15}"
 fuzz="skipped (HANDOFF_FUZZ_SECONDS=0)"
-fuzz_pid=""
 fuzz_log=target/fuzz-smoke.log
 if [ "$fuzz_seconds" -gt 0 ]; then
     fuzz_start=$(date +%s)
@@ -124,15 +132,6 @@ if [ "$fuzz_seconds" -gt 0 ]; then
     set +m
     echo "test.sh: fuzz smoke started in the background (pid $fuzz_pid, log $fuzz_log)"
 fi
-# A failed step ends the script: the smoke (fuzz.sh, its cargo and rustc,
-# its targets) must not outlive it.
-stop_fuzz() {
-    if [ -n "$fuzz_pid" ]; then
-        kill -TERM -- "-$fuzz_pid" 2>/dev/null || true
-    fi
-}
-trap 'rc=$?; stop_fuzz; [ "$rc" -eq 0 ] || echo "test.sh: FAILED at step: $step (exit $rc)" >&2' EXIT
-
 begin "tests (cargo nextest run)"
 cargo nextest run "${reuse[@]}" --no-fail-fast --test-threads "$threads"
 

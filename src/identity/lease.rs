@@ -198,24 +198,22 @@ async fn supervise(
             &settings,
             &identity,
             &mut stop,
-            (&claimed.client, &mut unrevoked),
+            &claimed.client,
+            &mut unrevoked,
         )
         .await;
-        let Some(fresh) = recovered else {
-            // Stopped while recovering: an old lease still alive holds its
-            // slot until its TTL runs out unless revoked now. Seen in the
-            // 1021-identity test: three workers whose revoke failed were
-            // still waiting for a free slot (their own, among others) when
-            // shut down, and their slots outlived them.
-            if let Some(lease) = unrevoked {
-                claim::revoke(&settings, &claimed.client, lease).await;
-            }
-            return;
-        };
-        claimed = fresh;
+        // Still alive after recovery's retries (stopped while waiting for a
+        // slot, or a slot found before a retry got through): one last try.
+        // Seen in the 1021-identity test: three workers whose revoke failed
+        // were still waiting for a free slot (their own, among others) when
+        // shut down, and their slots outlived them.
         if let Some(lease) = unrevoked {
             claim::revoke(&settings, &claimed.client, lease).await;
         }
+        let Some(fresh) = recovered else {
+            return;
+        };
+        claimed = fresh;
         // Counted first: whoever sees the new slot installed (a test, the
         // readiness probe) sees the recovery counted too.
         recoveries.bump();
@@ -233,15 +231,16 @@ async fn supervise(
 /// Grants, claims and registers again, retrying with capped exponential
 /// backoff while etcd is down or every slot is taken. `None` on stop.
 ///
-/// `unrevoked` is the lost lease when revoking it failed (with the client
-/// that holds it): it is tried again before each retry, since while it
-/// lives its slot stays taken, and when every other slot is taken too
-/// that slot is the only one this worker could get.
+/// `unrevoked` is the lost lease when revoking it failed: it is revoked
+/// again through `old_client` before each retry (and set to `None` once
+/// gone), since while it lives its slot stays taken, and when every other
+/// slot is taken too that slot is the only one this worker could get.
 async fn recover(
     settings: &Settings,
     identity: &Identity,
     stop: &mut watch::Receiver<bool>,
-    (old_client, unrevoked): (&etcd_client::Client, &mut Option<i64>),
+    old_client: &etcd_client::Client,
+    unrevoked: &mut Option<i64>,
 ) -> Option<Claimed> {
     let cap = Duration::from_secs(settings.ttl_secs.unsigned_abs())
         .clamp(Duration::from_millis(500), Duration::from_secs(5));
