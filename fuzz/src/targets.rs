@@ -11,7 +11,7 @@ use prefill_handoff::decision::{
     decide_in_place, decide_values,
 };
 use prefill_handoff::pipeline::decide::decide_now;
-use prefill_handoff::pipeline::headers::{output_headers, trace_headers};
+use prefill_handoff::pipeline::headers::{header_block, output_headers, trace_headers};
 use prefill_handoff::transport;
 use prefill_handoff::wire::{self, Encoding, MAX_DEPTH, scan};
 use rmpv::Value;
@@ -210,7 +210,7 @@ pub fn decide_json(data: &[u8]) {
 /// - the content type read from the headers ([`transport::first_header`]),
 ///   [`decide_now`] (which dead-letters an unparsable header block)
 ///   and the output's headers with the input's trace headers copied
-///   ([`output_headers`]) never panic, and the decision keeps its
+///   ([`output_headers`], [`header_block`]) never panic, and the decision keeps its
 ///   invariants ([`invariants::check`]);
 /// - every trace header of the input reaches the output unchanged.
 pub fn nats_headers(data: &[u8]) {
@@ -250,7 +250,28 @@ pub fn nats_headers(data: &[u8]) {
             let d = decide_now(input, headers, rules, &mut ids(fenced));
             invariants::check(&d, &payload, encoding, rules);
             let trace = trace_headers(headers);
-            let out = output_headers(&d.headers, &trace);
+            // The block as it goes on the wire: framed, one `name: value`
+            // line each, no line break inside a line.
+            let block =
+                header_block(&d.headers, &trace).unwrap_or_else(|| b"NATS/1.0\r\n\r\n".to_vec());
+            let text = std::str::from_utf8(&block).expect("a header block is UTF-8");
+            let lines = text
+                .strip_prefix("NATS/1.0\r\n")
+                .and_then(|t| t.strip_suffix("\r\n"))
+                .expect("a header block is framed");
+            let out: Vec<(&str, &str)> = lines
+                .split_terminator("\r\n")
+                .map(|line| {
+                    line.split_once(": ")
+                        .expect("a header line is `name: value`")
+                })
+                .collect();
+            for (name, value) in &out {
+                assert!(
+                    !name.contains(['\r', '\n', ':']) && !value.contains(['\r', '\n']),
+                    "header line {name:?}: {value:?}"
+                );
+            }
             for (name, max) in [
                 (TraceHeader::Traceparent, TRACEPARENT_LEN),
                 (TraceHeader::Tracestate, MAX_TRACESTATE_BYTES),
@@ -261,7 +282,13 @@ pub fn nats_headers(data: &[u8]) {
                     .iter()
                     .flat_map(|h| h.iter())
                     .any(|(n, _)| AsRef::<str>::as_ref(n).eq_ignore_ascii_case(name.as_str()));
-                match out.get(name.as_str()).map(|v| v.as_str()) {
+                let copies = out.iter().filter(|(n, _)| *n == name.as_str()).count();
+                assert!(copies <= 1, "{} copied {copies} times", name.as_str());
+                match out
+                    .iter()
+                    .find(|(n, _)| *n == name.as_str())
+                    .map(|(_, v)| *v)
+                {
                     // Copied: only what was sent, and within the W3C size.
                     Some(copied) => {
                         assert!(sent, "{} copied though none was sent", name.as_str());

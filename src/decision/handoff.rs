@@ -89,12 +89,15 @@ pub fn int_in(value: &Value, lo: u64, hi: u64) -> Option<u64> {
 
 const MAX_I63: u64 = (1 << 63) - 1;
 
+/// The message of a `missing_ctx_request_id` error response.
+pub(super) const MISSING_CTX_REQUEST_ID: &str = "ctx_request_id is missing or null; a decode handoff needs the integer request ID that TensorRT-LLM's context phase returned";
+
 fn trtllm(mut params: Vec<(Value, Value)>, ids: &mut dyn IdSource) -> Result<Handoff, Refused> {
     match map::get_non_nil(&params, "ctx_request_id") {
         None => {
             return Err((
                 ErrorCode::MissingCtxRequestId,
-                "ctx_request_id is missing or null; a decode handoff needs the integer request ID that TensorRT-LLM's context phase returned".into(),
+                MISSING_CTX_REQUEST_ID.into(),
             ));
         }
         Some(v) if int_in(v, 0, MAX_I63).is_none() => {

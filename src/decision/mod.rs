@@ -244,7 +244,7 @@ fn decide_request(
     }
     // Rule 2.
     if let Some(err) = map::get_non_nil(&first, "error") {
-        let why = format!("the prefill worker reported an error: {}", error_text(err));
+        let why = prefill_failed(&error_text(err));
         return reply.error(ErrorCode::PrefillFailed, why, trailing);
     }
     // The params never leave in a terminal response or a prefill_output.
@@ -360,6 +360,14 @@ fn error_text(err: &Value) -> String {
             .map(str::to_string),
         _ => None,
     };
-    let text = text.unwrap_or_else(|| err.to_string());
-    truncate(&text, 1024)
+    text.unwrap_or_else(|| err.to_string())
+}
+
+/// The message of a `prefill_failed` error response, from the text of the
+/// frame's `error` (cut to 1 KiB).
+fn prefill_failed(text: &str) -> String {
+    format!(
+        "the prefill worker reported an error: {}",
+        truncate(text, 1024)
+    )
 }

@@ -409,27 +409,42 @@ impl Claim<'_> {
 /// Revokes a lease so its slot and instance keys vanish at once. Best
 /// effort and bounded: a dead etcd lets the lease expire by itself. True when
 /// the lease is gone (revoked now, or already expired).
+///
+/// An error answer is tried again (every 200 ms up to 1 s apart) until
+/// `etcd.request_timeout_ms` has passed: an etcd busy with a fleet's
+/// shutdown at once (a thousand floor writes and revokes) refused some
+/// revokes outright, and their slots then stayed taken for the whole TTL.
 pub(super) async fn revoke(settings: &Settings, client: &Client, lease_id: i64) -> bool {
     let hex = instance_id(lease_id);
     let mut leases = client.lease_client();
-    match tokio::time::timeout(settings.request_timeout(), leases.revoke(lease_id)).await {
-        Ok(Ok(_)) => {
-            info!(lease = %hex, "etcd lease revoked");
-            true
+    let deadline = tokio::time::Instant::now() + settings.request_timeout();
+    let mut pause = Duration::from_millis(200);
+    let mut tries = 0u32;
+    loop {
+        tries += 1;
+        let error = match tokio::time::timeout_at(deadline, leases.revoke(lease_id)).await {
+            Ok(Ok(_)) => {
+                info!(lease = %hex, tries, "etcd lease revoked");
+                return true;
+            }
+            Ok(Err(etcd_client::Error::GRpcStatus(status)))
+                if status.message().contains("lease not found") =>
+            {
+                debug!(lease = %hex, "lease already gone; nothing to revoke");
+                return true;
+            }
+            Ok(Err(e)) => e,
+            Err(_) => {
+                warn!(lease = %hex, tries, "etcd did not answer the revoke in time; the lease expires after its TTL");
+                return false;
+            }
+        };
+        if tokio::time::Instant::now() + pause >= deadline {
+            warn!(lease = %hex, tries, error = %error, "could not revoke the lease; it expires after its TTL");
+            return false;
         }
-        Ok(Err(etcd_client::Error::GRpcStatus(status)))
-            if status.message().contains("lease not found") =>
-        {
-            debug!(lease = %hex, "lease already gone; nothing to revoke");
-            true
-        }
-        Ok(Err(e)) => {
-            warn!(lease = %hex, error = %e, "could not revoke the lease; it expires after its TTL");
-            false
-        }
-        Err(_) => {
-            warn!(lease = %hex, "etcd did not answer the revoke in time; the lease expires after its TTL");
-            false
-        }
+        debug!(lease = %hex, tries, error = %error, "revoke refused; trying again");
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(1));
     }
 }

@@ -307,16 +307,33 @@ impl Identity {
     fn mint_many_at(
         &self,
         count: usize,
-        mut clock: impl FnMut() -> u64,
+        clock: impl FnMut() -> u64,
     ) -> Result<(Vec<u64>, MachineId), IdentityUnavailable> {
-        let mut slot = self.lock();
         let mut ids = Vec::with_capacity(count);
+        let machine_id = self.mint_each(count, clock, |id| ids.push(id))?;
+        Ok((ids, machine_id))
+    }
+
+    /// Mints `count` IDs (at least one) under one lock, handing each to
+    /// `take`; the slot they came from.
+    fn mint_each(
+        &self,
+        count: usize,
+        mut clock: impl FnMut() -> u64,
+        mut take: impl FnMut(u64),
+    ) -> Result<MachineId, IdentityUnavailable> {
+        let mut slot = self.lock();
+        let mut taken = 0;
         loop {
-            let now = Instant::now();
             // With a reservation in etcd the lease's validity does not gate
             // minting: the floor bounds it (see `Slot::reserved_until_ms`).
+            // The monotonic clock is read only when it does.
             let lease_bound = slot.reserved_until_ms.is_none();
-            if lease_bound && slot.valid_until.is_some_and(|until| now >= until) {
+            if lease_bound
+                && slot
+                    .valid_until
+                    .is_some_and(|until| Instant::now() >= until)
+            {
                 // The lease may have expired: fence before anything is minted.
                 slot.retire();
                 drop(slot);
@@ -353,9 +370,10 @@ impl Identity {
             };
             match minted {
                 Ok(id) => {
-                    ids.push(id);
-                    if ids.len() == count {
-                        return Ok((ids, generator.machine_id()));
+                    take(id);
+                    taken += 1;
+                    if taken >= count {
+                        return Ok(generator.machine_id());
                     }
                 }
                 Err(_) => {
@@ -365,6 +383,16 @@ impl Identity {
                 }
             }
         }
+    }
+}
+
+impl Identity {
+    /// One ID and the slot it came from, read under one lock, so a decode
+    /// job never names a slot claimed after its ID was minted.
+    fn mint_one(&self) -> Result<(u64, MachineId), IdentityUnavailable> {
+        let mut minted = 0;
+        let machine_id = self.mint_each(1, || self.now_ms(), |id| minted = id)?;
+        Ok((minted, machine_id))
     }
 }
 
@@ -378,14 +406,32 @@ impl IdSource for Identity {
     }
 
     fn mint(&mut self) -> Result<u64, IdentityUnavailable> {
-        self.mint_in_slot().map(|(id, _)| id)
+        self.mint_one().map(|(id, _)| id)
     }
 
-    /// The ID and the slot it came from, read under one lock, so a decode
-    /// job never names a slot claimed after its ID was minted.
     fn mint_in_slot(&mut self) -> Result<(u64, Option<MachineId>), IdentityUnavailable> {
-        self.mint_many(1)
-            .map(|(ids, machine_id)| (ids[0], Some(machine_id)))
+        self.mint_one().map(|(id, slot)| (id, Some(slot)))
+    }
+}
+
+/// The same, through a shared reference: what the pipeline decides with,
+/// so no handle is cloned per message (an atomic count every worker thread
+/// touches).
+impl IdSource for &Identity {
+    fn instance_id(&self) -> String {
+        (**self).instance_id()
+    }
+
+    fn machine_id(&self) -> Option<MachineId> {
+        (**self).machine_id()
+    }
+
+    fn mint(&mut self) -> Result<u64, IdentityUnavailable> {
+        self.mint_one().map(|(id, _)| id)
+    }
+
+    fn mint_in_slot(&mut self) -> Result<(u64, Option<MachineId>), IdentityUnavailable> {
+        self.mint_one().map(|(id, slot)| (id, Some(slot)))
     }
 }
 

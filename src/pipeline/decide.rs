@@ -58,9 +58,12 @@ pub async fn decide<I: IdSource + Send>(
     rules: &Rules,
     ids: &mut I,
 ) -> Decision {
-    let multi_thread = Handle::try_current()
-        .is_ok_and(|runtime| runtime.runtime_flavor() == RuntimeFlavor::MultiThread);
-    if input.payload.len() < LARGE || !multi_thread {
+    // Looked up only for a large input: a thread-local access per message.
+    let multi_thread = || {
+        Handle::try_current()
+            .is_ok_and(|runtime| runtime.runtime_flavor() == RuntimeFlavor::MultiThread)
+    };
+    if input.payload.len() < LARGE || !multi_thread() {
         return decide_now(input, headers, rules, ids);
     }
     // Never closed: on error, decide without a slot rather than not at all.

@@ -141,8 +141,7 @@ impl Pipeline {
             subject: &delivery.subject,
             nats_reply: delivery.reply.as_deref(),
         };
-        let mut decision =
-            decide::decide(input, incoming, &self.rules, &mut self.identity.clone()).await;
+        let mut decision = decide::decide(input, incoming, &self.rules, &mut &self.identity).await;
         span.decided(&decision);
 
         let redelivery = if delivery.redeliverable() {
@@ -234,7 +233,12 @@ impl Pipeline {
             && delivery.attempt.number > 1
             && gen_stream.may_have_forgotten(stored_at)
         {
-            let msg_id = transport::first_header(Some(&headers), "Nats-Msg-Id").unwrap_or("");
+            // From the decision: the outgoing block is not a map to look in.
+            let msg_id = decision
+                .headers
+                .iter()
+                .find(|(name, _)| *name == "Nats-Msg-Id")
+                .map_or("", |(_, value)| value.as_str());
             // Boxed: rare, and inline it would more than double every
             // result's future (moved several times per result).
             let held = Box::pin(sink.holds(

@@ -12,8 +12,8 @@
 use std::sync::Arc;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-/// Bytes held; given back when dropped.
-#[derive(Debug)]
+/// Bytes held; given back when dropped. The default holds none.
+#[derive(Debug, Default)]
 pub struct Held {
     permit: Option<OwnedSemaphorePermit>,
 }
@@ -24,6 +24,16 @@ impl Held {
         self.permit
             .as_ref()
             .map_or(0, OwnedSemaphorePermit::num_permits)
+    }
+
+    /// Takes over what `other` holds: both are given back together, in one
+    /// release (a batch gives its results' bytes back at its end).
+    pub fn merge(&mut self, other: Held) {
+        match (&mut self.permit, other.permit) {
+            (Some(mine), Some(theirs)) => mine.merge(theirs),
+            (mine @ None, theirs) => *mine = theirs,
+            (Some(_), None) => {}
+        }
     }
 
     /// Moves `bytes` of this into a new [`Held`] (at most what this holds).
@@ -128,6 +138,19 @@ mod tests {
         drop((small, part));
         assert_eq!(budget.available(), 80);
         drop(rest);
+        assert_eq!(budget.available(), 100);
+    }
+
+    #[test]
+    fn merged_holds_are_given_back_together() {
+        let budget = ByteBudget::new(100);
+        let mut all = Held::default();
+        for bytes in [10, 0, 25] {
+            all.merge(budget.try_hold(bytes).unwrap());
+        }
+        all.merge(Held::default());
+        assert_eq!((all.bytes(), budget.available()), (35, 65));
+        drop(all);
         assert_eq!(budget.available(), 100);
     }
 }

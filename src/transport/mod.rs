@@ -34,6 +34,7 @@ pub mod jetstream;
 
 pub mod budget;
 
+pub use budget::Held;
 pub use core_sink::CoreSink;
 pub use delivery::{Attempt, Delivery, Settle};
 pub use sink::{PublishError, Sink, Target};

@@ -182,7 +182,13 @@ fn gen_frame() -> impl Strategy<Value = Value> {
     ];
     (
         field_of(reasons),
-        prop_oneof![8 => Just(None), 1 => Just(Some(Value::Nil)), 1 => anything().prop_map(Some)],
+        prop_oneof![
+            8 => Just(None),
+            1 => Just(Some(Value::Nil)),
+            1 => anything().prop_map(Some),
+            // A prefill error's text, often past the 1 KiB its message keeps.
+            1 => "\\PC{0,400}".prop_map(|s: String| Some(Value::from(s))),
+        ],
         prop_oneof![6 => params().prop_map(Some), 1 => Just(None)],
         proptest::collection::vec((anything(), anything()), 0..3),
     )
@@ -345,11 +351,22 @@ fn typical_results_are_decided_in_place() {
     let terminal = msgpack(&v(result_json_terminal()));
     let sglang_handoff = msgpack(&v(needs_decode(sglang())));
     let vllm_handoff = msgpack(&v(needs_decode(vllm())));
+    let no_ctx_request_id = msgpack(&v(needs_decode(without(trt(), "ctx_request_id"))));
+    let prefill_error = |text: &str| {
+        let mut frame = frame(Some(serde_json::json!("error")), None);
+        frame["error"] = serde_json::json!(text);
+        msgpack(&v(result(serde_json::json!([frame]))))
+    };
+    // Past 1 KiB, cut inside a three-byte character.
+    let long_error = prefill_error(&format!("{}€{}", "x".repeat(1023), "y".repeat(10)));
     for (payload, kind) in [
         (&handoff, "decode"),
         (&terminal, "terminal"),
         (&sglang_handoff, "decode"),
         (&vllm_handoff, "decode"),
+        (&no_ctx_request_id, "error"),
+        (&prefill_error("CUDA error: out of memory"), "error"),
+        (&long_error, "error"),
     ] {
         let input = Input {
             payload,

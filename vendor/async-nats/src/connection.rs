@@ -592,7 +592,8 @@ impl Connection {
 
                 match headers {
                     Some(headers) if !headers.is_empty() => {
-                        let headers = headers.to_bytes();
+                        // prefill-handoff patch: a block in wire form goes as it is.
+                        let headers = headers.wire_bytes();
 
                         let headers_len = headers.len();
                         let total_len = headers_len + payload.len();

@@ -47,6 +47,9 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 #[derive(Clone, PartialEq, Eq, Debug, Default)]
 pub struct HeaderMap {
     inner: HashMap<HeaderName, Vec<HeaderValue>>,
+    /// prefill-handoff patch: a header block already in wire form
+    /// ([`HeaderMap::from_wire`]), written as it is, before `inner`'s lines.
+    block: Option<Bytes>,
 }
 
 /// Helper enum for backward-compatible deserialization using serde's untagged feature
@@ -72,8 +75,8 @@ impl<'de> Deserialize<'de> for HeaderMap {
         let helper = HeaderMapHelper::deserialize(deserializer)?;
 
         Ok(match helper {
-            HeaderMapHelper::Legacy { inner } => HeaderMap { inner },
-            HeaderMapHelper::Current(inner) => HeaderMap { inner },
+            HeaderMapHelper::Legacy { inner } => HeaderMap { inner, block: None },
+            HeaderMapHelper::Current(inner) => HeaderMap { inner, block: None },
         })
     }
 }
@@ -147,7 +150,29 @@ impl HeaderMap {
     /// assert!(!map.is_empty());
     /// ```
     pub fn is_empty(&self) -> bool {
-        self.inner.is_empty()
+        self.inner.is_empty() && self.block.is_none()
+    }
+
+    /// prefill-handoff patch: a map whose header block is `block`, already in
+    /// wire form: `NATS/1.0\r\n`, one `Name: value\r\n` line per header,
+    /// then `\r\n`. Published as it is, without building a map per message;
+    /// the caller vouches for the names and values (no CR or LF in either, no
+    /// `:` in a name). [`HeaderMap::get`] and [`HeaderMap::iter`] do not see
+    /// its headers; headers inserted later are written after them.
+    pub fn from_wire(block: Bytes) -> Self {
+        HeaderMap {
+            inner: HashMap::new(),
+            block: Some(block),
+        }
+    }
+
+    /// The header block as it goes on the wire: the block given to
+    /// [`HeaderMap::from_wire`] itself when nothing was inserted since.
+    pub(crate) fn wire_bytes(&self) -> Bytes {
+        match &self.block {
+            Some(block) if self.inner.is_empty() => block.clone(),
+            _ => Bytes::from(self.to_bytes()),
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -158,7 +183,10 @@ impl HeaderMap {
     /// produces), computed without allocating.
     pub(crate) fn wire_len(&self) -> usize {
         // Mirrors `to_bytes`: "NATS/1.0\r\n" + each "<key>: <value>\r\n" + "\r\n".
-        let mut len = b"NATS/1.0\r\n".len() + b"\r\n".len();
+        let mut len = match &self.block {
+            Some(block) => block.len(),
+            None => b"NATS/1.0\r\n".len() + b"\r\n".len(),
+        };
         for (k, vs) in &self.inner {
             for v in vs.iter() {
                 len += k.as_str().len() + b": ".len() + v.inner.len() + b"\r\n".len();
@@ -268,7 +296,11 @@ impl HeaderMap {
 
     pub(crate) fn to_bytes(&self) -> Vec<u8> {
         let mut buf = vec![];
-        buf.extend_from_slice(b"NATS/1.0\r\n");
+        match &self.block {
+            // Its lines, without the blank line that ends it.
+            Some(block) => buf.extend_from_slice(&block[..block.len().saturating_sub(2)]),
+            None => buf.extend_from_slice(b"NATS/1.0\r\n"),
+        }
         for (k, vs) in &self.inner {
             for v in vs.iter() {
                 buf.extend_from_slice(k.as_str().as_bytes());
@@ -942,6 +974,20 @@ mod tests {
         headers.append("Key", "second_value");
         headers.insert("Second", "SecondValue");
         assert_eq!(headers.wire_len(), headers.to_bytes().len());
+
+        // A block in wire form, alone and with a header inserted after it.
+        let block = Bytes::from_static(b"NATS/1.0\r\nNats-Msg-Id: a\r\n\r\n");
+        let mut wire = HeaderMap::from_wire(block.clone());
+        assert!(!wire.is_empty());
+        assert_eq!(wire.wire_len(), block.len());
+        assert_eq!(wire.wire_bytes(), block);
+        wire.insert("Key", "v");
+        assert_eq!(
+            wire.to_bytes(),
+            b"NATS/1.0\r\nNats-Msg-Id: a\r\nKey: v\r\n\r\n".to_vec()
+        );
+        assert_eq!(wire.wire_len(), wire.to_bytes().len());
+        assert_eq!(wire.wire_bytes(), wire.to_bytes());
 
         // An empty block still serializes the framing bytes.
         let empty = HeaderMap::new();
