@@ -20,6 +20,18 @@ pub(super) const LINES_PER_SEC: u32 = 20;
 static ERROR_LINES: LineLimit = LineLimit::new(LINES_PER_SEC);
 static DEAD_LETTER_LINES: LineLimit = LineLimit::new(LINES_PER_SEC);
 
+/// One line at `$level` with `not_logged` when `$limit` admits it, else the
+/// same line at debug: both levels carry the same fields (each field,
+/// the last one too, followed by a comma).
+macro_rules! limited {
+    ($limit:expr, $level:ident, $message:literal, $($field:tt)*) => {
+        match $limit.admit(Instant::now()) {
+            Some(not_logged) => tracing::$level!($($field)* not_logged, $message),
+            None => tracing::debug!($($field)* $message),
+        }
+    };
+}
+
 pub(super) fn outcome(outcome: &Outcome, decision: &Decision, source: &str, attempt: i64) {
     let request_id = decision.request_id.as_deref();
     let detail = decision.detail.as_deref();
@@ -38,42 +50,25 @@ pub(super) fn outcome(outcome: &Outcome, decision: &Decision, source: &str, atte
             trailing_frames = decision.trailing_frames,
             "terminal response published"
         ),
-        Outcome::Error { code } => match ERROR_LINES.admit(Instant::now()) {
-            Some(not_logged) => tracing::info!(
-                code = code.as_str(),
-                ?request_id,
-                %source,
-                attempt,
-                detail = ?detail,
-                not_logged,
-                "error response published"
-            ),
-            None => tracing::debug!(
-                code = code.as_str(),
-                ?request_id,
-                %source,
-                attempt,
-                detail = ?detail,
-                "error response published"
-            ),
-        },
-        Outcome::DeadLetter { code } => match DEAD_LETTER_LINES.admit(Instant::now()) {
-            Some(not_logged) => tracing::warn!(
-                code = code.as_str(),
-                %source,
-                attempt,
-                detail = ?detail,
-                not_logged,
-                "dead letter published"
-            ),
-            None => tracing::debug!(
-                code = code.as_str(),
-                %source,
-                attempt,
-                detail = ?detail,
-                "dead letter published"
-            ),
-        },
+        Outcome::Error { code } => limited!(
+            ERROR_LINES,
+            info,
+            "error response published",
+            code = code.as_str(),
+            ?request_id,
+            %source,
+            attempt,
+            detail = ?detail,
+        ),
+        Outcome::DeadLetter { code } => limited!(
+            DEAD_LETTER_LINES,
+            warn,
+            "dead letter published",
+            code = code.as_str(),
+            %source,
+            attempt,
+            detail = ?detail,
+        ),
     }
 }
 

@@ -153,15 +153,8 @@ impl Runner {
             };
             // What the source already holds joins `waiting` first, so the
             // wait below knows how many slots a full batch would use.
-            while waiting.len() + 1 < BATCH {
-                match source.ready() {
-                    Some(Admission::Admitted(admitted)) => waiting.push_back(admitted),
-                    Some(Admission::OverBudget { delivery, bytes }) => {
-                        self.refuse(delivery, bytes).await;
-                    }
-                    None => break,
-                }
-            }
+            let room = (BATCH - 1).saturating_sub(waiting.len());
+            self.take_ready(&mut source, &mut waiting, room).await;
             // Slots for the batch: its first result's, and as many more as
             // wait behind it (up to a batch). Waiting for them all at once
             // wakes this loop once per batch when every slot is taken (a
@@ -174,7 +167,6 @@ impl Runner {
                 // whole burst.
                 let behind = waiting.iter().take(BATCH - 1);
                 let want = (1 + behind.filter(|a| a.slot.is_none()).count())
-                    .min(BATCH)
                     .min(self.options.max_in_flight);
                 let want = u32::try_from(want).unwrap_or(1);
                 // One wait, kept across the loop: its place in the queue for
@@ -195,35 +187,19 @@ impl Runner {
                         // arrives waits here, counted in the byte budget
                         // (or refused by it), not in the NATS client's
                         // buffer, which only a count of messages bounds.
-                        next = source.next(), if !closed => {
-                            let mut next = next;
-                            // And what else the source already holds, up to
-                            // a batch, without a turn of this `select!` (and
-                            // its shutdown check) for each.
-                            let mut taken = 0;
-                            loop {
-                                match next {
-                                    Some(Admission::Admitted(admitted)) => {
-                                        waiting.push_back(admitted);
-                                    }
-                                    Some(Admission::OverBudget { delivery, bytes }) => {
-                                        self.refuse(delivery, bytes).await;
-                                    }
-                                    None => {
-                                        closed = true;
-                                        break;
-                                    }
-                                }
-                                taken += 1;
-                                if taken == BATCH {
-                                    break;
-                                }
-                                match source.ready() {
-                                    Some(ready) => next = Some(ready),
-                                    None => break,
-                                }
+                        next = source.next(), if !closed => match next {
+                            Some(Admission::Admitted(admitted)) => {
+                                waiting.push_back(admitted);
+                                // And what else the source already holds, up
+                                // to a batch, without a turn of this
+                                // `select!` (and its shutdown check) each.
+                                self.take_ready(&mut source, &mut waiting, BATCH - 1).await;
                             }
-                        }
+                            Some(Admission::OverBudget { delivery, bytes }) => {
+                                self.refuse(delivery, bytes).await;
+                            }
+                            None => closed = true,
+                        },
                     }
                 };
                 // Past the drain deadline: not taken, it gets no output here.
@@ -266,19 +242,9 @@ impl Runner {
                 // Each result's slot and bytes go back as soon as it is
                 // settled: a slow confirmation holds up no other.
                 tasks.spawn(async move {
-                    let handle = batch.into_iter().map(|admitted| {
-                        let pipeline = &pipeline;
-                        let stats = &stats;
-                        async move {
-                            let Admitted {
-                                delivery,
-                                held,
-                                slot,
-                            } = admitted;
-                            stats.handled(&pipeline.handle(delivery).await);
-                            drop((held, slot));
-                        }
-                    });
+                    let handle = batch
+                        .into_iter()
+                        .map(|admitted| handle(&pipeline, &stats, admitted));
                     futures::future::join_all(handle).await;
                 });
             } else {
@@ -339,6 +305,20 @@ impl Runner {
         }
     }
 
+    /// Moves up to `most` admissions the source already holds into
+    /// `waiting` (answering those the byte budget refused); never waits.
+    async fn take_ready(&self, source: &mut Source, waiting: &mut VecDeque<Admitted>, most: usize) {
+        for _ in 0..most {
+            match source.ready() {
+                Some(Admission::Admitted(admitted)) => waiting.push_back(admitted),
+                Some(Admission::OverBudget { delivery, bytes }) => {
+                    self.refuse(delivery, bytes).await;
+                }
+                None => break,
+            }
+        }
+    }
+
     /// Answers a delivery the byte budget had no room for.
     async fn refuse(&self, delivery: crate::transport::Delivery, bytes: usize) {
         self.stats.received(1);
@@ -350,6 +330,18 @@ impl Runner {
             .await;
         self.stats.handled(&handled);
     }
+}
+
+/// Runs one delivery through the pipeline; its bytes and its slot count
+/// until it is settled.
+async fn handle(pipeline: &Pipeline, stats: &Stats, admitted: Admitted) {
+    let Admitted {
+        delivery,
+        held,
+        slot,
+    } = admitted;
+    stats.handled(&pipeline.handle(delivery).await);
+    drop((held, slot));
 }
 
 /// `admitted` holding exactly one processing slot: its own if the source
