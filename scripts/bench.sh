@@ -21,7 +21,11 @@
 # NATS_SERVER (Debian's /usr/sbin/nats-server when present), ETCD (etcd),
 # ONLY (space-separated scenario names to run, default all), KEEP_TMP=1,
 # BENCH_MAX_IN_FLIGHT_BYTES (the worker's max_in_flight_bytes, 64 MiB), BENCH_BIN (a
-# prefill-handoff binary to measure instead of this tree's release build).
+# prefill-handoff binary to measure instead of this tree's release build),
+# PROFILE (a scenario name: `perf record --call-graph dwarf` of that program
+# during the bursts, kept in target/profile/NAME.perf.data, its top symbols
+# printed after the report; installs Debian's linux-perf when missing), e.g.
+#   PROFILE=core ONLY=core REPEATS=1 RATE_SECS=1 scripts/bench.sh
 #
 # Exit status: 0 when every scenario that could run ran; 1 when one failed.
 # A scenario whose program is not built yet is skipped, not failed.
@@ -60,6 +64,12 @@ if [[ -n $(missing_deps) ]]; then
         scripts/install-deps.sh
     fi
     [[ -z $(missing_deps) ]] || die "missing: $(missing_deps | tr '\n' ' ')(install them, or add scripts/install-deps.sh)"
+fi
+
+if [[ -n ${PROFILE:-} ]] && ! command -v perf >/dev/null; then
+    log "installing perf (linux-perf) for PROFILE=$PROFILE"
+    if [[ $(id -u) == 0 ]]; then SUDO=(); else SUDO=(sudo); fi
+    "${SUDO[@]}" apt-get install -y -qq linux-perf >/dev/null || die "cannot install linux-perf"
 fi
 
 # --- build ------------------------------------------------------------------
@@ -230,9 +240,24 @@ for name in "${STARTED[@]}"; do
     grep VmHWM "/proc/${PID_OF[$name]}/status" | awk '{print $2}' >"$TMP/results/$name.rss_paced_kb" || true
     awk '{print $14 + $15}' "/proc/${PID_OF[$name]}/stat" >"$TMP/results/$name.cpu_paced_ticks" || true
 done
+RECORDER=
+if [[ -n ${PROFILE:-} && -n ${PID_OF[$PROFILE]:-} ]]; then
+    PROFILE_OUT=$TARGET/profile/$PROFILE.perf.data
+    mkdir -p "$(dirname "$PROFILE_OUT")"
+    perf record -F 999 --call-graph dwarf,16384 -o "$PROFILE_OUT" -p "${PID_OF[$PROFILE]}" 2>"$TMP/perf.log" &
+    RECORDER=$!
+    PIDS+=("$RECORDER")
+    sleep 0.5
+elif [[ -n ${PROFILE:-} ]]; then
+    log "PROFILE=$PROFILE: no such scenario is running (ONLY=$ONLY); nothing recorded"
+fi
 for i in $(seq "$REPEATS"); do
     for name in "${STARTED[@]}"; do measure "$name" peak "$i"; done
 done
+if [[ -n $RECORDER ]]; then
+    kill -INT "$RECORDER"
+    wait "$RECORDER" 2>/dev/null || true
+fi
 for name in "${STARTED[@]}"; do
     pid=${PID_OF[$name]}
     grep VmHWM "/proc/$pid/status" | awk '{print $2}' >"$TMP/results/$name.rss_kb" || true
@@ -353,5 +378,12 @@ print(f"python / core CPU per message     {cpu_vs_python}  (target >= 10, bursts
 print(f"RESULT core_vs_relay={core_vs_relay} js_vs_relay={js_vs_relay} vs_python={vs_python} p99_vs_relay={p99_vs_relay} rss_mb={rss_mb} "
       f"core_cpu_vs_relay={core_cpu_vs_relay} js_cpu_vs_relay={js_cpu_vs_relay} cpu_vs_python={cpu_vs_python}")
 PY
+
+if [[ -n $RECORDER ]]; then
+    echo
+    echo "profile of $PROFILE during the bursts (perf report --children, user space; data in $PROFILE_OUT):"
+    { perf report -i "$PROFILE_OUT" --children --sort sym --percentage relative 2>/dev/null |
+        grep -E '^ +[0-9]' | grep -v '\[k\]' | head -n "${PROFILE_TOP:-60}"; } || true
+fi
 
 exit "$FAILED"
