@@ -13,7 +13,7 @@ pub mod reply;
 mod request;
 mod trace;
 
-pub use crate::wire::messages::Backend;
+pub use crate::wire::messages::{Backend, InstanceId};
 pub use codes::{DeadLetterCode, ErrorCode, FinishReason};
 pub use complex::MAX_TREE_VALUES;
 pub use handoff::{backend_of, describe};
@@ -60,7 +60,7 @@ pub struct Rules {
 /// Implemented by [`crate::identity::Identity`].
 pub trait IdSource {
     /// The lease, as 16 hex digits.
-    fn instance_id(&self) -> String;
+    fn instance_id(&self) -> InstanceId;
     /// The slot held right now, if any.
     fn machine_id(&self) -> Option<MachineId>;
     /// A fresh request ID from the slot held right now. Fails while the worker

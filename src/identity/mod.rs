@@ -45,7 +45,7 @@ pub use lease::{Lease, LeaseError, Recoveries, Registration};
 use crate::clock;
 use crate::decision::{IdSource, IdentityUnavailable};
 use crate::ids::{Exhausted, IdGenerator, IdLayout, MachineId};
-use crate::wire::messages::instance_id;
+use crate::wire::messages::InstanceId;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 use tokio::sync::watch;
@@ -397,8 +397,8 @@ impl Identity {
 }
 
 impl IdSource for Identity {
-    fn instance_id(&self) -> String {
-        instance_id(self.lock().lease_id.unwrap_or(0))
+    fn instance_id(&self) -> InstanceId {
+        InstanceId::of(self.lock().lease_id.unwrap_or(0))
     }
 
     fn machine_id(&self) -> Option<MachineId> {
@@ -418,7 +418,7 @@ impl IdSource for Identity {
 /// so no handle is cloned per message (an atomic count every worker thread
 /// touches).
 impl IdSource for &Identity {
-    fn instance_id(&self) -> String {
+    fn instance_id(&self) -> InstanceId {
         (**self).instance_id()
     }
 

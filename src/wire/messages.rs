@@ -74,7 +74,7 @@ pub struct DecodeJob<'a> {
     /// The first frame without `disaggregated_params`.
     pub prefill_output: Vec<(Value, Value)>,
     pub request: Option<Value>,
-    pub instance_id: String,
+    pub instance_id: InstanceId,
     pub machine_id: Option<MachineId>,
     /// The input's other top-level entries, passed on after the job's own
     /// fields. An entry under one of the job's own keys is dropped: the job's
@@ -112,7 +112,7 @@ impl DecodeJob<'_> {
         put(
             "worker",
             from_pairs([
-                ("instance_id", Value::from(self.instance_id)),
+                ("instance_id", Value::from(self.instance_id.as_str())),
                 (
                     "machine_id",
                     self.machine_id.map_or(Value::Nil, |m| Value::from(m.get())),
@@ -141,20 +141,35 @@ pub fn mint_response(ids: &[u64], machine_id: MachineId, layout: IdLayout) -> Va
 
 /// Formats a lease ID as the contract's instance ID: 16 lower-case hex digits.
 pub fn instance_id(lease_id: i64) -> String {
-    // By hand: `format!("{:016x}")` pads one character at a time through
-    // the formatter, ~600 instructions of a ~10,000-instruction decision.
-    // Into a byte array, then one string: collecting chars grew the string
-    // one UTF-8 character at a time (330 instructions per decode job).
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let v = lease_id as u64;
-    let mut digits = [0u8; 16];
-    for (i, digit) in digits.iter_mut().enumerate() {
-        *digit = HEX[((v >> (60 - 4 * i)) & 0xf) as usize];
+    InstanceId::of(lease_id).as_str().to_owned()
+}
+
+/// The contract's instance ID, as digits on the stack: a decode job writes
+/// it without allocating a string per message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InstanceId([u8; 16]);
+
+impl InstanceId {
+    pub fn of(lease_id: i64) -> InstanceId {
+        // By hand: `format!("{:016x}")` pads one character at a time through
+        // the formatter, ~600 instructions of a ~10,000-instruction decision.
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let v = lease_id as u64;
+        let mut digits = [0u8; 16];
+        for (i, digit) in digits.iter_mut().enumerate() {
+            *digit = HEX[((v >> (60 - 4 * i)) & 0xf) as usize];
+        }
+        InstanceId(digits)
     }
-    // Hex digits are ASCII: the conversion cannot fail.
-    std::str::from_utf8(&digits)
-        .map(str::to_owned)
-        .unwrap_or_default()
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    pub fn as_str(&self) -> &str {
+        // Hex digits are ASCII: the conversion cannot fail.
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
 }
 
 #[cfg(test)]

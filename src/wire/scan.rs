@@ -114,19 +114,34 @@ fn body(b: &[u8], p: usize, n: usize) -> Option<usize> {
     (end <= b.len()).then_some(end)
 }
 
+/// Whether the eight bytes at `p` are there and all positive fixints.
+#[inline(always)]
+fn fixints(b: &[u8], p: usize) -> bool {
+    let word = b.get(p..).and_then(|rest| rest.first_chunk::<8>());
+    word.is_some_and(|w| u64::from_le_bytes(*w) & 0x8080_8080_8080_8080 == 0)
+}
+
 fn container(b: &[u8], mut p: usize, values: usize, depth: usize) -> Option<usize> {
     if depth >= MAX_DEPTH {
         return None;
     }
-    for _ in 0..values {
+    let mut left = values;
+    while left > 0 {
         // Scalars and short strings (most of a prefill result) without a
         // recursive call.
         p = match *b.get(p)? {
+            // Runs of small non-negative integers (token and block IDs
+            // below 128) eight at a time.
+            0x00..=0x7f if left >= 8 && fixints(b, p) => {
+                left -= 7; // and one more below
+                p + 8
+            }
             0x00..=0x7f | 0xe0..=0xff | 0xc0 | 0xc2 | 0xc3 => p + 1,
             m @ 0xa0..=0xbf => body(b, p + 1, usize::from(m & 0x1f))?,
             m @ 0xcc..=0xd3 => int(b, p + 1, m)?,
             _ => skip(b, p, depth + 1)?,
         };
+        left -= 1;
     }
     Some(p)
 }
@@ -374,6 +389,37 @@ mod tests {
                 let mut bytes = vec![marker];
                 bytes.extend_from_slice(&(n as u64).to_be_bytes()[8 - width..]);
                 assert_eq!(validate(&bytes), bytes == canonical, "{n} as {marker:#x}");
+            }
+        }
+    }
+
+    #[test]
+    fn runs_of_small_integers_count_as_one_item_each() {
+        for n in 0..40usize {
+            // n positive fixints: valid exactly when the header says n.
+            let ints: Vec<u8> = (0..n).map(|i| (i * 5 % 128) as u8).collect();
+            for claimed in n.saturating_sub(1)..=n + 1 {
+                let mut bytes = vec![0xdc, 0, claimed as u8];
+                if claimed < 16 {
+                    bytes = vec![0x90 | claimed as u8];
+                }
+                bytes.extend_from_slice(&ints);
+                assert_eq!(
+                    validate(&bytes),
+                    claimed == n,
+                    "{n} ints, {claimed} claimed"
+                );
+            }
+            // A non-canonical integer anywhere after a run is still refused,
+            // and a canonical one accepted.
+            for (marker, ok) in [(0x05, false), (0x80, true)] {
+                let mut bytes = vec![0xdc, 0, (n + 1) as u8];
+                if n + 1 < 16 {
+                    bytes = vec![0x90 | (n + 1) as u8];
+                }
+                bytes.extend_from_slice(&ints);
+                bytes.extend_from_slice(&[0xcc, marker]);
+                assert_eq!(validate(&bytes), ok, "{n} ints then 0xcc {marker:#x}");
             }
         }
     }

@@ -12,7 +12,7 @@ pub mod invariants;
 use prefill_handoff::config::Config;
 use prefill_handoff::decision::{
     Backend, DeadLetterCode, Decision, ErrorCode, FinishReason, IdSource, IdentityUnavailable,
-    Input, Outcome, Rules, decide,
+    Input, InstanceId, Outcome, Rules, decide,
 };
 use prefill_handoff::ids::MachineId;
 use prefill_handoff::wire::{self, Encoding, map};
@@ -72,8 +72,8 @@ impl TestIds {
 }
 
 impl IdSource for TestIds {
-    fn instance_id(&self) -> String {
-        "00000000000000ab".into()
+    fn instance_id(&self) -> InstanceId {
+        InstanceId::of(0xab)
     }
 
     fn machine_id(&self) -> Option<MachineId> {
