@@ -10,6 +10,8 @@ use prefill_handoff::decision::{Decision, IdSource, Input, Rules, decide, decide
 use prefill_handoff::identity::Identity;
 use prefill_handoff::ids::{DEFAULT_EPOCH_UNIX_MS, IdGenerator, IdLayout, MachineId};
 use prefill_handoff::wire::{self, Encoding, map};
+use prefill_handoff_loadgen::Kind;
+use prefill_handoff_loadgen::payload::{self, RunIds, Tag, Template};
 use rmpv::Value;
 use serde_json::json;
 use std::hint::black_box;
@@ -88,6 +90,18 @@ fn result_with(finish_reason: Value, params: Vec<(Value, Value)>) -> Value {
     Value::Map(top)
 }
 
+/// A TensorRT-LLM handoff as `loadgen` builds it (256-byte opaque state).
+fn loadgen_result() -> Value {
+    let template = Template {
+        reply_to: "_INBOX.loadgen.bench".into(),
+        refused_reply_to: "refused".into(),
+        opaque_bytes: 256,
+    };
+    let request_id = RunIds::new("bench").request_id(Tag::Measured(4242));
+    let bytes = payload::encode(&template, Kind::Trtllm, &request_id, 4242, 0);
+    rmpv::decode::read_value(&mut bytes.as_slice()).expect("loadgen writes MessagePack")
+}
+
 fn rules() -> Rules {
     Config::default()
         .resolve()
@@ -103,7 +117,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 type DecideFn = fn(Input<'_>, &Rules, &mut dyn IdSource) -> Decision;
 
 /// The benchmarked results: name, value, encoding.
-fn cases() -> [(&'static str, Value, Encoding); 6] {
+fn cases() -> [(&'static str, Value, Encoding); 7] {
     [
         (
             "trtllm_decode_minted_msgpack",
@@ -134,6 +148,14 @@ fn cases() -> [(&'static str, Value, Encoding); 6] {
                 "remote_block_ids": (0..26).collect::<Vec<u32>>(),
                 "remote_host": "10.0.0.6", "remote_port": 5600,
             })),
+            Encoding::MsgPack,
+        ),
+        (
+            // What `loadgen` sends, so that the worker's profile and this
+            // one agree: token IDs up to 128,000 (two- and four-byte
+            // integers) where the cases above have 0..64.
+            "loadgen_trtllm_msgpack",
+            loadgen_result(),
             Encoding::MsgPack,
         ),
         (
