@@ -266,7 +266,8 @@ impl Client {
         &self,
         subject: S,
     ) -> Result<crate::Subject, crate::subject::SubjectError> {
-        let subject = subject.to_subject();
+        // prefill-handoff patch: by value (was `to_subject`, a clone).
+        let subject = subject.into_subject();
         if subject.is_empty()
             || (!self.skip_subject_validation && !crate::is_valid_publish_subject(&subject))
         {
