@@ -123,15 +123,8 @@ async fn serve(config: Config, id_service: IdService) -> anyhow::Result<()> {
     } = started;
     supervise::debug_fault(&client);
     let watched = client.clone();
-    // The loop runs on the runtime's threads, not on this one (`block_on`'s,
-    // outside the pool): the batches it spawns then start on its own
-    // thread's queue instead of each waking a worker thread, and the
-    // subscription hands it messages without a wake-up across threads. A
-    // tenth of the worker's CPU in core-mode bursts (docs/benchmark.md).
     let work = async {
-        let report = tokio::spawn(worker.run(shutdown))
-            .await
-            .context("the worker loop ended abnormally")?;
+        let report = worker.run(shutdown).await;
         tracing::info!(
             unfinished = report.unfinished,
             flushed = report.flushed,
