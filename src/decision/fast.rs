@@ -59,11 +59,6 @@ fn utf8(raw: Span<'_>) -> Option<&str> {
     std::str::from_utf8(bytes).ok()
 }
 
-/// Whether a span is a string value.
-fn is_string(raw: Span<'_>) -> bool {
-    matches!(raw.first(), Some(0xa0..=0xbf | 0xd9..=0xdb))
-}
-
 /// One of 64 buckets for a key span, from its length and last byte: equal
 /// spans fall in the same bucket.
 fn bucket(key: Span<'_>) -> u32 {
@@ -124,7 +119,10 @@ impl<'a> Fields<'a> {
         let mut seen = 0u64;
         for (i, (key, _)) in entries.iter().enumerate() {
             let bit = 1u64 << bucket(key);
-            if seen & bit != 0 && is_string(key) && entries[..i].iter().any(|(k, _)| k == key) {
+            if seen & bit != 0
+                && scan::str_bytes(key).is_some()
+                && entries[..i].iter().any(|(k, _)| k == key)
+            {
                 return false;
             }
             seen |= bit;

@@ -402,8 +402,8 @@ mod tests {
                     "{n} ints, {claimed} claimed"
                 );
             }
-            // A non-canonical integer anywhere after a run is still refused,
-            // and a canonical one accepted.
+            // A non-canonical integer after them is still refused, and a
+            // canonical one accepted.
             for (marker, ok) in [(0x05, false), (0x80, true)] {
                 let mut bytes = vec![0xdc, 0, (n + 1) as u8];
                 if n + 1 < 16 {
