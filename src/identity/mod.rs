@@ -82,6 +82,9 @@ struct Inner {
 
 struct Slot {
     lease_id: Option<i64>,
+    /// `lease_id` as decode jobs name it (0 without a lease): written with
+    /// it by [`Slot::set_lease`], so the 16 digits are not formatted per job.
+    instance_id: InstanceId,
     generator: Option<IdGenerator>,
     /// The lease's expiry as computed from the last successful keepalive
     /// (measured from when that keepalive was sent). It gates minting only
@@ -103,6 +106,11 @@ struct Slot {
 }
 
 impl Slot {
+    fn set_lease(&mut self, lease_id: i64) {
+        self.lease_id = Some(lease_id);
+        self.instance_id = InstanceId::of(lease_id);
+    }
+
     /// Stops minting, remembering how far the generator got.
     fn retire(&mut self) {
         if let Some(last) = self.generator.take().and_then(|g| g.last_ms()) {
@@ -133,6 +141,7 @@ impl Identity {
                 epoch_unix_ms,
                 slot: Mutex::new(Slot {
                     lease_id: None,
+                    instance_id: InstanceId::of(0),
                     generator: None,
                     valid_until: None,
                     reserved_until_ms: None,
@@ -200,7 +209,7 @@ impl Identity {
             Some(floor) => IdGenerator::above(layout, machine_id, floor),
             None => IdGenerator::new(layout, machine_id),
         });
-        slot.lease_id = Some(lease_id);
+        slot.set_lease(lease_id);
         slot.valid_until = valid_until;
         slot.reserved_until_ms = reservation.map(|r| r.until_ms);
         drop(slot);
@@ -271,7 +280,7 @@ impl Identity {
 
     /// Records a new lease before a slot is claimed with it.
     pub fn set_lease(&self, lease_id: i64) {
-        self.lock().lease_id = Some(lease_id);
+        self.lock().set_lease(lease_id);
         self.publish();
     }
 
@@ -398,7 +407,7 @@ impl Identity {
 
 impl IdSource for Identity {
     fn instance_id(&self) -> InstanceId {
-        InstanceId::of(self.lock().lease_id.unwrap_or(0))
+        self.lock().instance_id
     }
 
     fn machine_id(&self) -> Option<MachineId> {
