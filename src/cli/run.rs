@@ -26,14 +26,32 @@ pub fn run(args: ConfigArgs) -> anyhow::Result<()> {
     let id_service = IdService::from_config(&config)?;
     super::logging::init(&config.log_format);
     super::supervise::exit_on_panic();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_name("handoff")
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.enable_all().thread_name("handoff");
+    if let Some(threads) = pool_threads() {
+        builder.worker_threads(threads);
+    }
+    let runtime = builder
         .build()
         .context("cannot start the async runtime")?;
     let result = runtime.block_on(serve(config, id_service));
     runtime.shutdown_timeout(Duration::from_secs(1));
     result
+}
+
+/// The runtime's pool: one thread fewer than the CPUs (at least one),
+/// because the worker loop has a thread of its own, the one `block_on` runs
+/// on (`serve`). A pool of one thread per CPU beside it put three busy
+/// threads on two cores: in core-mode bursts of 50,000 results (five
+/// alternating runs each) the worker used a median 5.3 µs of CPU per result
+/// with it and 4.5 µs with one thread fewer, at the same throughput.
+/// `TOKIO_WORKER_THREADS`, when set, decides instead (`None`: tokio reads it).
+fn pool_threads() -> Option<usize> {
+    if std::env::var_os("TOKIO_WORKER_THREADS").is_some() {
+        return None;
+    }
+    let cpus = std::thread::available_parallelism().map_or(2, usize::from);
+    Some(cpus.saturating_sub(1).max(1))
 }
 
 async fn serve(config: Config, id_service: IdService) -> anyhow::Result<()> {
