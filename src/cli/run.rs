@@ -31,9 +31,7 @@ pub fn run(args: ConfigArgs) -> anyhow::Result<()> {
     if let Some(threads) = pool_threads() {
         builder.worker_threads(threads);
     }
-    let runtime = builder
-        .build()
-        .context("cannot start the async runtime")?;
+    let runtime = builder.build().context("cannot start the async runtime")?;
     let result = runtime.block_on(serve(config, id_service));
     runtime.shutdown_timeout(Duration::from_secs(1));
     result

@@ -85,7 +85,7 @@ pub async fn start(
     };
     match config.mode {
         Mode::Core => {
-            let sink = Sink::Core(CoreSink::new(client.clone()));
+            let sink = Sink::Core(CoreSink::new(client.clone(), &config.subjects.gen_jobs));
             let runner = Runner::new(pipeline(sink), options);
             let source = transport::core::subscribe(
                 client,

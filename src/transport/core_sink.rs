@@ -10,11 +10,18 @@ use bytes::Bytes;
 #[derive(Clone)]
 pub struct CoreSink {
     client: Client,
+    /// The GEN subject, where every decode job goes, built once: a clone
+    /// shares its bytes, where building a subject from a `&str` allocated
+    /// and copied it for each job.
+    gen_jobs: Subject,
 }
 
 impl CoreSink {
-    pub fn new(client: Client) -> CoreSink {
-        CoreSink { client }
+    pub fn new(client: Client, gen_subject: &str) -> CoreSink {
+        CoreSink {
+            client,
+            gen_jobs: Subject::from(gen_subject),
+        }
     }
 
     pub fn client(&self) -> &Client {
@@ -27,7 +34,11 @@ impl CoreSink {
         headers: HeaderMap,
         payload: Bytes,
     ) -> Result<(), PublishError> {
-        let to = Subject::from(subject);
+        let to = if subject == self.gen_jobs.as_str() {
+            self.gen_jobs.clone()
+        } else {
+            Subject::from(subject)
+        };
         let result = if headers.is_empty() {
             self.client.publish(to, payload).await
         } else {
