@@ -592,13 +592,23 @@ impl Connection {
 
                 match headers {
                     Some(headers) if !headers.is_empty() => {
-                        // prefill-handoff patch: a block in wire form goes as it is.
-                        let headers = headers.wire_bytes();
-
-                        let headers_len = headers.len();
-                        let total_len = headers_len + payload.len();
-                        small_write!("{headers_len} {total_len}\r\n");
-                        self.write(headers);
+                        // prefill-handoff patch: a block in wire form goes as
+                        // it is, copied from where it is (not cloned first).
+                        match headers.wire_block() {
+                            Some(block) => {
+                                let headers_len = block.len();
+                                let total_len = headers_len + payload.len();
+                                small_write!("{headers_len} {total_len}\r\n");
+                                self.write_shared(block);
+                            }
+                            None => {
+                                let headers = headers.to_bytes();
+                                let headers_len = headers.len();
+                                let total_len = headers_len + payload.len();
+                                small_write!("{headers_len} {total_len}\r\n");
+                                self.write(headers);
+                            }
+                        }
                     }
                     _ => {
                         let payload_len = payload.len();
@@ -606,7 +616,9 @@ impl Connection {
                     }
                 }
 
-                self.write(Bytes::clone(payload));
+                // prefill-handoff patch: cloned only when it is queued as it
+                // is; a small payload is copied into the write buffer.
+                self.write_shared(payload);
                 self.write("\r\n");
 
                 trace!(
@@ -784,21 +796,39 @@ impl Connection {
     /// Empty `buf`s are a no-op.
     fn write(&mut self, buf: impl Into<Bytes>) {
         let buf = buf.into();
-        if buf.is_empty() {
-            return;
-        }
-
-        self.write_buf_len += buf.len();
         if buf.len() < WRITE_FLATTEN_THRESHOLD {
-            self.flattened_writes.extend_from_slice(&buf);
+            self.write_flattened(&buf);
         } else {
-            if !self.flattened_writes.is_empty() {
-                let buf = self.flattened_writes.split().freeze();
-                self.write_buf.push_back(buf);
-            }
-
-            self.write_buf.push_back(buf);
+            self.write_chunk(buf);
         }
+    }
+
+    /// prefill-handoff patch: [`Self::write`] for a buffer the caller keeps,
+    /// cloned only when it is queued as a chunk. Cloning a `Bytes` that
+    /// holds a vector allocates, so cloning every payload and header block
+    /// only to copy it cost an allocation and a free per publish.
+    fn write_shared(&mut self, buf: &Bytes) {
+        if buf.len() < WRITE_FLATTEN_THRESHOLD {
+            self.write_flattened(buf);
+        } else {
+            self.write_chunk(buf.clone());
+        }
+    }
+
+    /// A small write, copied into the flattened writes (empty: a no-op).
+    fn write_flattened(&mut self, buf: &[u8]) {
+        self.write_buf_len += buf.len();
+        self.flattened_writes.extend_from_slice(buf);
+    }
+
+    /// A large write, queued as it is after the flattened writes before it.
+    fn write_chunk(&mut self, buf: Bytes) {
+        self.write_buf_len += buf.len();
+        if !self.flattened_writes.is_empty() {
+            let flattened = self.flattened_writes.split().freeze();
+            self.write_buf.push_back(flattened);
+        }
+        self.write_buf.push_back(buf);
     }
 
     /// Obtain an [`fmt::Write`]r for the small writes buffer.
