@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Instructions per message, counted by callgrind: the steadier figure behind
 # bench.sh's CPU ratios (CPU time swings ±20% between runs on a shared
-# machine; instruction counts repeat within about 1%).
+# machine; instruction counts repeat within about 2%: how much of a burst
+# queues at once, and so how much buffers grow and copy, varies).
 #
 #   scripts/instructions.sh [core|relay] [COUNT]
 #
 # Starts nats-server and etcd on free loopback ports, runs the release
-# worker in core mode (or examples/raw_relay) under callgrind, warms it up,
-# zeroes the counters, sends COUNT results (default 3000) from `loadgen` on
+# worker in core mode (or examples/raw_relay) under callgrind, warms it up
+# with a burst of COUNT results, zeroes the counters, sends COUNT results (default 3000) from `loadgen` on
 # bench.sh's mix in a burst (as bench.sh's CPU ratios are; a paced run
 # costs several times more per message, in wake-ups), and prints the
 # instructions per message of the whole process (every thread: decision,
@@ -120,7 +121,11 @@ for _ in $(seq 120); do
     sleep 0.5
 done
 [[ $answering == 1 ]] || { tail -n 20 "$TMP/program.log" >&2; die "$WHAT never answered under callgrind"; }
-"$BIN" loadgen --nats-url "$NATS_URL" "${flags[@]}" --count 200 --rate "$RATE" --timeout 30 --quiet >/dev/null 2>&1 || true
+# A first burst as large as the measured one: queues that grow to hold a
+# burst (the runner's, the client's) keep their size, so the measured burst
+# shows the steady cost, not their growing (~400 instructions per message
+# in a process's first 3,000-result burst).
+"$BIN" loadgen --nats-url "$NATS_URL" "${flags[@]}" --count "$COUNT" --rate "$RATE" --timeout 60 --quiet >/dev/null 2>&1 || true
 
 callgrind_control -z "$PID" >/dev/null
 log "$WHAT: $COUNT results at $RATE/s"
