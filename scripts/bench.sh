@@ -94,35 +94,10 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-wait_port() {
-    local port=$1 i
-    for i in $(seq 150); do
-        (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && return 0
-        sleep 0.1
-    done
-    return 1
-}
-
-NATS_PORT=$(free_port)
-cat >"$TMP/nats.conf" <<EOF
-listen: 127.0.0.1:$NATS_PORT
-jetstream { store_dir: "$TMP/jetstream" }
-EOF
-"$NATS_SERVER" -c "$TMP/nats.conf" >"$TMP/nats.log" 2>&1 &
-PIDS+=($!)
-wait_port "$NATS_PORT" || die "nats-server did not start (see $TMP/nats.log)"
-NATS_URL=nats://127.0.0.1:$NATS_PORT
-
-ETCD_PORT=$(free_port)
-ETCD_PEER=$(free_port)
-"$ETCD" --name bench --data-dir "$TMP/etcd" \
-    --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
-    --listen-peer-urls "http://127.0.0.1:$ETCD_PEER" --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER" \
-    --initial-cluster "bench=http://127.0.0.1:$ETCD_PEER" >"$TMP/etcd.log" 2>&1 &
-PIDS+=($!)
-wait_port "$ETCD_PORT" || die "etcd did not start (see $TMP/etcd.log)"
-ETCD_URL=http://127.0.0.1:$ETCD_PORT
+# shellcheck source=scripts/local-servers.sh
+source "$ROOT/scripts/local-servers.sh"
+start_nats jetstream
+start_etcd bench
 
 log "nats-server $("$NATS_SERVER" --version 2>&1 | head -1) on $NATS_PORT, etcd on $ETCD_PORT, $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 

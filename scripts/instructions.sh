@@ -73,37 +73,17 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-wait_port() {
-    local port=$1 i
-    for i in $(seq 150); do
-        (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && return 0
-        sleep 0.1
-    done
-    return 1
-}
-
-NATS_PORT=$(free_port)
-printf 'listen: 127.0.0.1:%s\n' "$NATS_PORT" >"$TMP/nats.conf"
-"$NATS_SERVER" -c "$TMP/nats.conf" >"$TMP/nats.log" 2>&1 &
-PIDS+=($!)
-wait_port "$NATS_PORT" || die "nats-server did not start (see $TMP/nats.log)"
-NATS_URL=nats://127.0.0.1:$NATS_PORT
+# shellcheck source=scripts/local-servers.sh
+source "$ROOT/scripts/local-servers.sh"
+start_nats
 
 flags=(--namespace prof --mix "$MIX")
 if [[ $WHAT == relay ]]; then
     program=("$RELAY" --nats-url "$NATS_URL" --namespace prof)
     flags+=(--expect-relay)
 else
-    ETCD_PORT=$(free_port)
-    ETCD_PEER=$(free_port)
-    "$ETCD" --name prof --data-dir "$TMP/etcd" \
-        --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
-        --listen-peer-urls "http://127.0.0.1:$ETCD_PEER" --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER" \
-        --initial-cluster "prof=http://127.0.0.1:$ETCD_PEER" >"$TMP/etcd.log" 2>&1 &
-    PIDS+=($!)
-    wait_port "$ETCD_PORT" || die "etcd did not start (see $TMP/etcd.log)"
-    program=("$BIN" run --nats-url "$NATS_URL" --etcd-endpoints "http://127.0.0.1:$ETCD_PORT"
+    start_etcd prof
+    program=("$BIN" run --nats-url "$NATS_URL" --etcd-endpoints "$ETCD_URL"
         --namespace prof --mode core --metrics-addr "127.0.0.1:$(free_port)")
 fi
 
