@@ -566,6 +566,56 @@ mod tests {
     }
 
     #[test]
+    fn the_flat_walk_and_the_nested_walk_agree_on_any_bytes() {
+        // The flat walk's class table and its container count against the
+        // recursive walk that states the rules once (`step`): same end, or
+        // both refuse, for short random byte strings drawn mostly from
+        // markers, at depths around the bound.
+        const MARKERS: [u8; 24] = [
+            0x01, 0x7f, 0x80, 0x81, 0x82, 0x90, 0x91, 0x92, 0xa0, 0xa1, 0xc0, 0xc1, 0xc4, 0xcc,
+            0xcd, 0xce, 0xcf, 0xd0, 0xd9, 0xdc, 0xde, 0xe0, 0xff, 0x00,
+        ];
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for _ in 0..200_000 {
+            let len = (next() % 24) as usize;
+            let bytes: Vec<u8> = (0..len)
+                .map(|_| match next() % 4 {
+                    0 => next() as u8,
+                    _ => MARKERS[(next() % MARKERS.len() as u64) as usize],
+                })
+                .collect();
+            let depth = [0, 1, MAX_DEPTH - 2, MAX_DEPTH - 1, MAX_DEPTH][(next() % 5) as usize];
+            assert_eq!(
+                skip(&bytes, 0, depth),
+                skip_nested(&bytes, 0, depth),
+                "{bytes:x?} at depth {depth}"
+            );
+        }
+        // Every marker's class is what `step` makes of it.
+        for m in 0..=255u8 {
+            let mut bytes = [0x01; 40];
+            bytes[0] = m;
+            let is_scalar_of = |width: usize| matches!(step(&bytes, 1, m), Some(Step::Scalar(end)) if end == 1 + width);
+            let ok = match CLASS[usize::from(m)] {
+                Class::One => is_scalar_of(0),
+                Class::FixStr => is_scalar_of(usize::from(m & 0x1f)),
+                Class::FixMap | Class::FixArray => {
+                    matches!(step(&bytes, 1, m), Some(Step::Open { .. }))
+                }
+                Class::U8 | Class::U16 | Class::U32 => (0xcc..=0xce).contains(&m),
+                Class::Other => !matches!(m, 0x00..=0x9f | 0xa0..=0xbf | 0xcc..=0xce),
+            };
+            assert!(ok, "marker {m:#x}");
+        }
+    }
+
+    #[test]
     fn depth_is_bounded_as_the_reader_bounds_it() {
         for levels in [MAX_DEPTH - 1, MAX_DEPTH, MAX_DEPTH + 1] {
             let mut nested = vec![0x91; levels];
