@@ -259,10 +259,7 @@ pub(super) fn decide(input: Input<'_>, rules: &Rules, ids: &mut dyn IdSource) ->
     }
     let mut read = Body::new();
     read.read(body)?;
-    let Body {
-        top, frames, frame, ..
-    } = &read;
-    let frames = *frames;
+    let (top, frame) = (&read.top, &read.frame);
     let reply_to = match top.get_non_nil("reply_to") {
         Some(raw) => utf8(raw)?,
         None => input.nats_reply.filter(|_| rules.use_nats_reply)?,
@@ -272,7 +269,7 @@ pub(super) fn decide(input: Input<'_>, rules: &Rules, ids: &mut dyn IdSource) ->
     if !(1..=MAX_REQUEST_ID_BYTES).contains(&request_id.len()) {
         return None;
     }
-    let count = frames?;
+    let count = read.frames?;
     let request = match top.get("request") {
         Some(raw) if scan::is_nil(raw) => None,
         Some(raw) => Some(scan::map_header(raw).map(|_| raw)?),

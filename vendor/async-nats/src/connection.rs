@@ -594,21 +594,18 @@ impl Connection {
                     Some(headers) if !headers.is_empty() => {
                         // prefill-handoff patch: a block in wire form goes as
                         // it is, copied from where it is (not cloned first).
-                        match headers.wire_block() {
-                            Some(block) => {
-                                let headers_len = block.len();
-                                let total_len = headers_len + payload.len();
-                                small_write!("{headers_len} {total_len}\r\n");
-                                self.write_shared(block);
-                            }
+                        let built;
+                        let block = match headers.wire_block() {
+                            Some(block) => block,
                             None => {
-                                let headers = headers.to_bytes();
-                                let headers_len = headers.len();
-                                let total_len = headers_len + payload.len();
-                                small_write!("{headers_len} {total_len}\r\n");
-                                self.write(headers);
+                                built = Bytes::from(headers.to_bytes());
+                                &built
                             }
-                        }
+                        };
+                        let headers_len = block.len();
+                        let total_len = headers_len + payload.len();
+                        small_write!("{headers_len} {total_len}\r\n");
+                        self.write_shared(block);
                     }
                     _ => {
                         let payload_len = payload.len();
