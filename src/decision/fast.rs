@@ -21,13 +21,13 @@
 //! the output copied in contiguous runs bring it to the figure in
 //! `docs/benchmark.md`.
 
-use super::handoff::{MISSING_CTX_REQUEST_ID, TRTLLM_KEYS, VLLM_KEYS};
+use super::handoff::MISSING_CTX_REQUEST_ID;
+use super::known::{self, Key, Kind, NOT_PASSED_ON, Set, TRTLLM, VLLM, fixstr};
 use super::{
     Backend, Decision, ErrorCode, FinishReason, IdSource, Input, Outcome, Rules, msg_id,
     prefill_failed,
 };
 use crate::decision::request::MAX_REQUEST_ID_BYTES;
-use crate::wire::messages::DECODE_JOB_KEYS;
 use crate::wire::msgpack::{write_map_len, write_str, write_uint};
 use crate::wire::{Encoding, scan};
 use std::mem::MaybeUninit;
@@ -37,17 +37,6 @@ const WIDE: usize = 16;
 const MAX_I63: u64 = (1 << 63) - 1;
 
 type Span<'a> = &'a [u8];
-
-/// Whether a key span is the string `name`. Canonical MessagePack writes a
-/// string shorter than 32 bytes (every name here) as a fixstr, so equal
-/// strings have equal spans.
-fn is(key: Span<'_>, name: &str) -> bool {
-    key.len() == name.len() + 1 && key[0] == 0xa0 | name.len() as u8 && &key[1..] == name.as_bytes()
-}
-
-fn is_key(key: Span<'_>, names: &[&str]) -> bool {
-    names.iter().any(|n| is(key, n))
-}
 
 /// A UTF-8 string value. Request IDs and subjects are ASCII: checked a word
 /// at a time, they cost a fifth of `from_utf8`'s general check.
@@ -60,59 +49,81 @@ fn utf8(raw: Span<'_>) -> Option<&str> {
     std::str::from_utf8(bytes).ok()
 }
 
-/// One of 64 buckets for a key span, from its length and last byte: equal
-/// spans fall in the same bucket.
-fn bucket(key: Span<'_>) -> u32 {
-    let last = key.last().copied().unwrap_or(0);
-    (key.len() as u32)
-        .wrapping_mul(7)
-        .wrapping_add(u32::from(last))
-        & 63
-}
-
-/// A map's entries as spans, in order.
+/// A map's entries as spans, in order, with what each key is
+/// ([`known::kind`]: canonical MessagePack writes a string shorter than 32
+/// bytes, every name looked up, as a fixstr, so a key is recognized by its
+/// span), and which kinds are there.
 ///
 /// The slots past `len` are left uninitialized: a decision builds three of
 /// these (1.5 KiB), and filling them with empty spans first cost about 400
 /// instructions of a 7,700-instruction decision.
 struct Fields<'a> {
-    /// `entries[..len]` are initialized: only [`Fields::push`] writes them.
-    entries: [MaybeUninit<(Span<'a>, Span<'a>)>; WIDE],
+    /// `entries[..len]` are initialized: only [`Fields::push_kind`] writes
+    /// them.
+    entries: [MaybeUninit<Entry<'a>>; WIDE],
+    /// The kinds present, one bit each (as [`known::Set`]s hold them).
+    present: Set,
+    /// The [`known::bucket`]s of the keys, one bit each: a key whose bucket was
+    /// seen before may be there twice.
+    buckets: u64,
+    maybe_twice: bool,
     len: usize,
 }
 
 impl<'a> Fields<'a> {
+    // Inlined, so that the entries are not built elsewhere and copied.
+    #[inline(always)]
     fn new() -> Fields<'a> {
         Fields {
             entries: [const { MaybeUninit::uninit() }; WIDE],
+            present: 0,
+            buckets: 0,
+            maybe_twice: false,
             len: 0,
         }
     }
 
     /// Appends an entry; `None` when [`WIDE`] are there already.
+    #[cfg(test)]
     fn push(&mut self, entry: (Span<'a>, Span<'a>)) -> Option<()> {
-        self.entries.get_mut(self.len)?.write(entry);
-        self.len += 1;
+        self.push_kind(entry, known::kind(entry.0))
+    }
+
+    /// Appends an entry whose key is of `kind`.
+    fn push_kind(&mut self, entry: (Span<'a>, Span<'a>), kind: Kind) -> Option<()> {
+        let i = self.len;
+        let (key, value) = entry;
+        self.entries.get_mut(i)?.write(Entry { key, value, kind });
+        if kind < 32 {
+            self.present |= 1 << kind;
+        }
+        let bucket = 1u64 << known::bucket(key);
+        self.maybe_twice |= self.buckets & bucket != 0;
+        self.buckets |= bucket;
+        self.len = i + 1;
         Some(())
     }
 
     fn clear(&mut self) {
         self.len = 0;
+        self.present = 0;
+        self.buckets = 0;
+        self.maybe_twice = false;
     }
 
     /// The entries read so far.
-    fn all(&self) -> &[(Span<'a>, Span<'a>)] {
+    fn all(&self) -> &[Entry<'a>] {
         let len = self.len.min(WIDE);
         // SAFETY: `push` is the only writer of `entries` and `len`: it
         // initializes `entries[len]` before counting it, so the first `len`
-        // slots are initialized `(Span, Span)` values, and `MaybeUninit<T>`
+        // slots are initialized `Entry` values, and `MaybeUninit<T>`
         // has `T`'s layout.
         unsafe { std::slice::from_raw_parts(self.entries.as_ptr().cast(), len) }
     }
 
     /// Reads and validates the map at `pos` of `b`, which sits in `depth`
     /// containers: its entries, at most [`WIDE`], no string key twice. Each
-    /// value's end comes from `value`, given the key, where the value starts
+    /// value's end comes from `value`, given the key's kind, where the value starts
     /// and its depth (a reader of its own for the values the decision looks
     /// into, [`scan::value_end`] for the rest). Returns the map's end.
     fn read(
@@ -120,7 +131,7 @@ impl<'a> Fields<'a> {
         b: &'a [u8],
         pos: usize,
         depth: usize,
-        mut value: impl FnMut(Span<'a>, usize, usize) -> Option<usize>,
+        mut value: impl FnMut(Kind, usize, usize) -> Option<usize>,
     ) -> Option<usize> {
         let (n, start) = scan::map_header(b.get(pos..)?)?;
         if n > WIDE || depth >= crate::wire::MAX_DEPTH {
@@ -130,24 +141,28 @@ impl<'a> Fields<'a> {
         for _ in 0..n {
             let key_end = scan::value_end(b, p, depth + 1)?;
             let key = b.get(p..key_end)?;
-            let end = value(key, key_end, depth + 1)?;
-            self.push((key, b.get(key_end..end)?))?;
+            let kind = known::kind(key);
+            let end = value(kind, key_end, depth + 1)?;
+            self.push_kind((key, b.get(key_end..end)?), kind)?;
             p = end;
         }
         self.unique().then_some(p)
     }
 
     /// No string key twice. Spans of equal canonical strings are equal, and
-    /// so are their [`bucket`]s: keys are compared only when a key's bucket
-    /// was seen before in this map.
+    /// so are their [`known::bucket`]s: keys are compared only when a key's bucket
+    /// was seen before in this map (as [`Fields::push_kind`] notes).
     fn unique(&self) -> bool {
+        if !self.maybe_twice {
+            return true;
+        }
         let entries = self.all();
         let mut seen = 0u64;
-        for (i, (key, _)) in entries.iter().enumerate() {
-            let bit = 1u64 << bucket(key);
+        for (i, Entry { key, .. }) in entries.iter().enumerate() {
+            let bit = 1u64 << known::bucket(key);
             if seen & bit != 0
                 && scan::str_bytes(key).is_some()
-                && entries[..i].iter().any(|(k, _)| k == key)
+                && entries[..i].iter().any(|e| e.key == *key)
             {
                 return false;
             }
@@ -156,19 +171,35 @@ impl<'a> Fields<'a> {
         true
     }
 
-    fn iter(&self) -> impl Iterator<Item = &(Span<'a>, Span<'a>)> {
+    fn iter(&self) -> std::slice::Iter<'_, Entry<'a>> {
         self.all().iter()
     }
 
-    /// The value under a string key.
-    fn get(&self, key: &str) -> Option<Span<'a>> {
-        self.iter().find(|(k, _)| is(k, key)).map(|(_, v)| *v)
+    /// The value under `key`.
+    fn get(&self, key: Key) -> Option<Span<'a>> {
+        let kind = key as Kind;
+        if !known::member(kind, self.present) {
+            return None;
+        }
+        self.iter().find(|e| e.kind == kind).map(|e| e.value)
     }
 
     /// Like [`Fields::get`], with a present `nil` counted as absent.
-    fn get_non_nil(&self, key: &str) -> Option<Span<'a>> {
+    fn get_non_nil(&self, key: Key) -> Option<Span<'a>> {
         self.get(key).filter(|v| !scan::is_nil(v))
     }
+
+    /// Whether a key of `set` is there.
+    fn has_any(&self, set: Set) -> bool {
+        self.present & set != 0
+    }
+}
+
+/// A map entry: the spans of its key and value, and what the key is.
+struct Entry<'a> {
+    key: Span<'a>,
+    value: Span<'a>,
+    kind: Kind,
 }
 
 /// The parts of a body the decision reads, from one validating pass.
@@ -186,6 +217,7 @@ struct Body<'a> {
 }
 
 impl<'a> Body<'a> {
+    #[inline(always)]
     fn new() -> Body<'a> {
         Body {
             top: Fields::new(),
@@ -209,8 +241,8 @@ impl<'a> Body<'a> {
             params,
             has_params,
         } = self;
-        let end = top.read(b, 0, 0, |key, p, depth| {
-            if !is(key, "frames") || frames.is_some() {
+        let end = top.read(b, 0, 0, |kind, p, depth| {
+            if kind != Key::Frames as Kind || frames.is_some() {
                 return scan::value_end(b, p, depth);
             }
             let Some((n, start)) = scan::array_header(b.get(p..)?) else {
@@ -220,8 +252,8 @@ impl<'a> Body<'a> {
                 return Some(p + start);
             }
             *frames = Some(n);
-            let mut p = frame.read(b, p + start, depth + 1, |key, p, depth| {
-                if !is(key, "disaggregated_params") {
+            let mut p = frame.read(b, p + start, depth + 1, |kind, p, depth| {
+                if kind != Key::DisaggregatedParams as Kind {
                     return scan::value_end(b, p, depth);
                 }
                 // Twice in the frame: the frame's duplicate-key check
@@ -260,24 +292,24 @@ pub(super) fn decide(input: Input<'_>, rules: &Rules, ids: &mut dyn IdSource) ->
     let mut read = Body::new();
     read.read(body)?;
     let (top, frame) = (&read.top, &read.frame);
-    let reply_to = match top.get_non_nil("reply_to") {
+    let reply_to = match top.get_non_nil(Key::ReplyTo) {
         Some(raw) => utf8(raw)?,
         None => input.nats_reply.filter(|_| rules.use_nats_reply)?,
     };
     rules.reply_policy.check(reply_to).ok()?;
-    let request_id = utf8(top.get("request_id")?)?;
+    let request_id = utf8(top.get(Key::RequestId)?)?;
     if !(1..=MAX_REQUEST_ID_BYTES).contains(&request_id.len()) {
         return None;
     }
     let count = read.frames?;
-    let request = match top.get("request") {
+    let request = match top.get(Key::Request) {
         Some(raw) if scan::is_nil(raw) => None,
         Some(raw) => Some(scan::map_header(raw).map(|_| raw)?),
         None => None,
     };
     // Rule 2, for an error given as a string (the tree path renders
     // anything else).
-    let error = match frame.get_non_nil("error") {
+    let error = match frame.get_non_nil(Key::Error) {
         Some(raw) => Some(utf8(raw)?),
         None => None,
     };
@@ -292,7 +324,7 @@ pub(super) fn decide(input: Input<'_>, rules: &Rules, ids: &mut dyn IdSource) ->
     if let Some(text) = error {
         return Some(answer.error(ErrorCode::PrefillFailed, prefill_failed(text)));
     }
-    match frame.get_non_nil("finish_reason") {
+    match frame.get_non_nil(Key::FinishReason) {
         Some(reason) => match utf8(reason)? {
             "length" | "not_finished" => answer.handoff(top, read.params()?, request, rules, ids),
             label => Some(answer.terminal(FinishReason::from_label(label))),
@@ -329,15 +361,20 @@ impl<'a> Out<'a> {
         self.run.1 = start + span.len();
     }
 
-    fn entry(&mut self, (k, v): &(Span<'a>, Span<'a>)) {
-        self.span(k);
-        self.span(v);
+    fn entry(&mut self, entry: &Entry<'a>) {
+        self.span(entry.key);
+        self.span(entry.value);
     }
 
     /// The writer for bytes that are not the input's.
     fn own(&mut self) -> &mut Vec<u8> {
         self.flush();
         &mut self.buf
+    }
+
+    /// Appends bytes already encoded (a constant key, a map header).
+    fn put(&mut self, encoded: &[u8]) {
+        self.own().extend_from_slice(encoded);
     }
 
     fn str(&mut self, s: &[u8]) {
@@ -371,10 +408,11 @@ struct Answer<'a, 'f> {
 impl<'a> Answer<'a, '_> {
     /// The first frame without `disaggregated_params`.
     fn write_output(&self, out: &mut Out<'a>) {
-        let is_params = |k: &[u8]| is(k, "disaggregated_params");
-        let kept = self.frame.iter().filter(|(k, _)| !is_params(k)).count();
+        let params = Key::DisaggregatedParams as Kind;
+        // No key twice: at most one entry is the params.
+        let kept = self.frame.len - usize::from(self.frame.get(Key::DisaggregatedParams).is_some());
         write_map_len(out.own(), kept);
-        for entry in self.frame.iter().filter(|(k, _)| !is_params(k)) {
+        for entry in self.frame.iter().filter(|e| e.kind != params) {
             out.entry(entry);
         }
     }
@@ -383,16 +421,16 @@ impl<'a> Answer<'a, '_> {
     /// message}}`, as `messages::error_response` has it.
     fn error(self, code: ErrorCode, message: String) -> Decision {
         let mut out = Vec::with_capacity(64 + self.request_id.len() + message.len());
-        write_map_len(&mut out, 3);
-        write_str(&mut out, b"request_id");
+        out.push(0x83);
+        out.extend_from_slice(fixstr!("request_id"));
         write_str(&mut out, self.request_id.as_bytes());
-        write_str(&mut out, b"kind");
-        write_str(&mut out, b"error");
-        write_str(&mut out, b"error");
-        write_map_len(&mut out, 2);
-        write_str(&mut out, b"code");
+        out.extend_from_slice(fixstr!("kind"));
+        out.extend_from_slice(fixstr!("error"));
+        out.extend_from_slice(fixstr!("error"));
+        out.push(0x82);
+        out.extend_from_slice(fixstr!("code"));
         write_str(&mut out, code.as_str().as_bytes());
-        write_str(&mut out, b"message");
+        out.extend_from_slice(fixstr!("message"));
         write_str(&mut out, message.as_bytes());
         Decision {
             outcome: Outcome::Error { code },
@@ -407,12 +445,12 @@ impl<'a> Answer<'a, '_> {
 
     fn terminal(self, finish_reason: FinishReason) -> Decision {
         let mut out = Out::new(self.body, self.capacity);
-        write_map_len(out.own(), 3);
-        out.str(b"request_id");
+        out.put(&[0x83]);
+        out.put(fixstr!("request_id"));
         out.str(self.request_id.as_bytes());
-        out.str(b"kind");
-        out.str(b"terminal");
-        out.str(b"output");
+        out.put(fixstr!("kind"));
+        out.put(fixstr!("terminal"));
+        out.put(fixstr!("output"));
         self.write_output(&mut out);
         Decision {
             outcome: Outcome::Terminal { finish_reason },
@@ -436,15 +474,15 @@ impl<'a> Answer<'a, '_> {
         let backend = engine(params)?;
         let mut minted = (false, None);
         let disagg = if backend == Backend::Trtllm {
-            let Some(ctx_request_id) = params.get_non_nil("ctx_request_id") else {
+            let Some(ctx_request_id) = params.get_non_nil(Key::CtxRequestId) else {
                 let why = MISSING_CTX_REQUEST_ID.to_string();
                 return Some(self.error(ErrorCode::MissingCtxRequestId, why));
             };
             scan::uint(ctx_request_id).filter(|id| *id <= MAX_I63)?;
-            if let Some(kind) = params.get_non_nil("request_type") {
+            if let Some(kind) = params.get_non_nil(Key::RequestType) {
                 (utf8(kind)? == "context_only").then_some(())?;
             }
-            Some(match params.get_non_nil("disagg_request_id") {
+            Some(match params.get_non_nil(Key::DisaggRequestId) {
                 Some(raw) => scan::uint(raw).filter(|id| (1..MAX_I63).contains(id))?,
                 None => {
                     // The last check: nothing after this may decline.
@@ -459,46 +497,39 @@ impl<'a> Answer<'a, '_> {
         let machine_id = if minted.0 { minted.1 } else { ids.machine_id() };
         let instance_id = ids.instance_id();
         // The input's other top-level entries, passed on after the job's own.
-        let taken = ["frames", "request", "request_id", "reply_to"];
-        let mut extra = [false; WIDE];
-        for (keep, (k, _)) in extra.iter_mut().zip(top.iter()) {
-            *keep = !is_key(k, &taken) && !is_key(k, &DECODE_JOB_KEYS);
-        }
-        let extras = extra.iter().filter(|keep| **keep).count();
+        let passed_on = |kind: Kind| !known::member(kind, NOT_PASSED_ON);
+        let extras = top.iter().filter(|e| passed_on(e.kind)).count();
         let own = 6 + usize::from(disagg.is_some()) + usize::from(request.is_some());
         let mut out = Out::new(self.body, self.capacity);
         write_map_len(out.own(), own + extras);
-        for (key, value) in [
-            ("request_id", self.request_id),
-            ("reply_to", self.reply_to),
-            ("backend", backend.as_str()),
-        ] {
-            out.str(key.as_bytes());
-            out.str(value.as_bytes());
-        }
+        out.put(fixstr!("request_id"));
+        out.str(self.request_id.as_bytes());
+        out.put(fixstr!("reply_to"));
+        out.str(self.reply_to.as_bytes());
+        out.put(fixstr!("backend"));
+        out.str(backend.as_str().as_bytes());
         if let Some(id) = disagg {
-            out.str(b"disagg_request_id");
+            out.put(fixstr!("disagg_request_id"));
             write_uint(out.own(), id);
         }
-        out.str(b"handoff");
+        out.put(fixstr!("handoff"));
         write_params(&mut out, params, disagg);
-        out.str(b"prefill_output");
+        out.put(fixstr!("prefill_output"));
         self.write_output(&mut out);
         if let Some(request) = request {
-            out.str(b"request");
+            out.put(fixstr!("request"));
             out.span(request);
         }
-        let w = out.own();
-        write_str(w, b"worker");
-        write_map_len(w, 2);
-        write_str(w, b"instance_id");
-        write_str(w, instance_id.as_bytes());
-        write_str(w, b"machine_id");
+        out.put(fixstr!("worker"));
+        out.put(&[0x82]);
+        out.put(fixstr!("instance_id"));
+        out.str(instance_id.as_bytes());
+        out.put(fixstr!("machine_id"));
         match machine_id {
-            Some(m) => write_uint(w, u64::from(m.get())),
-            None => w.push(0xc0),
+            Some(m) => write_uint(out.own(), u64::from(m.get())),
+            None => out.put(&[0xc0]),
         }
-        for (entry, _) in top.iter().zip(extra).filter(|(_, keep)| *keep) {
+        for entry in top.iter().filter(|e| passed_on(e.kind)) {
             out.entry(entry);
         }
         Some(Decision {
@@ -522,27 +553,26 @@ impl<'a> Answer<'a, '_> {
 /// TensorRT-LLM checks (and the mint) are the caller's. The SGLang and vLLM
 /// checks are `handoff::sglang` and `handoff::vllm` on spans.
 fn engine(params: &Fields<'_>) -> Option<Backend> {
-    let has_any = |keys: &[&str]| params.iter().any(|(k, _)| is_key(k, keys));
-    if has_any(&TRTLLM_KEYS) {
+    if params.has_any(TRTLLM) {
         return Some(Backend::Trtllm);
     }
     let port = |raw: Span<'_>| scan::uint(raw).filter(|p| (1..=65535).contains(p));
     if params
         .iter()
-        .any(|(k, _)| utf8(k).is_some_and(|k| k.starts_with("bootstrap_")))
+        .any(|e| utf8(e.key).is_some_and(|k| k.starts_with("bootstrap_")))
     {
-        utf8(params.get("bootstrap_host")?).filter(|h| !h.is_empty())?;
-        port(params.get("bootstrap_port")?)?;
-        scan::uint(params.get("bootstrap_room")?).filter(|r| *r <= MAX_I63)?;
+        utf8(params.get(Key::BootstrapHost)?).filter(|h| !h.is_empty())?;
+        port(params.get(Key::BootstrapPort)?)?;
+        scan::uint(params.get(Key::BootstrapRoom)?).filter(|r| *r <= MAX_I63)?;
         return Some(Backend::Sglang);
     }
-    if has_any(&VLLM_KEYS) {
-        utf8(params.get("remote_engine_id")?).filter(|e| !e.is_empty())?;
-        let (n, blocks) = scan::items(params.get("remote_block_ids")?)?;
+    if params.has_any(VLLM) {
+        utf8(params.get(Key::RemoteEngineId)?).filter(|e| !e.is_empty())?;
+        let (n, blocks) = scan::items(params.get(Key::RemoteBlockIds)?)?;
         // Spans of a validated body: every item is there.
         let ints = blocks.map(scan::uint).take_while(Option::is_some).count();
         (ints == n).then_some(())?;
-        if let Some(raw) = params.get_non_nil("remote_port") {
+        if let Some(raw) = params.get_non_nil(Key::RemotePort) {
             port(raw)?;
         }
         return Some(Backend::Vllm);
@@ -561,30 +591,28 @@ fn write_params<'a>(out: &mut Out<'a>, params: &Fields<'a>, disagg: Option<u64>)
         }
         return;
     };
-    let has_type = params.get("request_type").is_some();
-    let has_id = params.get("disagg_request_id").is_some();
+    let has_type = params.get(Key::RequestType).is_some();
+    let has_id = params.get(Key::DisaggRequestId).is_some();
     write_map_len(
         out.own(),
         params.len + usize::from(!has_type) + usize::from(!has_id),
     );
-    for (k, v) in params.iter() {
-        if is(k, "request_type") {
-            out.span(k);
-            out.str(b"generation_only");
-        } else if is(k, "disagg_request_id") {
-            out.span(k);
+    for entry in params.iter() {
+        out.span(entry.key);
+        if entry.kind == Key::RequestType as Kind {
+            out.put(fixstr!("generation_only"));
+        } else if entry.kind == Key::DisaggRequestId as Kind {
             write_uint(out.own(), id);
         } else {
-            out.span(k);
-            out.span(v);
+            out.span(entry.value);
         }
     }
     if !has_type {
-        out.str(b"request_type");
-        out.str(b"generation_only");
+        out.put(fixstr!("request_type"));
+        out.put(fixstr!("generation_only"));
     }
     if !has_id {
-        out.str(b"disagg_request_id");
+        out.put(fixstr!("disagg_request_id"));
         write_uint(out.own(), id);
     }
 }
@@ -603,9 +631,11 @@ mod tests {
 
     #[test]
     fn a_string_key_twice_is_found_whatever_shares_its_bucket() {
-        // "ab", "cb" and "zb" share a bucket (same length, same last byte).
-        let (ab, cb, zb): (&[u8], &[u8], &[u8]) = (b"\xa2ab", b"\xa2cb", b"\xa2zb");
-        assert_eq!(bucket(ab), bucket(cb));
+        // "ab", "!b" and "\xa1b" share a bucket (same length, same last
+        // byte, bytes before it 64 apart).
+        let (ab, cb, zb): (&[u8], &[u8], &[u8]) = (b"\xa2ab", b"\xa2!b", b"\xa2\xa1b");
+        assert_eq!(known::bucket(ab), known::bucket(cb));
+        assert_eq!(known::bucket(ab), known::bucket(zb));
         assert!(fields(&[ab, cb, zb]).unique());
         assert!(!fields(&[ab, cb, zb, cb]).unique());
         assert!(!fields(&[ab, b"\xa1x", ab]).unique());

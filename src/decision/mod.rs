@@ -9,6 +9,7 @@ mod complex;
 mod fast;
 mod handoff;
 mod headers;
+mod known;
 pub mod reply;
 mod request;
 mod trace;
