@@ -86,18 +86,23 @@ impl<'a> Fields<'a> {
     /// Appends an entry; `None` when [`WIDE`] are there already.
     #[cfg(test)]
     fn push(&mut self, entry: (Span<'a>, Span<'a>)) -> Option<()> {
-        self.push_kind(entry, known::kind(entry.0))
+        self.push_kind(entry, known::classify(entry.0))
     }
 
-    /// Appends an entry whose key is of `kind`.
-    fn push_kind(&mut self, entry: (Span<'a>, Span<'a>), kind: Kind) -> Option<()> {
+    /// Appends an entry whose key is of `kind`, in `bucket`
+    /// ([`known::classify`]).
+    fn push_kind(
+        &mut self,
+        entry: (Span<'a>, Span<'a>),
+        (kind, bucket): (Kind, usize),
+    ) -> Option<()> {
         let i = self.len;
         let (key, value) = entry;
         self.entries.get_mut(i)?.write(Entry { key, value, kind });
         if kind < 32 {
             self.present |= 1 << kind;
         }
-        let bucket = 1u64 << known::bucket(key);
+        let bucket = 1u64 << bucket;
         self.maybe_twice |= self.buckets & bucket != 0;
         self.buckets |= bucket;
         self.len = i + 1;
@@ -141,9 +146,9 @@ impl<'a> Fields<'a> {
         for _ in 0..n {
             let key_end = scan::value_end(b, p, depth + 1)?;
             let key = b.get(p..key_end)?;
-            let kind = known::kind(key);
-            let end = value(kind, key_end, depth + 1)?;
-            self.push_kind((key, b.get(key_end..end)?), kind)?;
+            let class = known::classify(key);
+            let end = value(class.0, key_end, depth + 1)?;
+            self.push_kind((key, b.get(key_end..end)?), class)?;
             p = end;
         }
         self.unique().then_some(p)

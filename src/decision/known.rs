@@ -79,19 +79,29 @@ pub(super) fn member(kind: Kind, set: Set) -> bool {
 }
 
 /// The kind of a key span: a name of [`NAMES`] as a fixstr, or [`OTHER`].
+#[cfg(test)]
+pub(super) fn kind(key: &[u8]) -> Kind {
+    classify(key).0
+}
+
+/// The kind of a key span and its [`bucket`], from one hash.
 ///
 /// The span is compared with the one name of its slot as three words, not
 /// by `memcmp`: a call per key cost more than the lookups it saves.
 #[inline]
-pub(super) fn kind(key: &[u8]) -> Kind {
+pub(super) fn classify(key: &[u8]) -> (Kind, usize) {
     let Some(slot) = hash(key) else {
-        return OTHER;
+        return (OTHER, key.len());
     };
     let candidate = &TABLE[slot];
-    if candidate.span_len == key.len() && candidate.words == words(key) {
-        candidate.kind
+    let (a, b) = (&candidate.words, words(key));
+    // Word by word: compared as arrays, the words went through the stack
+    // into vector registers, a stall per key.
+    let differ = (a[0] ^ b[0]) | (a[1] ^ b[1]) | (a[2] ^ b[2]);
+    if candidate.span_len == key.len() && differ == 0 {
+        (candidate.kind, slot)
     } else {
-        OTHER
+        (OTHER, slot)
     }
 }
 

@@ -206,7 +206,10 @@ impl Runner {
                 let Some(slots) = slots else { break };
                 Some(slots)
             };
-            let mut batch = vec![with_slot(first, &mut slots)];
+            // Room for a whole batch at once: grown one push at a time, it
+            // moved its results 1, 2, 4, 8 and 16 at a time in a burst.
+            let mut batch = Vec::with_capacity(BATCH);
+            batch.push(with_slot(first, &mut slots));
             // What waits, then whatever the source already holds, joins the
             // batch, as long as there are slots for it.
             while batch.len() < BATCH {

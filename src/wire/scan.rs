@@ -73,6 +73,10 @@ fn skip(b: &[u8], pos: usize, depth: usize) -> Option<usize> {
                 p = int(b, p + 1, 0xce)?;
                 continue;
             }
+            Class::F64 => {
+                p = body(b, p + 1, 8)?;
+                continue;
+            }
             Class::FixMap => (p + 1, usize::from(marker & 0x0f) * 2),
             Class::FixArray => (p + 1, usize::from(marker & 0x0f)),
             Class::Other => match step(b, p + 1, marker)? {
@@ -105,6 +109,8 @@ enum Class {
     U8,
     U16,
     U32,
+    /// A float64 (sampling options).
+    F64,
     Other,
 }
 
@@ -120,6 +126,7 @@ static CLASS: [Class; 256] = {
             0xcc => Class::U8,
             0xcd => Class::U16,
             0xce => Class::U32,
+            0xcb => Class::F64,
             _ => Class::Other,
         };
         m += 1;
@@ -583,9 +590,9 @@ mod tests {
         // recursive walk that states the rules once (`step`): same end, or
         // both refuse, for short random byte strings drawn mostly from
         // markers, at depths around the bound.
-        const MARKERS: [u8; 24] = [
-            0x01, 0x7f, 0x80, 0x81, 0x82, 0x90, 0x91, 0x92, 0xa0, 0xa1, 0xc0, 0xc1, 0xc4, 0xcc,
-            0xcd, 0xce, 0xcf, 0xd0, 0xd9, 0xdc, 0xde, 0xe0, 0xff, 0x00,
+        const MARKERS: [u8; 25] = [
+            0x01, 0x7f, 0x80, 0x81, 0x82, 0x90, 0x91, 0x92, 0xa0, 0xa1, 0xc0, 0xc1, 0xc4, 0xcb,
+            0xcc, 0xcd, 0xce, 0xcf, 0xd0, 0xd9, 0xdc, 0xde, 0xe0, 0xff, 0x00,
         ];
         let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
         let mut next = move || {
@@ -621,9 +628,49 @@ mod tests {
                     matches!(step(&bytes, 1, m), Some(Step::Open { .. }))
                 }
                 Class::U8 | Class::U16 | Class::U32 => (0xcc..=0xce).contains(&m),
-                Class::Other => !matches!(m, 0x00..=0x9f | 0xa0..=0xbf | 0xcc..=0xce),
+                Class::F64 => m == 0xcb && is_scalar_of(8),
+                Class::Other => !matches!(m, 0x00..=0x9f | 0xa0..=0xbf | 0xcb..=0xce),
             };
             assert!(ok, "marker {m:#x}");
+        }
+    }
+
+    #[test]
+    fn runs_of_small_integers_are_walked_like_any_other_values() {
+        // Arrays of n small integers with one other byte at each place (a
+        // wider integer's marker, a value needing a byte more, a negative
+        // fixint, nil), ending early or not: the 8-at-a-time walk agrees
+        // with the value-at-a-time one and with the reader.
+        for n in 0..40usize {
+            let mut array = vec![0xdc, 0, n as u8];
+            array.extend((0..n).map(|i| (i * 37 % 128) as u8));
+            for at in 0..=n {
+                for other in [0xcc, 0x80, 0xff, 0xc0, 0x7f] {
+                    let mut bytes = array.clone();
+                    if at < n {
+                        bytes[3 + at] = other;
+                    }
+                    // Small integers after the array too: the run ends
+                    // with the array.
+                    let mut followed = bytes.clone();
+                    followed.extend([0x01; 9]);
+                    assert_eq!(
+                        skip(&followed, 0, 0),
+                        skip_nested(&followed, 0, 0),
+                        "{followed:x?}"
+                    );
+                    for cut in [bytes.len(), bytes.len().saturating_sub(1)] {
+                        let bytes = &bytes[..cut];
+                        let flat = skip(bytes, 0, 0);
+                        assert_eq!(flat, skip_nested(bytes, 0, 0), "{bytes:x?}");
+                        let canonical = n >= 16;
+                        let readable = decode(bytes, Encoding::MsgPack).is_ok();
+                        if !readable || !canonical {
+                            assert!(!validate(bytes), "{bytes:x?}");
+                        }
+                    }
+                }
+            }
         }
     }
 
