@@ -63,10 +63,10 @@ struct Fields<'a> {
     entries: [MaybeUninit<Entry<'a>>; WIDE],
     /// The kinds present, one bit each (as [`known::Set`]s hold them).
     present: Set,
-    /// The [`known::bucket`]s of the keys, one bit each: a key whose bucket was
-    /// seen before may be there twice.
+    /// The [`known::bucket`]s of the keys, one bit each.
     buckets: u64,
-    maybe_twice: bool,
+    /// The buckets seen again: a key in one of them may be there twice.
+    again: u64,
     len: usize,
 }
 
@@ -78,7 +78,7 @@ impl<'a> Fields<'a> {
             entries: [const { MaybeUninit::uninit() }; WIDE],
             present: 0,
             buckets: 0,
-            maybe_twice: false,
+            again: 0,
             len: 0,
         }
     }
@@ -103,7 +103,7 @@ impl<'a> Fields<'a> {
             self.present |= 1 << kind;
         }
         let bucket = 1u64 << bucket;
-        self.maybe_twice |= self.buckets & bucket != 0;
+        self.again |= self.buckets & bucket;
         self.buckets |= bucket;
         self.len = i + 1;
         Some(())
@@ -113,7 +113,7 @@ impl<'a> Fields<'a> {
         self.len = 0;
         self.present = 0;
         self.buckets = 0;
-        self.maybe_twice = false;
+        self.again = 0;
     }
 
     /// The entries read so far.
@@ -158,7 +158,7 @@ impl<'a> Fields<'a> {
     /// so are their [`known::bucket`]s: keys are compared only when a key's bucket
     /// was seen before in this map (as [`Fields::push_kind`] notes).
     fn unique(&self) -> bool {
-        if !self.maybe_twice {
+        if self.again == 0 {
             return true;
         }
         let entries = self.all();
