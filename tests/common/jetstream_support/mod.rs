@@ -124,9 +124,26 @@ pub fn init_logging() {
     });
 }
 
-/// Runs `setup` as an operator would before anything is published.
+/// Runs `setup` as an operator would before anything is published, and
+/// again, as an operator would, while the JetStream API times out: a
+/// cluster formed moments ago, or two cores shared by several clusters at
+/// once, can take longer than the client's 5 s to answer its first
+/// requests (seen once in a CI run against nats-server 2.15: "looking up
+/// stream LLM_PREFILL: request error: timed out"). Any other error, or
+/// timeouts for 30 s, fail the test.
 pub async fn setup(js: &jetstream::Context, config: &Config) {
-    prefill_handoff::setup::ensure(js, config)
-        .await
-        .expect("setup");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match prefill_handoff::setup::ensure(js, config).await {
+            Ok(_) => return,
+            Err(e)
+                if format!("{e:?}").contains("timed out")
+                    && tokio::time::Instant::now() < deadline =>
+            {
+                tracing::warn!(error = ?e, "setup timed out; trying again");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => panic!("setup: {e:?}"),
+        }
+    }
 }
