@@ -50,7 +50,7 @@ fn utf8(raw: Span<'_>) -> Option<&str> {
 }
 
 /// A map's entries as spans, in order, with what each key is
-/// ([`known::kind`]: canonical MessagePack writes a string shorter than 32
+/// ([`known::classify`]: canonical MessagePack writes a string shorter than 32
 /// bytes, every name looked up, as a fixstr, so a key is recognized by its
 /// span), and which kinds are there.
 ///
@@ -63,7 +63,7 @@ struct Fields<'a> {
     entries: [MaybeUninit<Entry<'a>>; WIDE],
     /// The kinds present, one bit each (as [`known::Set`]s hold them).
     present: Set,
-    /// The [`known::bucket`]s of the keys, one bit each.
+    /// The buckets of the keys ([`known::classify`]), one bit each.
     buckets: u64,
     /// The buckets seen again: a key in one of them may be there twice.
     again: u64,
@@ -99,9 +99,7 @@ impl<'a> Fields<'a> {
         let i = self.len;
         let (key, value) = entry;
         self.entries.get_mut(i)?.write(Entry { key, value, kind });
-        if kind < 32 {
-            self.present |= 1 << kind;
-        }
+        self.present |= known::bit(kind);
         let bucket = 1u64 << bucket;
         self.again |= self.buckets & bucket;
         self.buckets |= bucket;
@@ -155,25 +153,18 @@ impl<'a> Fields<'a> {
     }
 
     /// No string key twice. Spans of equal canonical strings are equal, and
-    /// so are their [`known::bucket`]s: keys are compared only when a key's bucket
-    /// was seen before in this map (as [`Fields::push_kind`] notes).
+    /// so are their buckets: keys are compared only in a bucket that more
+    /// than one key of this map fell in (as [`Fields::push_kind`] notes).
     fn unique(&self) -> bool {
         if self.again == 0 {
             return true;
         }
         let entries = self.all();
-        let mut seen = 0u64;
-        for (i, Entry { key, .. }) in entries.iter().enumerate() {
-            let bit = 1u64 << known::bucket(key);
-            if seen & bit != 0
+        !entries.iter().enumerate().any(|(i, Entry { key, .. })| {
+            self.again & (1u64 << known::classify(key).1) != 0
                 && scan::str_bytes(key).is_some()
                 && entries[..i].iter().any(|e| e.key == *key)
-            {
-                return false;
-            }
-            seen |= bit;
-        }
-        true
+        })
     }
 
     fn iter(&self) -> std::slice::Iter<'_, Entry<'a>> {
@@ -377,7 +368,7 @@ impl<'a> Out<'a> {
         &mut self.buf
     }
 
-    /// Appends bytes already encoded (a constant key, a map header).
+    /// Appends bytes already encoded (a constant key, `nil`).
     fn put(&mut self, encoded: &[u8]) {
         self.own().extend_from_slice(encoded);
     }
@@ -426,13 +417,13 @@ impl<'a> Answer<'a, '_> {
     /// message}}`, as `messages::error_response` has it.
     fn error(self, code: ErrorCode, message: String) -> Decision {
         let mut out = Vec::with_capacity(64 + self.request_id.len() + message.len());
-        out.push(0x83);
+        write_map_len(&mut out, 3);
         out.extend_from_slice(fixstr!("request_id"));
         write_str(&mut out, self.request_id.as_bytes());
         out.extend_from_slice(fixstr!("kind"));
         out.extend_from_slice(fixstr!("error"));
         out.extend_from_slice(fixstr!("error"));
-        out.push(0x82);
+        write_map_len(&mut out, 2);
         out.extend_from_slice(fixstr!("code"));
         write_str(&mut out, code.as_str().as_bytes());
         out.extend_from_slice(fixstr!("message"));
@@ -450,7 +441,7 @@ impl<'a> Answer<'a, '_> {
 
     fn terminal(self, finish_reason: FinishReason) -> Decision {
         let mut out = Out::new(self.body, self.capacity);
-        out.put(&[0x83]);
+        write_map_len(out.own(), 3);
         out.put(fixstr!("request_id"));
         out.str(self.request_id.as_bytes());
         out.put(fixstr!("kind"));
@@ -526,7 +517,7 @@ impl<'a> Answer<'a, '_> {
             out.span(request);
         }
         out.put(fixstr!("worker"));
-        out.put(&[0x82]);
+        write_map_len(out.own(), 2);
         out.put(fixstr!("instance_id"));
         out.str(instance_id.as_bytes());
         out.put(fixstr!("machine_id"));
@@ -639,8 +630,9 @@ mod tests {
         // "ab", "!b" and "\xa1b" share a bucket (same length, same last
         // byte, bytes before it 64 apart).
         let (ab, cb, zb): (&[u8], &[u8], &[u8]) = (b"\xa2ab", b"\xa2!b", b"\xa2\xa1b");
-        assert_eq!(known::bucket(ab), known::bucket(cb));
-        assert_eq!(known::bucket(ab), known::bucket(zb));
+        let bucket = |key| known::classify(key).1;
+        assert_eq!(bucket(ab), bucket(cb));
+        assert_eq!(bucket(ab), bucket(zb));
         assert!(fields(&[ab, cb, zb]).unique());
         assert!(!fields(&[ab, cb, zb, cb]).unique());
         assert!(!fields(&[ab, b"\xa1x", ab]).unique());

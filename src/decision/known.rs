@@ -73,9 +73,18 @@ pub(super) const VLLM: Set = set(&VLLM_KEYS);
 pub(super) const NOT_PASSED_ON: Set =
     set(&DECODE_JOB_KEYS) | set(&["frames", "request", "request_id", "reply_to"]);
 
+/// The set holding only `kind` (empty for [`OTHER`]).
+pub(super) fn bit(kind: Kind) -> Set {
+    if kind < Set::BITS as Kind {
+        1 << kind
+    } else {
+        0
+    }
+}
+
 /// Whether `kind` is in `set`.
 pub(super) fn member(kind: Kind, set: Set) -> bool {
-    kind < 32 && set & (1 << kind) != 0
+    set & bit(kind) != 0
 }
 
 /// The kind of a key span: a name of [`NAMES`] as a fixstr, or [`OTHER`].
@@ -84,7 +93,8 @@ pub(super) fn kind(key: &[u8]) -> Kind {
     classify(key).0
 }
 
-/// The kind of a key span and its [`bucket`], from one hash.
+/// The kind of a key span and its bucket: one of 64, the same for equal
+/// spans, different for any two names of [`NAMES`]; from one hash.
 ///
 /// The span is compared with the one name of its slot as three words, not
 /// by `memcmp`: a call per key cost more than the lookups it saves.
@@ -146,13 +156,6 @@ struct Slot {
     kind: Kind,
     span_len: usize,
     words: [u64; 3],
-}
-
-/// One of 64 buckets for a key span: equal spans fall in the same one, and
-/// no two names of [`NAMES`] share one.
-#[inline]
-pub(super) fn bucket(key: &[u8]) -> usize {
-    hash(key).unwrap_or(key.len())
 }
 
 /// A key span's slot in [`TABLE`] (`None` for spans too short to be a

@@ -17,6 +17,7 @@ use prefill_handoff::identity::Identity;
 use prefill_handoff::ids::{DEFAULT_EPOCH_UNIX_MS, IdLayout, MachineId};
 use prefill_handoff::metrics::Metrics;
 use prefill_handoff::pipeline::serve::{self as durable, StartError};
+use prefill_handoff::setup::JetStreamError;
 use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -136,8 +137,8 @@ pub async fn setup(js: &jetstream::Context, config: &Config) {
     loop {
         match prefill_handoff::setup::ensure(js, config).await {
             Ok(_) => return,
-            Err(e)
-                if format!("{e:?}").contains("timed out")
+            Err(e @ JetStreamError::Api(_))
+                if e.to_string().contains("timed out")
                     && tokio::time::Instant::now() < deadline =>
             {
                 tracing::warn!(error = ?e, "setup timed out; trying again");
