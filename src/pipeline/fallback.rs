@@ -77,7 +77,7 @@ impl Pipeline {
     /// once per 10 s with the count.
     pub async fn refuse_over_budget(
         &self,
-        delivery: Delivery,
+        delivery: Box<Delivery>,
         bytes: usize,
         held: usize,
         max_in_flight_bytes: usize,

@@ -100,7 +100,7 @@ impl Pipeline {
     /// span (`crate::telemetry`) starts here, at delivery, and ends after
     /// settling; the output's `traceparent` names it, and log lines inside
     /// carry its IDs.
-    pub async fn handle(&self, delivery: Delivery) -> Handled {
+    pub async fn handle(&self, delivery: Box<Delivery>) -> Handled {
         let mut trace = headers::trace_headers(delivery.headers.as_ref());
         let arrival = Arrival {
             subject: &delivery.subject,
@@ -122,7 +122,7 @@ impl Pipeline {
 
     async fn handle_traced(
         &self,
-        delivery: Delivery,
+        delivery: Box<Delivery>,
         trace: TraceHeaders,
         span: &mut ResultSpan,
     ) -> Handled {

@@ -323,7 +323,7 @@ impl Runner {
     }
 
     /// Answers a delivery the byte budget had no room for.
-    async fn refuse(&self, delivery: crate::transport::Delivery, bytes: usize) {
+    async fn refuse(&self, delivery: Box<crate::transport::Delivery>, bytes: usize) {
         self.stats.received(1);
         let max = self.options.max_in_flight_bytes;
         let held = max.saturating_sub(self.limits.budget.available());

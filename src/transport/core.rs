@@ -64,9 +64,9 @@ impl Subscriptions {
 
     /// The next message from any subscription; `None` when all are drained.
     /// Cancel-safe: each subscription is a channel receiver.
-    pub(super) async fn next(&mut self) -> Option<Delivery> {
+    pub(super) async fn next(&mut self) -> Option<Box<Delivery>> {
         let message = std::future::poll_fn(|cx| self.poll_message(cx)).await?;
-        Some(Delivery {
+        Some(Box::new(Delivery {
             subject: message.subject,
             payload: message.payload,
             headers: message.headers,
@@ -74,7 +74,7 @@ impl Subscriptions {
             received_at: Instant::now(),
             attempt: Attempt::ONLY,
             settler: Settler::AtMostOnce,
-        })
+        }))
     }
 
     /// A message from the first subscription that has one, starting after

@@ -54,7 +54,7 @@ impl Intake {
         self.subscriptions.drain().await;
     }
 
-    fn admit(&self, mut delivery: Delivery) -> Admission {
+    fn admit(&self, mut delivery: Box<Delivery>) -> Admission {
         match self.budget.try_hold(delivery.payload.len()) {
             Some(held) => {
                 delivery.payload = own_allocation(delivery.payload);

@@ -259,7 +259,7 @@ impl Puller {
                             // Without a slot left (the server sent more than
                             // asked), the runner takes one for it.
                             let slot = permits.pop();
-                            let delivery = self.delivery(message);
+                            let delivery = Box::new(self.delivery(message));
                             let admitted = Admitted { delivery, held, slot };
                             if out.send(Admission::Admitted(admitted)).is_err() {
                                 break 'pulling;
