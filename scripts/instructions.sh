@@ -66,6 +66,18 @@ rm -f "$OUT" "$OUT".*
 TMP=$(mktemp -d -t prefill-instructions.XXXXXX)
 PIDS=()
 cleanup() {
+    # The profiled program first, while NATS is still up: the relay drains
+    # its connection on SIGTERM, and with the server already gone that
+    # drain waited for a reconnect forever (the script hung at its end).
+    # It gets 10 s, then SIGKILL.
+    if [[ -n ${PID:-} ]]; then
+        kill "$PID" 2>/dev/null || true
+        for _ in $(seq 50); do
+            kill -0 "$PID" 2>/dev/null || break
+            sleep 0.2
+        done
+        kill -KILL "$PID" 2>/dev/null || true
+    fi
     for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
     for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
     rm -rf "$TMP"
