@@ -342,10 +342,12 @@ rss_mb = f"{max(rss):.1f}" if rss else "n/a"
 paced = [rows[n].get("rss_paced_mb") for n in ("core", "js") if rows[n].get("rss_paced_mb")]
 paced_mb = f"{max(paced):.1f}" if paced else "n/a"
 print()
-print(f"core / raw relay throughput      {core_vs_relay}  (target >= 0.8)")
-print(f"jetstream / raw JS relay         {js_vs_relay}  (target >= 0.8)")
+# The targets are issue 13's (an earlier benchmark issue asked 0.8, 0.8
+# and 1.5 of the first three).
+print(f"core / raw relay throughput      {core_vs_relay}  (target >= 0.85)")
+print(f"jetstream / raw JS relay         {js_vs_relay}  (target >= 0.9)")
 print(f"core / python throughput         {vs_python}  (target >= 10)")
-print(f"core / raw relay p99 at {rate}/s  {p99_vs_relay}  (target <= 1.5)")
+print(f"core / raw relay p99 at {rate}/s  {p99_vs_relay}  (target <= 1.3)")
 print(f"worker peak RSS MB               {rss_mb}  (target <= 50; {paced_mb} after the paced run alone)")
 print(f"core / raw relay CPU per message {core_cpu_vs_relay}  (target <= 2.0, bursts)")
 print(f"jetstream / JS relay CPU per msg  {js_cpu_vs_relay}  (target <= 1.5, bursts)")
