@@ -46,7 +46,8 @@ async fn main() -> anyhow::Result<()> {
     eprintln!("raw_relay: ready, {from} -> {to} (queue {queue})");
     let task = tokio::spawn(relay.run());
     shutdown_signal().await;
-    client.drain().await.ok();
+    // Bounded: with the server gone, a drain waits for a reconnect forever.
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), client.drain()).await;
     let _ = task.await;
     eprintln!("raw_relay: relayed {} messages", relayed.get());
     Ok(())
