@@ -59,10 +59,11 @@ pub fn header_block(set: &[(&'static str, String)], trace: &TraceHeaders) -> Opt
         block.extend_from_slice(b": ");
         let start = block.len();
         block.extend_from_slice(value.as_bytes());
-        // Looked for first: rewriting every value a byte at a time cost
-        // about 100 instructions per output, for values that never hold one.
-        if memchr::memchr2(b'\r', b'\n', value.as_bytes()).is_some() {
-            for b in &mut block[start..] {
+        // Looked for first, and rewritten from the first one on: rewriting
+        // every value a byte at a time cost about 100 instructions per
+        // output, for values that never hold one.
+        if let Some(first) = memchr::memchr2(b'\r', b'\n', value.as_bytes()) {
+            for b in &mut block[start + first..] {
                 if matches!(*b, b'\r' | b'\n') {
                     *b = b' ';
                 }
