@@ -48,7 +48,14 @@ pub fn start_nats_server(conf: &Path, log: std::fs::File, port: u16, timeout: Du
 /// before it bound it (seen with 8 tests at once: "Address already in use").
 /// Below the range only another listener can take it. Each test process
 /// starts at a random point of the span and walks on from there, checking
-/// that each port binds, so concurrent tests rarely meet.
+/// that each port binds.
+///
+/// A port that binds here is released again, so a test process running at
+/// the same time could pick it too before either server bound it (seen once:
+/// a worker's metrics address "already in use"). Each port handed out is
+/// therefore also reserved across processes by a marker file created with
+/// `create_new` in a shared directory; a marker older than
+/// [`PORT_RESERVATION`] is stale (its test is long over) and is taken over.
 pub fn free_port() -> u16 {
     use std::hash::{BuildHasher, Hasher};
     use std::sync::OnceLock;
@@ -78,11 +85,44 @@ pub fn free_port() -> u16 {
         let step = TAKEN.fetch_add(1, Ordering::Relaxed);
         let port = LOWEST + (start + step) % span;
         let port = u16::try_from(port).expect("below the ephemeral range");
-        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() && reserve_port(port) {
             return port;
         }
     }
     panic!("no free loopback port between {LOWEST} and {ephemeral_low}");
+}
+
+/// How long a port handed out by [`free_port`] stays reserved for the test
+/// process that got it: longer than any one test runs.
+const PORT_RESERVATION: Duration = Duration::from_secs(30 * 60);
+
+/// Reserves `port` for this process against every other test process of this
+/// machine (see [`free_port`]); false when another one holds it.
+fn reserve_port(port: u16) -> bool {
+    use std::fs::OpenOptions;
+    use std::io::ErrorKind;
+
+    let dir = std::env::temp_dir().join("prefill-handoff-test-ports");
+    if std::fs::create_dir_all(&dir).is_err() {
+        // No shared directory: the bind check alone, as before.
+        return true;
+    }
+    let marker = dir.join(port.to_string());
+    let create = || OpenOptions::new().write(true).create_new(true).open(&marker);
+    match create() {
+        Ok(_) => true,
+        Err(e) if e.kind() == ErrorKind::AlreadyExists => {
+            let stale = std::fs::metadata(&marker)
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|modified| modified.elapsed().ok())
+                .is_some_and(|age| age > PORT_RESERVATION);
+            // Two processes may both see it stale: only the one whose
+            // `create_new` wins after the removal takes the port.
+            stale && std::fs::remove_file(&marker).is_ok() && create().is_ok()
+        }
+        Err(_) => true,
+    }
 }
 
 /// Waits until something accepts TCP connections on the port.
