@@ -108,7 +108,12 @@ fn reserve_port(port: u16) -> bool {
         return true;
     }
     let marker = dir.join(port.to_string());
-    let create = || OpenOptions::new().write(true).create_new(true).open(&marker);
+    let create = || {
+        OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&marker)
+    };
     match create() {
         Ok(_) => true,
         Err(e) if e.kind() == ErrorKind::AlreadyExists => {
