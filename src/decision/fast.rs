@@ -22,7 +22,7 @@
 //! `docs/benchmark.md`.
 
 use super::handoff::MISSING_CTX_REQUEST_ID;
-use super::known::{self, Key, Kind, NOT_PASSED_ON, Set, TRTLLM, VLLM, fixstr};
+use super::known::{self, Key, Kind, NOT_PASSED_ON, Set, TRTLLM, VLLM, fixstr, fixstrs};
 use super::{
     Backend, Decision, ErrorCode, FinishReason, IdSource, Input, Outcome, Rules, msg_id,
     prefill_failed,
@@ -502,13 +502,26 @@ impl<'a> Answer<'a, '_> {
         out.str(self.request_id.as_bytes());
         out.put(fixstr!("reply_to"));
         out.str(self.reply_to.as_bytes());
-        out.put(fixstr!("backend"));
-        out.str(backend.as_str().as_bytes());
-        if let Some(id) = disagg {
-            out.put(fixstr!("disagg_request_id"));
-            write_uint(out.own(), id);
+        // Runs of constant keys and values, each written in one copy.
+        match (backend, disagg) {
+            (Backend::Trtllm, Some(id)) => {
+                out.put(fixstrs!("backend", "trtllm", "disagg_request_id"));
+                write_uint(out.own(), id);
+                out.put(fixstr!("handoff"));
+            }
+            (Backend::Sglang, None) => out.put(fixstrs!("backend", "sglang", "handoff")),
+            (Backend::Vllm, None) => out.put(fixstrs!("backend", "vllm", "handoff")),
+            (Backend::Opaque, None) => out.put(fixstrs!("backend", "opaque", "handoff")),
+            (backend, disagg) => {
+                out.put(fixstr!("backend"));
+                out.str(backend.as_str().as_bytes());
+                if let Some(id) = disagg {
+                    out.put(fixstr!("disagg_request_id"));
+                    write_uint(out.own(), id);
+                }
+                out.put(fixstr!("handoff"));
+            }
         }
-        out.put(fixstr!("handoff"));
         write_params(&mut out, params, disagg);
         out.put(fixstr!("prefill_output"));
         self.write_output(&mut out);
@@ -516,14 +529,15 @@ impl<'a> Answer<'a, '_> {
             out.put(fixstr!("request"));
             out.span(request);
         }
-        out.put(fixstr!("worker"));
-        write_map_len(out.own(), 2);
-        out.put(fixstr!("instance_id"));
+        // "worker": {"instance_id": …, "machine_id": …}
+        out.put(&WORKER_HEAD);
         out.str(instance_id.as_bytes());
-        out.put(fixstr!("machine_id"));
         match machine_id {
-            Some(m) => write_uint(out.own(), u64::from(m.get())),
-            None => out.put(&[0xc0]),
+            Some(m) => {
+                out.put(fixstr!("machine_id"));
+                write_uint(out.own(), u64::from(m.get()));
+            }
+            None => out.put(&MACHINE_ID_NIL),
         }
         for entry in top.iter().filter(|e| passed_on(e.kind)) {
             out.entry(entry);
@@ -542,6 +556,36 @@ impl<'a> Answer<'a, '_> {
         })
     }
 }
+
+/// `"worker"`, the header of its map of two entries, and `"instance_id"`.
+const WORKER_HEAD: [u8; 20] = {
+    let (key, field) = (fixstr!("worker"), fixstr!("instance_id"));
+    let mut head = [0u8; 20];
+    let mut i = 0;
+    while i < key.len() {
+        head[i] = key[i];
+        i += 1;
+    }
+    head[key.len()] = 0x82;
+    let mut j = 0;
+    while j < field.len() {
+        head[key.len() + 1 + j] = field[j];
+        j += 1;
+    }
+    head
+};
+
+/// `"machine_id": nil`.
+const MACHINE_ID_NIL: [u8; 12] = {
+    let key = fixstr!("machine_id");
+    let mut span = [0xc0u8; 12];
+    let mut i = 0;
+    while i < key.len() {
+        span[i] = key[i];
+        i += 1;
+    }
+    span
+};
 
 /// The engine a params map is for, when the tree path would accept its
 /// handoff (`None` otherwise: the caller declines). TensorRT-LLM keys win over

@@ -271,6 +271,42 @@ macro_rules! fixstr {
 }
 pub(super) use fixstr;
 
+/// The names, each as a [`fixstr!`], one after the other, built at compile
+/// time: a run of constant keys and values written with one copy.
+macro_rules! fixstrs {
+    ($($name:expr),+ $(,)?) => {{
+        const NAMES: &[&str] = &[$($name),+];
+        const LEN: usize = {
+            let (mut len, mut i) = (0, 0);
+            while i < NAMES.len() {
+                assert!(NAMES[i].len() < 32, "a fixstr holds at most 31 bytes");
+                len += NAMES[i].len() + 1;
+                i += 1;
+            }
+            len
+        };
+        const SPANS: [u8; LEN] = {
+            let mut spans = [0u8; LEN];
+            let (mut at, mut i) = (0, 0);
+            while i < NAMES.len() {
+                let name = NAMES[i].as_bytes();
+                spans[at] = 0xa0 | name.len() as u8;
+                at += 1;
+                let mut j = 0;
+                while j < name.len() {
+                    spans[at] = name[j];
+                    at += 1;
+                    j += 1;
+                }
+                i += 1;
+            }
+            spans
+        };
+        &SPANS
+    }};
+}
+pub(super) use fixstrs;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -299,6 +335,15 @@ mod tests {
         }
         assert_eq!(kind(&[]), OTHER);
         assert_eq!(kind(&[0xa0]), OTHER);
+    }
+
+    #[test]
+    fn fixstrs_are_the_fixstrs_one_after_the_other() {
+        assert_eq!(fixstrs!("backend"), fixstr!("backend"));
+        let expected = [span("worker"), span(""), span("instance_id")].concat();
+        assert_eq!(&fixstrs!("worker", "", "instance_id")[..], &expected[..]);
+        let longest = "x".repeat(31);
+        assert_eq!(&fixstrs!("xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx")[..], &span(&longest)[..]);
     }
 
     #[test]

@@ -246,9 +246,26 @@ pub fn write_map_len(out: &mut Vec<u8>, n: usize) {
     }
 }
 
-/// Appends a non-negative integer in its shortest form, as [`write()`] does.
+/// Appends a non-negative integer in its shortest form, as [`write()`] does
+/// (rmp's `write_uint`, by hand: its writer returns a `Result` per byte, and
+/// a decode job writes two or three of these).
 pub fn write_uint(out: &mut Vec<u8>, n: u64) {
-    infallible(encode::write_uint(out, n));
+    match n {
+        0..0x80 => out.push(n as u8),
+        0x80..0x100 => out.extend_from_slice(&[0xcc, n as u8]),
+        0x100..0x1_0000 => {
+            let [a, b] = (n as u16).to_be_bytes();
+            out.extend_from_slice(&[0xcd, a, b]);
+        }
+        0x1_0000..0x1_0000_0000 => {
+            let [a, b, c, d] = (n as u32).to_be_bytes();
+            out.extend_from_slice(&[0xce, a, b, c, d]);
+        }
+        _ => {
+            out.push(0xcf);
+            out.extend_from_slice(&n.to_be_bytes());
+        }
+    }
 }
 
 /// A length as MessagePack carries it. Lengths past 32 bits cannot occur:
@@ -280,6 +297,22 @@ mod tests {
             write_map_len(&mut ours, n);
             encode::write_map_len(&mut theirs, n as u32).unwrap();
             assert_eq!(ours, theirs, "map of {n} entries");
+        }
+    }
+
+    /// `write_uint` is rmp's at every width's edges.
+    #[test]
+    fn integers_written_by_hand_are_rmps() {
+        let edges = [0x80u64, 0x100, 0x1_0000, 0x1_0000_0000];
+        let around = edges
+            .iter()
+            .flat_map(|e| [e - 1, *e, e + 1])
+            .chain([0, 1, u64::MAX - 1, u64::MAX, (1 << 63) - 1]);
+        for n in around {
+            let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+            write_uint(&mut ours, n);
+            encode::write_uint(&mut theirs, n).unwrap();
+            assert_eq!(ours, theirs, "{n}");
         }
     }
 }
