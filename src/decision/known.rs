@@ -343,7 +343,10 @@ mod tests {
         let expected = [span("worker"), span(""), span("instance_id")].concat();
         assert_eq!(&fixstrs!("worker", "", "instance_id")[..], &expected[..]);
         let longest = "x".repeat(31);
-        assert_eq!(&fixstrs!("xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx")[..], &span(&longest)[..]);
+        assert_eq!(
+            &fixstrs!("xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx")[..],
+            &span(&longest)[..]
+        );
     }
 
     #[test]

@@ -304,10 +304,13 @@ mod tests {
     #[test]
     fn integers_written_by_hand_are_rmps() {
         let edges = [0x80u64, 0x100, 0x1_0000, 0x1_0000_0000];
-        let around = edges
-            .iter()
-            .flat_map(|e| [e - 1, *e, e + 1])
-            .chain([0, 1, u64::MAX - 1, u64::MAX, (1 << 63) - 1]);
+        let around = edges.iter().flat_map(|e| [e - 1, *e, e + 1]).chain([
+            0,
+            1,
+            u64::MAX - 1,
+            u64::MAX,
+            (1 << 63) - 1,
+        ]);
         for n in around {
             let (mut ours, mut theirs) = (Vec::new(), Vec::new());
             write_uint(&mut ours, n);
