@@ -112,7 +112,7 @@ fn rules() -> Rules {
 // The worker's allocator (src/main.rs): a decision allocates its output and
 // a few strings, and what that costs depends on the allocator.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: prefill_handoff::alloc::MiMalloc = prefill_handoff::alloc::MiMalloc;
 
 type DecideFn = fn(Input<'_>, &Rules, &mut dyn IdSource) -> Decision;
 

@@ -37,6 +37,7 @@
 //! The load generator and the raw relays it is compared with are a crate of
 //! their own, `crates/loadgen`; the binary adds its `loadgen` command.
 
+pub mod alloc;
 pub mod cli;
 pub mod clock;
 pub mod config;

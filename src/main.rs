@@ -13,7 +13,7 @@ use prefill_handoff_loadgen::{Connect, cli::CliError, cli::LoadgenArgs};
 // runtime thread; measured faster and with a lower peak RSS than the system
 // allocator (see the benchmark notes in the README).
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: prefill_handoff::alloc::MiMalloc = prefill_handoff::alloc::MiMalloc;
 
 #[derive(Debug, Parser)]
 #[command(name = "prefill-handoff", version, about = cli::ABOUT)]
