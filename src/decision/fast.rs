@@ -142,7 +142,15 @@ impl<'a> Fields<'a> {
         }
         let mut p = pos + start;
         for _ in 0..n {
-            let key_end = scan::value_end(b, p, depth + 1)?;
+            // A key is nearly always a fixstr: its end without the
+            // walker's class table.
+            let marker = *b.get(p)?;
+            let key_end = if marker & 0xe0 == 0xa0 {
+                let end = p + 1 + usize::from(marker & 0x1f);
+                (end <= b.len()).then_some(end)?
+            } else {
+                scan::value_end(b, p, depth + 1)?
+            };
             let key = b.get(p..key_end)?;
             let class = known::classify(key);
             let end = value(class.0, key_end, depth + 1)?;
