@@ -566,34 +566,10 @@ impl<'a> Answer<'a, '_> {
 }
 
 /// `"worker"`, the header of its map of two entries, and `"instance_id"`.
-const WORKER_HEAD: [u8; 20] = {
-    let (key, field) = (fixstr!("worker"), fixstr!("instance_id"));
-    let mut head = [0u8; 20];
-    let mut i = 0;
-    while i < key.len() {
-        head[i] = key[i];
-        i += 1;
-    }
-    head[key.len()] = 0x82;
-    let mut j = 0;
-    while j < field.len() {
-        head[key.len() + 1 + j] = field[j];
-        j += 1;
-    }
-    head
-};
+const WORKER_HEAD: [u8; 20] = known::join(&[fixstr!("worker"), &[0x82], fixstr!("instance_id")]);
 
 /// `"machine_id": nil`.
-const MACHINE_ID_NIL: [u8; 12] = {
-    let key = fixstr!("machine_id");
-    let mut span = [0xc0u8; 12];
-    let mut i = 0;
-    while i < key.len() {
-        span[i] = key[i];
-        i += 1;
-    }
-    span
-};
+const MACHINE_ID_NIL: [u8; 12] = known::join(&[fixstr!("machine_id"), &[0xc0]]);
 
 /// The engine a params map is for, when the tree path would accept its
 /// handoff (`None` otherwise: the caller declines). TensorRT-LLM keys win over

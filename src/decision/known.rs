@@ -251,23 +251,12 @@ const fn eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 /// `$name` as a MessagePack fixstr, built at compile time (a name under 32
-/// bytes): the decision writes its own keys as constants.
+/// bytes): the decision writes its own keys as constants. [`fixstrs!`] of one
+/// name.
 macro_rules! fixstr {
-    ($name:expr) => {{
-        const NAME: &[u8] = $name.as_bytes();
-        const SPAN: [u8; NAME.len() + 1] = {
-            assert!(NAME.len() < 32, "a fixstr holds at most 31 bytes");
-            let mut span = [0u8; NAME.len() + 1];
-            span[0] = 0xa0 | NAME.len() as u8;
-            let mut i = 0;
-            while i < NAME.len() {
-                span[i + 1] = NAME[i];
-                i += 1;
-            }
-            span
-        };
-        &SPAN
-    }};
+    ($name:expr) => {
+        $crate::decision::known::fixstrs!($name)
+    };
 }
 pub(super) use fixstr;
 
@@ -306,6 +295,25 @@ macro_rules! fixstrs {
     }};
 }
 pub(super) use fixstrs;
+
+/// `parts` one after the other, at compile time: constant runs of encoded
+/// bytes that are not only fixstrs (a map header, `nil`). `N` must be their
+/// total length (a build-time error otherwise).
+pub(super) const fn join<const N: usize>(parts: &[&[u8]]) -> [u8; N] {
+    let mut joined = [0u8; N];
+    let (mut at, mut i) = (0, 0);
+    while i < parts.len() {
+        let mut j = 0;
+        while j < parts[i].len() {
+            joined[at] = parts[i][j];
+            at += 1;
+            j += 1;
+        }
+        i += 1;
+    }
+    assert!(at == N, "the parts' total length is not N");
+    joined
+}
 
 #[cfg(test)]
 mod tests {
@@ -347,6 +355,13 @@ mod tests {
             &fixstrs!("xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx")[..],
             &span(&longest)[..]
         );
+    }
+
+    #[test]
+    fn join_is_the_parts_one_after_the_other() {
+        const JOINED: [u8; 12] = join(&[fixstr!("worker"), &[0x82], b"", fixstr!("id"), &[0xc0]]);
+        let expected = [span("worker"), vec![0x82], span("id"), vec![0xc0]].concat();
+        assert_eq!(&JOINED[..], &expected[..]);
     }
 
     #[test]
