@@ -32,24 +32,39 @@ pub fn run(args: ConfigArgs) -> anyhow::Result<()> {
         builder.worker_threads(threads);
     }
     let runtime = builder.build().context("cannot start the async runtime")?;
-    let result = runtime.block_on(serve(config, id_service));
+    // The worker runs as a task in the pool, not on `block_on`'s thread: see
+    // `pool_threads`.
+    let result = runtime.block_on(async {
+        tokio::spawn(serve(config, id_service))
+            .await
+            .unwrap_or_else(|e| Err(anyhow::Error::new(e).context("the worker's task failed")))
+    });
     runtime.shutdown_timeout(Duration::from_secs(1));
     result
 }
 
-/// The runtime's pool: one thread fewer than the CPUs (at least one),
-/// because the worker loop has a thread of its own, the one `block_on` runs
-/// on (`serve`). A pool of one thread per CPU beside it put three busy
-/// threads on two cores: in core-mode bursts of 50,000 results (five
-/// alternating runs each) the worker used a median 5.3 µs of CPU per result
-/// with it and 4.5 µs with one thread fewer, at the same throughput.
+/// The runtime's pool: one thread, which runs the whole worker (the NATS
+/// connection task, the intake, the batches, etcd, metrics). A result then
+/// goes from the socket to the decision and back to the connection without
+/// crossing a thread: no futex wake-up and no context switch per hand-off.
+///
+/// Measured in core-mode bursts of 50,000 results (`scripts/bench.sh`, same
+/// run): 3.2 µs of CPU per result against 3.9-4.3 µs for the previous layout
+/// (the worker loop on `block_on`'s thread beside a pool of one thread fewer
+/// than the CPUs), whose 0.15 futex calls and 0.16 context switches per
+/// result (`perf stat`) dropped to 0.00 and 0.01; peak throughput rose
+/// from 0.72-0.85 to 0.95 of the raw relay's.
+///
+/// One thread decides ~200,000 typical results per second, far beyond what
+/// a node's prefill workers produce. Large results (`pipeline::decide`) are
+/// still decided beside it: `block_in_place` hands this thread's other tasks
+/// to a fresh thread meanwhile, so the connection keeps reading.
 /// `TOKIO_WORKER_THREADS`, when set, decides instead (`None`: tokio reads it).
 fn pool_threads() -> Option<usize> {
     if std::env::var_os("TOKIO_WORKER_THREADS").is_some() {
         return None;
     }
-    let cpus = std::thread::available_parallelism().map_or(2, usize::from);
-    Some(cpus.saturating_sub(1).max(1))
+    Some(1)
 }
 
 async fn serve(config: Config, id_service: IdService) -> anyhow::Result<()> {

@@ -515,6 +515,14 @@ impl ConnectionHandler {
 
         impl ProcessFut<'_> {
             const RECV_CHUNK_SIZE: usize = 16;
+            /// prefill-handoff patch: message bytes handed to subscriptions
+            /// in one poll, after which the task yields (and is woken at
+            /// once). Upstream reads until the socket is empty, bounded only
+            /// by tokio's budget of 128 reads per poll: in a burst of 1 MiB
+            /// messages that is up to hundreds of MiB read into subscription
+            /// buffers before any other task on the same thread (the one
+            /// that takes the messages out) gets to run.
+            const READ_BUDGET: usize = 128 * 1024;
 
             #[cold]
             fn ping(&mut self) -> Poll<ExitReason> {
@@ -562,10 +570,21 @@ impl ConnectionHandler {
                     }
                 }
 
+                // prefill-handoff patch: the read budget (see READ_BUDGET).
+                // Never while draining: the drain ends below once everything
+                // the server sent was delivered.
+                let mut read = 0;
                 loop {
+                    if read >= Self::READ_BUDGET && !self.handler.is_draining {
+                        cx.waker().wake_by_ref();
+                        break;
+                    }
                     match self.handler.connection.poll_read_op(cx) {
                         Poll::Pending => break,
                         Poll::Ready(Ok(Some(server_op))) => {
+                            if let ServerOp::Message { length, .. } = &server_op {
+                                read += *length;
+                            }
                             self.handler.handle_server_op(server_op);
                         }
                         Poll::Ready(Ok(None)) => {
