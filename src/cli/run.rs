@@ -48,8 +48,9 @@ pub fn run(args: ConfigArgs) -> anyhow::Result<()> {
 /// goes from the socket to the decision and back to the connection without
 /// crossing a thread: no futex wake-up and no context switch per hand-off.
 ///
-/// Measured in core-mode bursts of 50,000 results (`scripts/bench.sh`, same
-/// run): 3.2 µs of CPU per result against 3.9-4.3 µs for the previous layout
+/// Measured in core-mode bursts of 50,000 results (one `scripts/bench.sh`
+/// run, both layouts side by side): 3.2 µs of CPU per result against
+/// 3.9-4.3 µs for the previous layout
 /// (the worker loop on `block_on`'s thread beside a pool of one thread fewer
 /// than the CPUs), whose 0.15 futex calls and 0.16 context switches per
 /// result (`perf stat`) dropped to 0.00 and 0.01; peak throughput rose

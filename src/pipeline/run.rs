@@ -8,9 +8,10 @@
 //! admits within them (core NATS refuses what the byte budget has no room
 //! for; JetStream pulls only what fits, the server keeps the rest).
 //!
-//! Deliveries are handled in spawned tasks, so decisions run on every
-//! runtime thread (handling all results inside the loop's task measured
-//! ~20% slower on two cores). A task takes every delivery already waiting,
+//! Deliveries are handled in spawned tasks, so that with a pool of several
+//! threads (`TOKIO_WORKER_THREADS`) decisions run on all of them; the
+//! default pool is one thread (`cli/run.rs`), where the tasks keep the loop
+//! free to take input between batches. A task takes every delivery already waiting,
 //! up to `BATCH`, so a burst does not pay one spawn per result. In JetStream
 //! mode they run concurrently inside it, so a slow confirmation holds up none
 //! of the others; in core mode, where publishing only enqueues, one after the
