@@ -50,11 +50,11 @@ pub fn run(args: ConfigArgs) -> anyhow::Result<()> {
 ///
 /// Measured in core-mode bursts of 50,000 results (one `scripts/bench.sh`
 /// run, both layouts side by side): 3.2 µs of CPU per result against
-/// 3.9-4.3 µs for the previous layout
-/// (the worker loop on `block_on`'s thread beside a pool of one thread fewer
-/// than the CPUs), whose 0.15 futex calls and 0.16 context switches per
-/// result (`perf stat`) dropped to 0.00 and 0.01; peak throughput rose
-/// from 0.72-0.85 to 0.95 of the raw relay's.
+/// 3.9-4.3 µs for the previous layout (the worker loop on `block_on`'s
+/// thread beside a pool of one thread fewer than the CPUs), whose 0.15
+/// futex calls and 0.16 context switches per result (`perf stat`) dropped
+/// to 0.00 and 0.01; peak throughput rose from 0.72-0.85 to 0.95 of the
+/// raw relay's.
 ///
 /// One thread decides ~200,000 typical results per second, far beyond what
 /// a node's prefill workers produce. Large results (`pipeline::decide`) are

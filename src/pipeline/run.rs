@@ -11,11 +11,12 @@
 //! Deliveries are handled in spawned tasks, so that with a pool of several
 //! threads (`TOKIO_WORKER_THREADS`) decisions run on all of them; the
 //! default pool is one thread (`cli/run.rs`), where the tasks keep the loop
-//! free to take input between batches. A task takes every delivery already waiting,
-//! up to `BATCH`, so a burst does not pay one spawn per result. In JetStream
-//! mode they run concurrently inside it, so a slow confirmation holds up none
-//! of the others; in core mode, where publishing only enqueues, one after the
-//! other (about 15% less CPU per result in bursts than a future set).
+//! free to take input between batches. A task takes every delivery already
+//! waiting, up to `BATCH`, so a burst does not pay one spawn per result. In
+//! JetStream mode they run concurrently inside it, so a slow confirmation
+//! holds up none of the others; in core mode, where publishing only
+//! enqueues, one after the other (about 15% less CPU per result in bursts
+//! than a future set).
 //!
 //! When every slot is taken (a burst), the runner waits for as many slots as
 //! its next batch will use, not for one: each finished result used to wake
