@@ -184,3 +184,139 @@ fn a_well_formed_header_block_has_no_marker() {
     assert_eq!(headers.get(HEADER_BLOCK_ERROR), None);
     assert_eq!(status, Some(StatusCode::NO_RESPONDERS));
 }
+
+/// The `MSG` and `HMSG` lines are split and their numbers read on bytes
+/// (the patch's `parse_decimal`), accepting what `str::parse` accepted.
+#[test]
+fn message_lines_are_read_as_str_parse_read_them() {
+    let message = |bytes: &[u8]| match parse_server_ops(bytes) {
+        Ok(ops) => match ops.as_slice() {
+            [
+                ServerOp::Message {
+                    sid,
+                    subject,
+                    reply,
+                    payload,
+                    ..
+                },
+            ] => Ok((
+                *sid,
+                subject.to_string(),
+                reply.as_ref().map(|r| r.to_string()),
+                payload.to_vec(),
+            )),
+            other => panic!("one message expected, got {other:?}"),
+        },
+        Err(e) => Err(e.to_string()),
+    };
+    let ok = |sid: u64, subject: &str, reply: Option<&str>| {
+        Ok((
+            sid,
+            subject.to_string(),
+            reply.map(str::to_string),
+            b"hi".to_vec(),
+        ))
+    };
+    assert_eq!(message(b"MSG a.b 7 2\r\nhi\r\n"), ok(7, "a.b", None));
+    assert_eq!(
+        message(b"MSG a.b 7 r.1 2\r\nhi\r\n"),
+        ok(7, "a.b", Some("r.1"))
+    );
+    assert_eq!(message(b"MSG  a.b  +7   2\r\nhi\r\n"), ok(7, "a.b", None));
+    assert_eq!(
+        message(b"MSG a.b 18446744073709551615 +2\r\nhi\r\n"),
+        ok(u64::MAX, "a.b", None)
+    );
+    // Subjects are UTF-8, whatever bytes they hold besides the separator.
+    assert_eq!(
+        message("MSG a.\u{e9}\u{a0}b 0 2\r\nhi\r\n".as_bytes()),
+        ok(0, "a.\u{e9}\u{a0}b", None)
+    );
+    for bad in [
+        &b"MSG a.b 18446744073709551616 2\r\nhi\r\n"[..],
+        b"MSG a.b 7a 2\r\nhi\r\n",
+        b"MSG a.b -7 2\r\nhi\r\n",
+        b"MSG a.b + 2\r\nhi\r\n",
+        b"MSG a.b 7 2x\r\nhi\r\n",
+        b"MSG a.b 7 ++2\r\nhi\r\n",
+        b"MSG a.\xff 7 2\r\nhi\r\n",
+        b"MSG a.b 7 r.\xc3 2\r\nhi\r\n",
+        b"MSG a.b\t7 2\r\nhi\r\n",
+    ] {
+        assert!(message(bad).is_err(), "{:?}", String::from_utf8_lossy(bad));
+    }
+
+    let block = b"NATS/1.0\r\nA: b\r\n\r\n";
+    let hmsg = |args: &str| {
+        let mut bytes = format!("HMSG {args}\r\n").into_bytes();
+        bytes.extend_from_slice(block);
+        bytes.extend_from_slice(b"hi\r\n");
+        message(&bytes)
+    };
+    let (h, t) = (block.len(), block.len() + 2);
+    assert_eq!(hmsg(&format!("a.b 9 {h} {t}")), ok(9, "a.b", None));
+    assert_eq!(
+        hmsg(&format!("a.b\t9 r.2 {h}  {t}")),
+        ok(9, "a.b", Some("r.2"))
+    );
+    assert_eq!(hmsg(&format!("a.b +9 +{h} +{t}")), ok(9, "a.b", None));
+    // Only ASCII whitespace separates (the server splits nothing else).
+    assert_eq!(
+        hmsg(&format!("a.\u{a0}b 9 {h} {t}")),
+        ok(9, "a.\u{a0}b", None)
+    );
+    for bad in [
+        format!("a.b x9 {h} {t}"),
+        format!("a.b 9 {h}x {t}"),
+        format!("a.b 9 {h} {t}0000000000000000000000"),
+        format!("a.b 9 {t} {h}"),
+    ] {
+        assert!(hmsg(&bad).is_err(), "{bad:?}");
+    }
+}
+
+/// The publish line is written without the formatting machinery (the
+/// patch's `Decimal`): the same bytes as `format!` gives, for every kind of
+/// publish and numbers of every width.
+#[test]
+fn publish_lines_are_the_bytes_format_would_write() {
+    use async_nats::connection::publish_bytes;
+    use bytes::Bytes;
+    for len in [0usize, 1, 9, 10, 99, 100, 4095, 4096, 65_536, 1 << 20] {
+        let payload = Bytes::from(vec![b'x'; len]);
+        let mut want = format!("PUB a.b {len}\r\n").into_bytes();
+        want.extend_from_slice(&payload);
+        want.extend_from_slice(b"\r\n");
+        assert_eq!(
+            publish_bytes("a.b", None, None, payload.clone()),
+            want,
+            "{len}"
+        );
+
+        let mut want = format!("PUB a.b _INBOX.r {len}\r\n").into_bytes();
+        want.extend_from_slice(&payload);
+        want.extend_from_slice(b"\r\n");
+        assert_eq!(
+            publish_bytes("a.b", Some("_INBOX.r"), None, payload.clone()),
+            want
+        );
+
+        let block = b"NATS/1.0\r\nNats-Msg-Id: handoff-r1\r\n\r\n";
+        let headers = HeaderMap::from_wire(Bytes::from_static(block));
+        let total = block.len() + len;
+        let mut want = format!("HPUB gen.jobs {} {total}\r\n", block.len()).into_bytes();
+        want.extend_from_slice(block);
+        want.extend_from_slice(&payload);
+        want.extend_from_slice(b"\r\n");
+        assert_eq!(
+            publish_bytes("gen.jobs", None, Some(headers), payload.clone()),
+            want
+        );
+
+        // An empty map publishes without headers.
+        assert_eq!(
+            publish_bytes("a.b", None, Some(HeaderMap::new()), payload.clone())[..3],
+            *b"PUB"
+        );
+    }
+}

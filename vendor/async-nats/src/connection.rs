@@ -111,6 +111,33 @@ pub fn parse_server_ops(bytes: &[u8]) -> Result<Vec<ServerOp>, io::Error> {
     Ok(ops)
 }
 
+/// prefill-handoff patch: test hook. The bytes the connection task would
+/// send for one publish (`PUB` or `HPUB` line, header block, payload), as
+/// `Connection::enqueue_write_op` queues them, with no socket.
+#[doc(hidden)]
+pub fn publish_bytes(
+    subject: &str,
+    respond: Option<&str>,
+    headers: Option<HeaderMap>,
+    payload: Bytes,
+) -> Vec<u8> {
+    let statistics = Arc::new(Statistics::default());
+    let mut connection = Connection::new(Box::new(io::empty()), 0, statistics);
+    connection.enqueue_write_op(&ClientOp::Publish {
+        subject: Subject::from(subject),
+        payload,
+        respond: respond.map(Subject::from),
+        headers,
+    });
+    let mut out = Vec::new();
+    for chunk in &connection.write_buf {
+        out.extend_from_slice(chunk);
+    }
+    out.extend_from_slice(&connection.flattened_writes);
+    debug_assert_eq!(out.len(), connection.write_buf_len);
+    out
+}
+
 /// prefill-handoff patch: the header block of an `HMSG`, split out of
 /// `try_read_op` so that its errors describe the message, not the
 /// connection. The errors say what was wrong; they reach whoever handles the
@@ -203,6 +230,57 @@ fn op_len(len: usize, payload_len: usize, op: &str) -> Result<usize, io::Error> 
         })
 }
 
+/// prefill-handoff patch: a number in decimal, as ASCII digits, without the
+/// formatting machinery (see `enqueue_write_op`).
+struct Decimal {
+    digits: [u8; 20],
+    start: usize,
+}
+
+impl Decimal {
+    fn new(mut n: usize) -> Decimal {
+        let mut digits = [0u8; 20];
+        let mut start = digits.len();
+        loop {
+            start -= 1;
+            digits[start] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        Decimal { digits, start }
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        &self.digits[self.start..]
+    }
+}
+
+/// prefill-handoff patch: the decimal number `digits` holds, as
+/// `str::parse::<u64>` reads it (an optional `+`, then at least one ASCII
+/// digit, no overflow), on bytes: `MSG` and `HMSG` lines are split and read
+/// without first being checked as UTF-8 and split by `char`.
+fn parse_decimal(digits: &[u8]) -> Option<u64> {
+    let digits = digits.strip_prefix(b"+").unwrap_or(digits);
+    if digits.is_empty() {
+        return None;
+    }
+    digits.iter().try_fold(0u64, |n, d| {
+        let d = d.wrapping_sub(b'0');
+        if d > 9 {
+            return None;
+        }
+        n.checked_mul(10)?.checked_add(u64::from(d))
+    })
+}
+
+/// prefill-handoff patch: a subject argument of a `MSG` or `HMSG` line,
+/// which must be UTF-8.
+fn utf8_arg(arg: &[u8]) -> Result<&str, io::Error> {
+    str::from_utf8(arg).map_err(|err| io::Error::new(io::ErrorKind::InvalidInput, err))
+}
+
 /// Internal representation of the connection.
 /// Holds connection with NATS Server and communicates with `Client` via channels.
 impl Connection {
@@ -291,9 +369,12 @@ impl Connection {
         }
 
         if self.read_buf.starts_with(b"MSG ") {
-            let line = str::from_utf8(&self.read_buf[4..len])
-                .map_err(|err| io::Error::new(io::ErrorKind::InvalidInput, err))?;
-            let mut args = line.split(' ').filter(|s| !s.is_empty());
+            // prefill-handoff patch: split and read on bytes (the line was
+            // checked as UTF-8 whole, split by `char` and its numbers parsed
+            // as `str`: about 800 instructions per message). Only the
+            // subjects need be UTF-8; the numbers are ASCII digits.
+            let line = &self.read_buf[4..len];
+            let mut args = line.split(|b| *b == b' ').filter(|s| !s.is_empty());
 
             // Parse the operation syntax: MSG <subject> <sid> [reply-to] <#bytes>
             let (subject, sid, reply_to, payload_len) = match (
@@ -317,14 +398,22 @@ impl Connection {
                 }
             };
 
-            let sid = sid
-                .parse::<u64>()
-                .map_err(|err| io::Error::new(io::ErrorKind::InvalidInput, err))?;
+            let subject = utf8_arg(subject)?;
+            let reply_to = reply_to.map(utf8_arg).transpose()?;
+
+            let sid = parse_decimal(sid).ok_or_else(|| {
+                io::Error::new(io::ErrorKind::InvalidInput, "cannot parse sid argument after MSG")
+            })?;
 
             // Parse the number of payload bytes.
-            let payload_len = payload_len
-                .parse::<usize>()
-                .map_err(|err| io::Error::new(io::ErrorKind::InvalidInput, err))?;
+            let payload_len = parse_decimal(payload_len)
+                .and_then(|n| usize::try_from(n).ok())
+                .ok_or_else(|| {
+                    io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        "cannot parse the number of bytes argument after MSG",
+                    )
+                })?;
 
             // Return early without advancing if there is not enough data read the entire
             // message
@@ -369,9 +458,13 @@ impl Connection {
 
         if self.read_buf.starts_with(b"HMSG ") {
             // Extract whitespace-delimited arguments that come after "HMSG".
-            let line = std::str::from_utf8(&self.read_buf[5..len])
-                .map_err(|err| io::Error::new(io::ErrorKind::InvalidInput, err))?;
-            let mut args = line.split_whitespace().filter(|s| !s.is_empty());
+            // prefill-handoff patch: split and read on bytes, as `MSG`; split
+            // at ASCII whitespace (was any Unicode whitespace, which the
+            // server does not treat as a separator).
+            let line = &self.read_buf[5..len];
+            let mut args = line
+                .split(u8::is_ascii_whitespace)
+                .filter(|s| !s.is_empty());
 
             // <subject> <sid> [reply-to] <# header bytes><# total bytes>
             let (subject, sid, reply_to, header_len, total_len) = match (
@@ -402,10 +495,10 @@ impl Connection {
             };
 
             // Convert the slice into a subject
-            let subject = Subject::from(subject);
+            let subject = Subject::from(utf8_arg(subject)?);
 
             // Parse the subject ID.
-            let sid = sid.parse::<u64>().map_err(|_| {
+            let sid = parse_decimal(sid).ok_or_else(|| {
                 io::Error::new(
                     io::ErrorKind::InvalidInput,
                     "cannot parse sid argument after HMSG",
@@ -413,24 +506,28 @@ impl Connection {
             })?;
 
             // Convert the slice into a subject.
-            let reply = reply_to.map(Subject::from);
+            let reply = reply_to.map(utf8_arg).transpose()?.map(Subject::from);
 
             // Parse the number of payload bytes.
-            let header_len = header_len.parse::<usize>().map_err(|_| {
-                io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    "cannot parse the number of header bytes argument after \
+            let header_len = parse_decimal(header_len)
+                .and_then(|n| usize::try_from(n).ok())
+                .ok_or_else(|| {
+                    io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        "cannot parse the number of header bytes argument after \
                      HMSG",
-                )
-            })?;
+                    )
+                })?;
 
             // Parse the number of payload bytes.
-            let total_len = total_len.parse::<usize>().map_err(|_| {
-                io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    "cannot parse the number of bytes argument after HMSG",
-                )
-            })?;
+            let total_len = parse_decimal(total_len)
+                .and_then(|n| usize::try_from(n).ok())
+                .ok_or_else(|| {
+                    io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        "cannot parse the number of bytes argument after HMSG",
+                    )
+                })?;
 
             if total_len < header_len {
                 return Err(io::Error::new(
@@ -584,10 +681,18 @@ impl Connection {
                     _ => "PUB",
                 };
 
-                small_write!("{verb} {subject} ");
+                // prefill-handoff patch: the line is copied piece by piece
+                // and its numbers written by `decimal`, not formatted with
+                // `write!`: the formatting machinery cost about 450
+                // instructions per publish.
+                self.write_flattened(verb.as_bytes());
+                self.write_flattened(b" ");
+                self.write_flattened(subject.as_bytes());
+                self.write_flattened(b" ");
 
                 if let Some(respond) = respond {
-                    small_write!("{respond} ");
+                    self.write_flattened(respond.as_bytes());
+                    self.write_flattened(b" ");
                 }
 
                 match headers {
@@ -604,12 +709,15 @@ impl Connection {
                         };
                         let headers_len = block.len();
                         let total_len = headers_len + payload.len();
-                        small_write!("{headers_len} {total_len}\r\n");
+                        self.write_flattened(Decimal::new(headers_len).as_bytes());
+                        self.write_flattened(b" ");
+                        self.write_flattened(Decimal::new(total_len).as_bytes());
+                        self.write_flattened(b"\r\n");
                         self.write_shared(block);
                     }
                     _ => {
-                        let payload_len = payload.len();
-                        small_write!("{payload_len}\r\n");
+                        self.write_flattened(Decimal::new(payload.len()).as_bytes());
+                        self.write_flattened(b"\r\n");
                     }
                 }
 
