@@ -296,12 +296,13 @@ pub(super) fn decide(input: Input<'_>, rules: &Rules, ids: &mut dyn IdSource) ->
     let mut read = Body::new();
     read.read(body)?;
     let (top, frame) = (&read.top, &read.frame);
-    let reply_to = match top.get_non_nil(Key::ReplyTo) {
-        Some(raw) => utf8(raw)?,
-        None => input.nats_reply.filter(|_| rules.use_nats_reply)?,
+    let (reply_to, reply_to_raw) = match top.get_non_nil(Key::ReplyTo) {
+        Some(raw) => (utf8(raw)?, Some(raw)),
+        None => (input.nats_reply.filter(|_| rules.use_nats_reply)?, None),
     };
     rules.reply_policy.check(reply_to).ok()?;
-    let request_id = utf8(top.get(Key::RequestId)?)?;
+    let request_id_raw = top.get(Key::RequestId)?;
+    let request_id = utf8(request_id_raw)?;
     if !(1..=MAX_REQUEST_ID_BYTES).contains(&request_id.len()) {
         return None;
     }
@@ -320,7 +321,9 @@ pub(super) fn decide(input: Input<'_>, rules: &Rules, ids: &mut dyn IdSource) ->
     let answer = Answer {
         body,
         request_id,
+        request_id_raw,
         reply_to,
+        reply_to_raw,
         frame,
         trailing: count - 1,
         capacity: body.len() + 128,
@@ -403,7 +406,11 @@ impl<'a> Out<'a> {
 struct Answer<'a, 'f> {
     body: &'a [u8],
     request_id: &'a str,
+    /// `request_id` as the input has it: canonical, so written as it is.
+    request_id_raw: Span<'a>,
     reply_to: &'a str,
+    /// `reply_to` as the input has it, when it came from the input.
+    reply_to_raw: Option<Span<'a>>,
     frame: &'f Fields<'a>,
     trailing: usize,
     capacity: usize,
@@ -451,7 +458,7 @@ impl<'a> Answer<'a, '_> {
         let mut out = Out::new(self.body, self.capacity);
         write_map_len(out.own(), 3);
         out.put(fixstr!("request_id"));
-        out.str(self.request_id.as_bytes());
+        out.span(self.request_id_raw);
         out.put(fixstr!("kind"));
         out.put(fixstr!("terminal"));
         out.put(fixstr!("output"));
@@ -507,9 +514,12 @@ impl<'a> Answer<'a, '_> {
         let mut out = Out::new(self.body, self.capacity);
         write_map_len(out.own(), own + extras);
         out.put(fixstr!("request_id"));
-        out.str(self.request_id.as_bytes());
+        out.span(self.request_id_raw);
         out.put(fixstr!("reply_to"));
-        out.str(self.reply_to.as_bytes());
+        match self.reply_to_raw {
+            Some(raw) => out.span(raw),
+            None => out.str(self.reply_to.as_bytes()),
+        }
         // Runs of constant keys and values, each written in one copy.
         match (backend, disagg) {
             (Backend::Trtllm, Some(id)) => {
