@@ -16,7 +16,15 @@ pub const MAX_REPLY_SUBJECT_BYTES: usize = 512;
 pub struct ReplyPolicy {
     allowed: Vec<Pattern>,
     own: Vec<Pattern>,
+    /// The lengths a subject matching an own pattern may have, one bit
+    /// each up to [`MAX_REPLY_SUBJECT_BYTES`]: a literal pattern's length,
+    /// or every length once a pattern has a wildcard. A subject of another
+    /// length is compared with none of them (the worker's own subjects are
+    /// literal, and a reply subject is rarely as long as one).
+    own_lengths: [u64; LENGTH_WORDS],
 }
+
+const LENGTH_WORDS: usize = MAX_REPLY_SUBJECT_BYTES / 64 + 1;
 
 /// A subject pattern split into tokens once, when the policy is made: the
 /// check runs for every message, against every own and allowed pattern
@@ -170,9 +178,22 @@ impl ReplyPolicy {
                 return Err(BadPattern(p.clone()));
             }
         }
+        let own: Vec<Pattern> = own.iter().map(|p| Pattern::new(p)).collect();
+        let mut own_lengths = [0u64; LENGTH_WORDS];
+        for pattern in &own {
+            match &pattern.exact {
+                Some(exact) if exact.len() <= MAX_REPLY_SUBJECT_BYTES => {
+                    own_lengths[exact.len() / 64] |= 1 << (exact.len() % 64);
+                }
+                // Too long to be a reply subject: never matched.
+                Some(_) => {}
+                None => own_lengths = [u64::MAX; LENGTH_WORDS],
+            }
+        }
         Ok(ReplyPolicy {
             allowed: allowed.iter().map(|p| Pattern::new(p)).collect(),
-            own: own.iter().map(|p| Pattern::new(p)).collect(),
+            own,
+            own_lengths,
         })
     }
 
@@ -208,7 +229,9 @@ impl ReplyPolicy {
         if subject.starts_with('$') {
             return Err(Refusal::System(shown()));
         }
-        if self.own.iter().any(|p| p.matches(bytes)) {
+        let n = bytes.len();
+        let may_be_own = self.own_lengths[n / 64] & (1 << (n % 64)) != 0;
+        if may_be_own && self.own.iter().any(|p| p.matches(bytes)) {
             return Err(Refusal::OwnSubject(shown()));
         }
         if self.allowed.iter().any(|p| p.matches(bytes)) {
@@ -403,6 +426,35 @@ mod tests {
         );
         assert!(p.check("$JS.API.INFO").is_err());
         assert!(p.check("anything.else").is_ok());
+    }
+
+    /// Own subjects of every length up to the longest reply subject are
+    /// refused, literal ones found through their length.
+    #[test]
+    fn own_subjects_are_refused_at_every_length() {
+        for n in [1, 2, 63, 64, 65, 127, 128, 511, 512] {
+            let own = "o".repeat(n);
+            let others = [
+                vec![],
+                vec!["a.b".to_string()],
+                vec!["x.*".to_string(), "y.>".to_string()],
+            ];
+            for more in others {
+                let mut set = vec![own.clone()];
+                set.extend(more.iter().cloned());
+                let p = ReplyPolicy::new(&[">".to_string()], &set).unwrap();
+                assert_eq!(p.check(&own), Err(Refusal::OwnSubject(own.clone())), "{n} {more:?}");
+                assert!(p.check(&"p".repeat(n)).is_ok(), "{n} {more:?}");
+                if n < 512 {
+                    assert!(p.check(&"o".repeat(n + 1)).is_ok(), "{n} {more:?}");
+                }
+                let wild = !more.is_empty() && more[0] == "x.*";
+                assert_eq!(p.check("x.q").is_err(), wild, "{n} {more:?}");
+            }
+        }
+        // An own subject too long to be a reply subject is never one.
+        let p = ReplyPolicy::new(&[">".to_string()], &["o".repeat(600)]).unwrap();
+        assert!(p.check("o").is_ok());
     }
 
     #[test]
