@@ -443,7 +443,11 @@ mod tests {
                 let mut set = vec![own.clone()];
                 set.extend(more.iter().cloned());
                 let p = ReplyPolicy::new(&[">".to_string()], &set).unwrap();
-                assert_eq!(p.check(&own), Err(Refusal::OwnSubject(own.clone())), "{n} {more:?}");
+                assert_eq!(
+                    p.check(&own),
+                    Err(Refusal::OwnSubject(own.clone())),
+                    "{n} {more:?}"
+                );
                 assert!(p.check(&"p".repeat(n)).is_ok(), "{n} {more:?}");
                 if n < 512 {
                     assert!(p.check(&"o".repeat(n + 1)).is_ok(), "{n} {more:?}");
