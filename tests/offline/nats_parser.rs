@@ -320,3 +320,27 @@ fn publish_lines_are_the_bytes_format_would_write() {
         );
     }
 }
+
+/// The publish subject check's shortcut (no byte at or below a space) gives
+/// the answer of the two searches it stands before, for every byte at every
+/// position of subjects up to 24 bytes.
+#[test]
+fn the_publish_subject_check_refuses_exactly_the_framing_bytes() {
+    use async_nats::connection::valid_publish_subject;
+    assert!(!valid_publish_subject(""));
+    for len in 1..=24 {
+        for at in 0..len {
+            for byte in 0u8..=0x7f {
+                let mut subject = vec![b'a'; len];
+                subject[at] = byte;
+                let subject = String::from_utf8(subject).unwrap();
+                let framing = matches!(byte, b' ' | b'\t' | b'\r' | b'\n');
+                assert_eq!(valid_publish_subject(&subject), !framing, "{subject:?}");
+            }
+            // Non-ASCII around it changes nothing.
+            let mut subject = "\u{e9}".repeat(len);
+            subject.insert(at.min(subject.len()) / 2 * 2, ' ');
+            assert!(!valid_publish_subject(&subject), "{subject:?}");
+        }
+    }
+}

@@ -1880,7 +1880,38 @@ pub(crate) fn is_valid_publish_subject<T: AsRef<str>>(subject: T) -> bool {
         return false;
     }
 
+    // prefill-handoff patch: the four bytes refused are all at or below a
+    // space; a subject with no such byte (nearly every one) is valid
+    // without the two searches, whose set-up cost about 200 instructions
+    // per publish for a subject of a few dozen bytes.
+    if !has_byte_below_0x21(bytes) {
+        return true;
+    }
     memchr::memchr3(b' ', b'\r', b'\n', bytes).is_none() && memchr::memchr(b'\t', bytes).is_none()
+}
+
+/// prefill-handoff patch: whether a byte of `bytes` is at or below 0x20,
+/// eight bytes a word. `(w - 0x21..) & !w & 0x80..` has a high bit set in
+/// some byte exactly when some byte of `w` is below 0x21 (a borrow only
+/// starts at such a byte, and a byte of 0x80 or more has its `!w` bit
+/// clear): exact for "any", which is all that is asked.
+fn has_byte_below_0x21(bytes: &[u8]) -> bool {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    let below = |w: u64| w.wrapping_sub(0x21 * ONES) & !w & HIGH != 0;
+    let mut chunks = bytes.chunks_exact(8);
+    for chunk in &mut chunks {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(chunk);
+        if below(u64::from_le_bytes(word)) {
+            return true;
+        }
+    }
+    // The rest, padded with bytes that are not below 0x21.
+    let mut word = [0xffu8; 8];
+    let rest = chunks.remainder();
+    word[..rest.len()].copy_from_slice(rest);
+    below(u64::from_le_bytes(word))
 }
 
 /// Checks if a subject is structurally valid for subscribing.
