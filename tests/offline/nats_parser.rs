@@ -227,6 +227,15 @@ fn message_lines_are_read_as_str_parse_read_them() {
         message(b"MSG a.b 18446744073709551615 +2\r\nhi\r\n"),
         ok(u64::MAX, "a.b", None)
     );
+    // The longest number read without checked arithmetic, and one longer.
+    assert_eq!(
+        message(b"MSG a.b 9999999999999999999 2\r\nhi\r\n"),
+        ok(9_999_999_999_999_999_999, "a.b", None)
+    );
+    assert_eq!(
+        message(b"MSG a.b 10000000000000000000 2\r\nhi\r\n"),
+        ok(10_000_000_000_000_000_000, "a.b", None)
+    );
     // Subjects are UTF-8, whatever bytes they hold besides the separator.
     assert_eq!(
         message("MSG a.\u{e9}\u{a0}b 0 2\r\nhi\r\n".as_bytes()),
@@ -343,4 +352,30 @@ fn the_publish_subject_check_refuses_exactly_the_framing_bytes() {
             assert!(!valid_publish_subject(&subject), "{subject:?}");
         }
     }
+}
+
+/// The line end is found as `memmem::find(buf, b"\r\n")` found it, over
+/// every arrangement of CR, LF and another byte up to 7 bytes long.
+#[test]
+fn the_line_end_is_the_first_crlf() {
+    use async_nats::connection::crlf_at;
+    for len in 0..=7u32 {
+        for mut code in 0..3u32.pow(len) {
+            let buf: Vec<u8> = (0..len)
+                .map(|_| {
+                    let b = [b'\r', b'\n', b'a'][(code % 3) as usize];
+                    code /= 3;
+                    b
+                })
+                .collect();
+            let want = buf.windows(2).position(|w| w == b"\r\n");
+            assert_eq!(crlf_at(&buf), want, "{buf:?}");
+        }
+    }
+    // A stray CR or LF in a line is part of it.
+    let ops = parse_server_ops(b"MSG a\rb\nc 7 2\r\nhi\r\n").expect("parses");
+    let [ServerOp::Message { subject, .. }] = ops.as_slice() else {
+        panic!("one message expected, got {ops:?}");
+    };
+    assert_eq!(subject.as_str(), "a\rb\nc");
 }
