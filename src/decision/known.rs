@@ -74,8 +74,8 @@ pub(super) const NOT_PASSED_ON: Set =
     set(&DECODE_JOB_KEYS) | set(&["frames", "request", "request_id", "reply_to"]);
 
 /// The set holding only `kind` (empty for [`OTHER`]). Without a branch:
-/// a kind is below 32 ([`NAMES`] has fewer names, checked at build time),
-/// and [`OTHER`]'s shift lands past the set's 32 bits. (A branch on the
+/// a kind is below 32 ([`NAMES`] has at most 32 names, checked at build
+/// time), and [`OTHER`]'s shift lands past the set's 32 bits. (A branch on the
 /// kind cost about 8 instructions a key.)
 #[inline(always)]
 pub(super) fn bit(kind: Kind) -> Set {

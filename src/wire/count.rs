@@ -16,9 +16,9 @@ use std::fmt;
 /// not valid (or nests deeper than [`MAX_DEPTH`]) before that point answers
 /// `false`: reading it as a tree fails within `limit` values too.
 pub fn more_values_than(bytes: &[u8], encoding: Encoding, limit: usize) -> bool {
-    // Every value takes at least one byte in either encoding (a JSON key, a
-    // string, two), so a body of at most `limit` bytes holds at most
-    // `limit` values: no need to count. Typical results are a few KiB
+    // Every value takes at least one byte in either encoding (a JSON
+    // string, key or not, takes two), so a body of at most `limit` bytes
+    // holds at most `limit` values: no need to count. Typical results are a few KiB
     // against a limit of 32,768: counting a 1.7 KB JSON result cost as
     // much as deciding it (13 of 29 µs, criterion).
     if bytes.len() <= limit {
