@@ -1915,14 +1915,19 @@ pub(crate) fn is_valid_publish_subject<T: AsRef<str>>(subject: T) -> bool {
         return false;
     }
 
-    // prefill-handoff patch: the four bytes refused are all at or below a
-    // space; a subject with no such byte (nearly every one) is valid
-    // without the two searches, whose set-up cost about 200 instructions
-    // per publish for a subject of a few dozen bytes.
-    if !has_byte_below_0x21(bytes) {
-        return true;
-    }
-    memchr::memchr3(b' ', b'\r', b'\n', bytes).is_none() && memchr::memchr(b'\t', bytes).is_none()
+    !has_framing_byte(bytes)
+}
+
+/// prefill-handoff patch: whether `bytes` holds a byte that breaks protocol
+/// framing (space, tab, CR, LF): the one check of the three validators here
+/// (it was written out in each). The four bytes are all at or below a
+/// space, so bytes with no such byte (nearly every subject) are answered
+/// without the two searches, whose set-up cost about 200 instructions per
+/// publish for a subject of a few dozen bytes.
+fn has_framing_byte(bytes: &[u8]) -> bool {
+    has_byte_below_0x21(bytes)
+        && (memchr::memchr3(b' ', b'\r', b'\n', bytes).is_some()
+            || memchr::memchr(b'\t', bytes).is_some())
 }
 
 /// prefill-handoff patch: whether a byte of `bytes` is at or below 0x20,
@@ -1962,8 +1967,7 @@ pub(crate) fn is_valid_subject<T: AsRef<str>>(subject: T) -> bool {
     bytes[0] != b'.'
         && bytes[bytes.len() - 1] != b'.'
         && memchr::memmem::find(bytes, b"..").is_none()
-        && memchr::memchr3(b' ', b'\r', b'\n', bytes).is_none()
-        && memchr::memchr(b'\t', bytes).is_none()
+        && !has_framing_byte(bytes)
 }
 
 /// Checks if a queue group name is valid for the NATS protocol.
@@ -1976,7 +1980,7 @@ pub(crate) fn is_valid_queue_group(queue_group: &str) -> bool {
         return false;
     }
 
-    memchr::memchr3(b' ', b'\r', b'\n', bytes).is_none() && memchr::memchr(b'\t', bytes).is_none()
+    !has_framing_byte(bytes)
 }
 
 #[allow(unused_macros)]
