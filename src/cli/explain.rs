@@ -134,7 +134,7 @@ pub fn render(d: &Decision, input: &[u8], encoding: Encoding) -> Json {
     let headers: Map<String, Json> = d
         .headers
         .iter()
-        .map(|(name, value)| ((*name).to_string(), json!(value)))
+        .map(|(name, value)| (name.to_string(), json!(value)))
         .collect();
     out.insert("headers".into(), Json::Object(headers));
     let published = if matches!(d.outcome, Outcome::DeadLetter { .. }) {

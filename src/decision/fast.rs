@@ -24,7 +24,7 @@
 use super::handoff::MISSING_CTX_REQUEST_ID;
 use super::known::{self, Key, Kind, NOT_PASSED_ON, Set, TRTLLM, VLLM, fixstr, fixstrs};
 use super::{
-    Backend, Decision, ErrorCode, FinishReason, IdSource, Input, Outcome, Rules, msg_id,
+    Backend, Decision, ErrorCode, FinishReason, Headers, IdSource, Input, Outcome, Rules,
     prefill_failed,
 };
 use crate::decision::request::MAX_REQUEST_ID_BYTES;
@@ -447,7 +447,7 @@ impl<'a> Answer<'a, '_> {
             outcome: Outcome::Error { code },
             request_id: Some(self.request_id.to_string()),
             subject: self.reply_to.to_string(),
-            headers: Vec::new(),
+            headers: Headers::new(),
             payload: out,
             trailing_frames: self.trailing,
             detail: Some(message),
@@ -467,7 +467,7 @@ impl<'a> Answer<'a, '_> {
             outcome: Outcome::Terminal { finish_reason },
             request_id: Some(self.request_id.to_string()),
             subject: self.reply_to.to_string(),
-            headers: Vec::new(),
+            headers: Headers::new(),
             payload: out.finish(),
             trailing_frames: self.trailing,
             detail: None,
@@ -567,13 +567,20 @@ impl<'a> Answer<'a, '_> {
             },
             request_id: Some(self.request_id.to_string()),
             subject: rules.gen_subject.clone(),
-            headers: vec![("Nats-Msg-Id", msg_id(self.request_id))],
+            headers: Headers::msg_id(self.request_id, JOB_HEADER_SPARE),
             payload: out.finish(),
             trailing_frames: self.trailing,
             detail: None,
         })
     }
 }
+
+/// Room left in a decode job's header block for what the pipeline adds:
+/// the closing CRLF. Exactly that, so that the finished block fills its
+/// allocation and `Bytes` takes it over as it is: with room to spare it
+/// allocates a record of the capacity, as dear as the copy it saves. A
+/// trace header grows the block once.
+const JOB_HEADER_SPARE: usize = 2;
 
 /// `"worker"`, the header of its map of two entries, and `"instance_id"`.
 const WORKER_HEAD: [u8; 20] = known::join(&[fixstr!("worker"), &[0x82], fixstr!("instance_id")]);

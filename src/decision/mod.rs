@@ -18,7 +18,9 @@ pub use crate::wire::messages::{Backend, InstanceId};
 pub use codes::{DeadLetterCode, ErrorCode, FinishReason};
 pub use complex::MAX_TREE_VALUES;
 pub use handoff::{backend_of, describe};
-pub use headers::{PAYLOAD_OMITTED, dead_letter_headers, msg_id, without_payload};
+pub use headers::{
+    Headers, PAYLOAD_OMITTED, content_type, dead_letter_headers, msg_id, push_line, without_payload,
+};
 pub use reply::{Refusal, ReplyPolicy};
 pub use request::MAX_REQUEST_ID_BYTES;
 pub use trace::{
@@ -28,7 +30,7 @@ pub use trace::{
 
 use crate::ids::MachineId;
 use crate::wire::{self, Encoding, map, messages};
-use headers::{content_type, truncate};
+use headers::truncate;
 use request::Request;
 use rmpv::Value;
 
@@ -108,7 +110,7 @@ pub struct Decision {
     pub request_id: Option<String>,
     pub subject: String,
     /// Headers to set besides the trace headers copied by the transport.
-    pub headers: Vec<(&'static str, String)>,
+    pub headers: Headers,
     pub payload: Vec<u8>,
     /// Frames after the first: they never change the outcome, only get counted.
     pub trailing_frames: usize,
@@ -309,7 +311,7 @@ fn decide_request(
         extra: rest,
     };
     let mut headers = content_type(reply.encoding);
-    headers.push(("Nats-Msg-Id", msg_id(&request_id)));
+    headers.push("Nats-Msg-Id", &msg_id(&request_id));
     Decision {
         outcome,
         payload: wire::encode_with_capacity(
@@ -339,7 +341,9 @@ pub fn unreadable_headers(input: Input<'_>, rules: &Rules, what: &str) -> Decisi
 
 fn dead_letter(input: Input<'_>, rules: &Rules, code: DeadLetterCode, why: String) -> Decision {
     let mut headers = dead_letter_headers(code, &why, input.subject);
-    headers.extend(content_type(input.encoding));
+    if let Some(ct) = input.encoding.content_type() {
+        headers.push("Content-Type", ct);
+    }
     Decision {
         outcome: Outcome::DeadLetter { code },
         request_id: None,

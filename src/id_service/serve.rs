@@ -137,11 +137,7 @@ async fn handle(
 
     // The pipeline's header policy: the answer's own headers, then the
     // request's trace headers (W3C-valid, canonical names).
-    let set: Vec<(&'static str, String)> = encoding
-        .content_type()
-        .map(|ct| ("Content-Type", ct.to_string()))
-        .into_iter()
-        .collect();
+    let set = crate::decision::content_type(encoding);
     let trace = crate::pipeline::headers::trace_headers(request.headers.as_ref());
     metrics.trace_headers_dropped(&trace.dropped);
     let headers = crate::pipeline::headers::output_headers(&set, &trace);

@@ -55,7 +55,7 @@ impl Pipeline {
 
     async fn dead_letter(
         &self,
-        set: &[(&'static str, String)],
+        set: &decision::Headers,
         trace: &TraceHeaders,
         payload: Bytes,
     ) -> Result<(), PublishError> {

@@ -7,7 +7,7 @@
 //! copied every value, while durable mode wrote the lowercase names and
 //! copied one.
 
-use crate::decision::{self, TraceHeaders};
+use crate::decision::{self, Headers, TraceHeaders};
 use async_nats::HeaderMap;
 use bytes::Bytes;
 
@@ -31,8 +31,29 @@ pub fn trace_headers(headers: Option<&HeaderMap>) -> TraceHeaders {
 /// the worker's CPU in bursts, built, measured and serialized again by the
 /// client for each publish. Its headers are therefore not visible through
 /// [`HeaderMap::get`]; read them from `set` and `trace`.
-pub fn output_headers(set: &[(&'static str, String)], trace: &TraceHeaders) -> HeaderMap {
-    match header_block(set, trace) {
+pub fn output_headers(set: &Headers, trace: &TraceHeaders) -> HeaderMap {
+    wire(header_block(set, trace))
+}
+
+/// [`output_headers`] for a decision's own headers, finished where they
+/// are: a decode job's block has room for the rest ([`Headers::msg_id`]),
+/// so the common output moves no header byte again.
+pub fn finish_headers(set: Headers, trace: &TraceHeaders) -> HeaderMap {
+    wire(finish_block(set, trace))
+}
+
+/// [`header_block`], from a block the caller no longer needs.
+fn finish_block(set: Headers, trace: &TraceHeaders) -> Option<Vec<u8>> {
+    if set.is_empty() {
+        return header_block(&set, trace);
+    }
+    let mut block = set.into_bytes();
+    close(&mut block, trace);
+    Some(block)
+}
+
+fn wire(block: Option<Vec<u8>>) -> HeaderMap {
+    match block {
         Some(block) => HeaderMap::from_wire(Bytes::from(block)),
         None => HeaderMap::new(),
     }
@@ -42,37 +63,33 @@ pub fn output_headers(set: &[(&'static str, String)], trace: &TraceHeaders) -> H
 /// `Name: value` line each, a blank line, every line ending in CRLF; `None`
 /// when there is no header. Names are constants of the decision or of the
 /// trace policy; a line break in a value (which cannot stand in a header)
-/// becomes a space.
-pub fn header_block(set: &[(&'static str, String)], trace: &TraceHeaders) -> Option<Vec<u8>> {
+/// becomes a space ([`Headers::push`]).
+pub fn header_block(set: &Headers, trace: &TraceHeaders) -> Option<Vec<u8>> {
     if set.is_empty() && trace.copy.is_empty() {
         return None;
     }
-    let lines = set.iter().chain(&trace.copy);
-    let size = lines
-        .clone()
+    let size = trace
+        .copy
+        .iter()
         .map(|(n, v)| n.len() + v.len() + 4)
         .sum::<usize>();
-    let mut block = Vec::with_capacity(HEAD.len() + size + 2);
-    block.extend_from_slice(HEAD);
-    for (name, value) in lines {
-        block.extend_from_slice(name.as_bytes());
-        block.extend_from_slice(b": ");
-        let start = block.len();
-        block.extend_from_slice(value.as_bytes());
-        // Looked for first, and rewritten from the first one on: rewriting
-        // every value a byte at a time cost about 100 instructions per
-        // output, for values that never hold one.
-        if let Some(first) = memchr::memchr2(b'\r', b'\n', value.as_bytes()) {
-            for b in &mut block[start + first..] {
-                if matches!(*b, b'\r' | b'\n') {
-                    *b = b' ';
-                }
-            }
-        }
-        block.extend_from_slice(b"\r\n");
+    let mut block = Vec::with_capacity(HEAD.len() + set.as_bytes().len() + size + 2);
+    if set.is_empty() {
+        block.extend_from_slice(HEAD);
+    } else {
+        block.extend_from_slice(set.as_bytes());
+    }
+    close(&mut block, trace);
+    Some(block)
+}
+
+/// Appends the trace headers' lines and the closing blank line to a block
+/// that holds `NATS/1.0` and any lines before them.
+fn close(block: &mut Vec<u8>, trace: &TraceHeaders) {
+    for (name, value) in &trace.copy {
+        decision::push_line(block, name, value);
     }
     block.extend_from_slice(b"\r\n");
-    Some(block)
 }
 
 const HEAD: &[u8] = b"NATS/1.0\r\n";
@@ -100,7 +117,7 @@ mod tests {
         input.insert("tracestate", "k=v");
         input.insert("Content-Type", "application/json");
         input.insert("Nats-Msg-Id", "from-the-producer");
-        let set = [("Nats-Msg-Id", "handoff-r1".to_string())];
+        let set = Headers::msg_id("r1", 0);
         let trace = trace_headers(Some(&input));
         let block = header_block(&set, &trace).unwrap();
         let mut got = lines(&block);
@@ -120,13 +137,21 @@ mod tests {
             header_block(&set, &none).unwrap(),
             b"NATS/1.0\r\nNats-Msg-Id: handoff-r1\r\n\r\n".to_vec()
         );
-        assert_eq!(header_block(&[], &none), None);
-        assert!(output_headers(&[], &none).is_empty());
+        assert_eq!(header_block(&Headers::new(), &none), None);
+        assert!(output_headers(&Headers::new(), &none).is_empty());
+        // A decision's own block, finished in place, is the same block.
+        for set in [set, Headers::new()] {
+            for t in [&trace, &none] {
+                assert_eq!(finish_block(set.clone(), t), header_block(&set, t));
+            }
+        }
+        assert!(finish_headers(Headers::new(), &none).is_empty());
     }
 
     #[test]
     fn a_line_break_in_a_value_becomes_a_space() {
-        let set = [("Handoff-Detail", "one\r\ntwo\n".to_string())];
+        let mut set = Headers::new();
+        set.push("Handoff-Detail", "one\r\ntwo\n");
         let block = header_block(&set, &TraceHeaders::default()).unwrap();
         assert_eq!(lines(&block), vec!["Handoff-Detail: one  two "]);
     }

@@ -30,7 +30,7 @@ pub mod stats;
 pub use run::{Options, Report, Runner};
 pub use stats::{Counts, Stats};
 
-use crate::decision::{DeadLetterCode, Decision, Input, Outcome, Rules, TraceHeaders};
+use crate::decision::{self, DeadLetterCode, Decision, Input, Outcome, Rules, TraceHeaders};
 use crate::identity::Identity;
 use crate::metrics::{Metrics, NakReason};
 use crate::telemetry::{Arrival, ResultSpan, Telemetry};
@@ -167,7 +167,7 @@ impl Pipeline {
         };
 
         self.metrics.trace_headers_dropped(&trace.dropped);
-        let outgoing = headers::output_headers(&decision.headers, &trace);
+        let outgoing = headers::finish_headers(std::mem::take(&mut decision.headers), &trace);
         let payload = Bytes::from(std::mem::take(&mut decision.payload));
         let output_size = payload.len();
         let publish = self.publish(&delivery, &decision, outgoing, payload);
@@ -233,12 +233,10 @@ impl Pipeline {
             && delivery.attempt.number > 1
             && gen_stream.may_have_forgotten(stored_at)
         {
-            // From the decision: the outgoing block is not a map to look in.
-            let msg_id = decision
-                .headers
-                .iter()
-                .find(|(name, _)| *name == "Nats-Msg-Id")
-                .map_or("", |(_, value)| value.as_str());
+            // As the decision set it (its headers went into the outgoing
+            // block, which is not a map to look in).
+            let msg_id = decision::msg_id(decision.request_id.as_deref().unwrap_or_default());
+            let msg_id = msg_id.as_str();
             // Boxed: rare, and inline it would more than double every
             // result's future (moved several times per result).
             let held = Box::pin(sink.holds(

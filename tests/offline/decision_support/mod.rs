@@ -191,10 +191,7 @@ pub fn body(d: &Decision, encoding: Encoding) -> Value {
 }
 
 pub fn header<'a>(d: &'a Decision, name: &str) -> Option<&'a str> {
-    d.headers
-        .iter()
-        .find(|(n, _)| *n == name)
-        .map(|(_, v)| v.as_str())
+    d.headers.get(name)
 }
 
 /// A string field of a map value.
