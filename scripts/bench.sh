@@ -214,6 +214,7 @@ done
 for name in "${STARTED[@]}"; do
     grep VmHWM "/proc/${PID_OF[$name]}/status" | awk '{print $2}' >"$TMP/results/$name.rss_paced_kb" || true
     awk '{print $14 + $15}' "/proc/${PID_OF[$name]}/stat" >"$TMP/results/$name.cpu_paced_ticks" || true
+    awk '{print $14, $15}' "/proc/${PID_OF[$name]}/stat" >"$TMP/results/$name.cpu_paced_split" || true
 done
 RECORDER=
 if [[ -n ${PROFILE:-} && -n ${PID_OF[$PROFILE]:-} ]]; then
@@ -237,6 +238,7 @@ for name in "${STARTED[@]}"; do
     pid=${PID_OF[$name]}
     grep VmHWM "/proc/$pid/status" | awk '{print $2}' >"$TMP/results/$name.rss_kb" || true
     awk '{print $14 + $15}' "/proc/$pid/stat" >"$TMP/results/$name.cpu_ticks" || true
+    awk '{print $14, $15}' "/proc/$pid/stat" >"$TMP/results/$name.cpu_split" || true
     getconf CLK_TCK >"$TMP/results/$name.clk_tck"
     kill -TERM "$pid" 2>/dev/null || true
     wait "$pid" 2>/dev/null || true
@@ -290,6 +292,14 @@ for n in names:
     handled_paced = sum(l["sent"] + l["warmup_received"] for l in lats)
     handled_peak = sum(p["sent"] + p["warmup_received"] for p in peaks)
     bad = [p for p in peaks + lats if not p["ok"]]
+    # User and system CPU in the bursts apart: the relay's is mostly the
+    # kernel's (socket reads and writes), which the worker pays as well.
+    split_paced = (read(base + ".cpu_paced_split") or "0 0").split()
+    split_end = (read(base + ".cpu_split") or "0 0").split()
+    user_us, sys_us = (
+        (int(e) - int(p)) / clk * 1e6 / handled_peak if handled_peak else None
+        for p, e in zip(split_paced, split_end)
+    )
     rows[n] = {
         "peak": statistics.median(p["throughput"] for p in peaks),
         "p50": statistics.median(l["latency_ms"]["p50"] for l in lats) if lats else None,
@@ -300,6 +310,8 @@ for n in names:
         # the paced runs). Burst: the CPU spent during the peak runs alone.
         "cpu_paced_us": ticks_paced / clk * 1e6 / handled_paced if ticks_paced and handled_paced else None,
         "cpu_burst_us": (ticks_end - ticks_paced) / clk * 1e6 / handled_peak if ticks_end and handled_peak else None,
+        "user_burst_us": user_us,
+        "sys_burst_us": sys_us,
         "note": "; ".join(
             f"{'peak' if p in peaks else 'rate'} run: missing {p['missing']}, dup {p['duplicates']}, wrong {p['wrong_kind']}"
             for p in bad
@@ -322,6 +334,11 @@ for n in names:
     print(f"{labels[n]:<27} {fmt(r.get('peak'), '10.0f')} {fmt(r.get('p50'), '7.2f')} {fmt(r.get('p99'), '7.2f')} "
           f"{fmt(r.get('rss_paced_mb'), '12.1f')} {fmt(r.get('rss_mb'), '11.1f')} "
           f"{fmt(r.get('cpu_paced_us'), '16.1f')} {fmt(r.get('cpu_burst_us'), '16.1f')}  {r.get('note', '')}")
+
+print()
+print("CPU us/msg in the bursts, user + system:", ", ".join(
+    f"{n} {rows[n]['user_burst_us']:.1f} + {rows[n]['sys_burst_us']:.1f}"
+    for n in names if rows[n].get("user_burst_us") is not None and rows[n].get("sys_burst_us") is not None))
 
 def ratio(a, b, key):
     x, y = rows[a].get(key), rows[b].get(key)
@@ -346,7 +363,7 @@ print()
 # and 1.5 of the first three).
 print(f"core / raw relay throughput      {core_vs_relay}  (target >= 0.85)")
 print(f"jetstream / raw JS relay         {js_vs_relay}  (target >= 0.9)")
-print(f"core / python throughput         {vs_python}  (target >= 10)")
+print(f"core / python throughput         {vs_python}  (target >= 10; the raw relay's: {ratio('relay', 'python', 'peak')})")
 print(f"core / raw relay p99 at {rate}/s  {p99_vs_relay}  (target <= 1.3)")
 print(f"worker peak RSS MB               {rss_mb}  (target <= 50; {paced_mb} after the paced run alone)")
 print(f"core / raw relay CPU per message {core_cpu_vs_relay}  (target <= 2.0, bursts)")
