@@ -20,7 +20,12 @@
 # per second sent, default 100000: a burst; 3,000 of ~1 KiB fit the default
 # byte budget, so none is refused),
 # NATS_SERVER, ETCD, BENCH_BIN (a prefill-handoff binary instead of this
-# tree's release build; `loadgen` comes from it too). The method and the
+# tree's release build; `loadgen` comes from it too), WORKER_LOG (the
+# worker's RUST_LOG, default `warn`: the outcome log writes error responses
+# at info, at most 20 lines a second, and under callgrind a burst lasts
+# seconds instead of a fraction of one, so those lines cost 100-200
+# instructions per result there, varying from run to run, against a few
+# in a real burst; `info` counts them). The method and the
 # figures so far are in docs/benchmark.md.
 
 set -euo pipefail
@@ -29,6 +34,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 
 WHAT=${1:-core}
+WORKER_LOG=${WORKER_LOG:-warn}
 COUNT=${2:-3000}
 MIX=${MIX:-trtllm=80,terminal=15,error=5}
 RATE=${RATE:-100000}
@@ -100,7 +106,7 @@ else
 fi
 
 log "$WHAT: starting under callgrind"
-valgrind --tool=callgrind --callgrind-out-file="$OUT" "${program[@]}" >"$TMP/program.log" 2>&1 &
+RUST_LOG=$WORKER_LOG valgrind --tool=callgrind --callgrind-out-file="$OUT" "${program[@]}" >"$TMP/program.log" 2>&1 &
 PID=$!
 PIDS+=("$PID")
 answering=0
