@@ -213,8 +213,8 @@ for i in $(seq "$REPEATS"); do
 done
 for name in "${STARTED[@]}"; do
     grep VmHWM "/proc/${PID_OF[$name]}/status" | awk '{print $2}' >"$TMP/results/$name.rss_paced_kb" || true
-    awk '{print $14 + $15}' "/proc/${PID_OF[$name]}/stat" >"$TMP/results/$name.cpu_paced_ticks" || true
-    awk '{print $14, $15}' "/proc/${PID_OF[$name]}/stat" >"$TMP/results/$name.cpu_paced_split" || true
+    # utime and stime, in clock ticks.
+    awk '{print $14, $15}' "/proc/${PID_OF[$name]}/stat" >"$TMP/results/$name.cpu_paced_ticks" || true
 done
 RECORDER=
 if [[ -n ${PROFILE:-} && -n ${PID_OF[$PROFILE]:-} ]]; then
@@ -237,8 +237,7 @@ fi
 for name in "${STARTED[@]}"; do
     pid=${PID_OF[$name]}
     grep VmHWM "/proc/$pid/status" | awk '{print $2}' >"$TMP/results/$name.rss_kb" || true
-    awk '{print $14 + $15}' "/proc/$pid/stat" >"$TMP/results/$name.cpu_ticks" || true
-    awk '{print $14, $15}' "/proc/$pid/stat" >"$TMP/results/$name.cpu_split" || true
+    awk '{print $14, $15}' "/proc/$pid/stat" >"$TMP/results/$name.cpu_ticks" || true
     getconf CLK_TCK >"$TMP/results/$name.clk_tck"
     kill -TERM "$pid" 2>/dev/null || true
     wait "$pid" 2>/dev/null || true
@@ -287,17 +286,17 @@ for n in names:
     rss = read(base + ".rss_kb")
     rss_paced = read(base + ".rss_paced_kb")
     clk = int(read(base + ".clk_tck") or 100)
-    ticks_paced = int(read(base + ".cpu_paced_ticks") or 0)
-    ticks_end = int(read(base + ".cpu_ticks") or 0)
+    # (user, system) CPU ticks after the paced runs and at the end.
+    split_paced = [int(t) for t in (read(base + ".cpu_paced_ticks") or "0 0").split()]
+    split_end = [int(t) for t in (read(base + ".cpu_ticks") or "0 0").split()]
+    ticks_paced, ticks_end = sum(split_paced), sum(split_end)
     handled_paced = sum(l["sent"] + l["warmup_received"] for l in lats)
     handled_peak = sum(p["sent"] + p["warmup_received"] for p in peaks)
     bad = [p for p in peaks + lats if not p["ok"]]
     # User and system CPU in the bursts apart: the relay's is mostly the
     # kernel's (socket reads and writes), which the worker pays as well.
-    split_paced = (read(base + ".cpu_paced_split") or "0 0").split()
-    split_end = (read(base + ".cpu_split") or "0 0").split()
     user_us, sys_us = (
-        (int(e) - int(p)) / clk * 1e6 / handled_peak if handled_peak else None
+        (e - p) / clk * 1e6 / handled_peak if ticks_end and handled_peak else None
         for p, e in zip(split_paced, split_end)
     )
     rows[n] = {

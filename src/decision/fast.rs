@@ -567,20 +567,13 @@ impl<'a> Answer<'a, '_> {
             },
             request_id: Some(self.request_id.to_string()),
             subject: rules.gen_subject.clone(),
-            headers: Headers::msg_id(self.request_id, JOB_HEADER_SPARE),
+            headers: Headers::msg_id(self.request_id),
             payload: out.finish(),
             trailing_frames: self.trailing,
             detail: None,
         })
     }
 }
-
-/// Room left in a decode job's header block for what the pipeline adds:
-/// the closing CRLF. Exactly that, so that the finished block fills its
-/// allocation and `Bytes` takes it over as it is: with room to spare it
-/// allocates a record of the capacity, as dear as the copy it saves. A
-/// trace header grows the block once.
-const JOB_HEADER_SPARE: usize = 2;
 
 /// `"worker"`, the header of its map of two entries, and `"instance_id"`.
 const WORKER_HEAD: [u8; 20] = known::join(&[fixstr!("worker"), &[0x82], fixstr!("instance_id")]);

@@ -21,7 +21,8 @@ pub struct Headers {
     block: Vec<u8>,
 }
 
-const HEAD: &[u8] = b"NATS/1.0\r\n";
+/// The first line of every NATS header block.
+pub const HEAD: &[u8] = b"NATS/1.0\r\n";
 
 impl Headers {
     pub const fn new() -> Headers {
@@ -29,13 +30,15 @@ impl Headers {
     }
 
     /// A decode job's one header, `Nats-Msg-Id` ([`msg_id`]), with room
-    /// for `spare` more bytes (what the pipeline adds: the closing CRLF), so
-    /// that finishing the block does not move it.
-    pub fn msg_id(request_id: &str, spare: usize) -> Headers {
+    /// for exactly the closing CRLF. The block then fills its allocation
+    /// once the pipeline closes it, and `Bytes` takes it over as it is: for
+    /// a buffer with room to spare it allocates a record of the capacity,
+    /// as dear as the copy saved. A trace header grows the block once.
+    pub fn msg_id(request_id: &str) -> Headers {
         const NAME: &[u8] = b"Nats-Msg-Id: ";
         // Exact for a request ID of plain bytes (the rest grows it once).
         let mut block = Vec::with_capacity(
-            HEAD.len() + NAME.len() + MSG_ID_PREFIX.len() + request_id.len() + 2 + spare,
+            HEAD.len() + NAME.len() + MSG_ID_PREFIX.len() + request_id.len() + 2 + 2,
         );
         block.extend_from_slice(HEAD);
         block.extend_from_slice(NAME);
@@ -57,11 +60,6 @@ impl Headers {
 
     pub fn is_empty(&self) -> bool {
         self.block.is_empty()
-    }
-
-    /// How many headers.
-    pub fn len(&self) -> usize {
-        self.iter().count()
     }
 
     /// The value of the first header named `name` (exactly).
@@ -193,10 +191,15 @@ pub(super) fn header_safe(s: &str) -> String {
 /// `Content-Type: application/json` for JSON outputs, nothing for MessagePack.
 pub fn content_type(encoding: Encoding) -> Headers {
     let mut headers = Headers::new();
+    push_content_type(&mut headers, encoding);
+    headers
+}
+
+/// Appends [`content_type`]'s header, if any, to `headers`.
+pub(super) fn push_content_type(headers: &mut Headers, encoding: Encoding) {
     if let Some(ct) = encoding.content_type() {
         headers.push("Content-Type", ct);
     }
-    headers
 }
 
 /// At most `max` bytes of `s` (cut at a character boundary), with an ellipsis
@@ -233,7 +236,6 @@ mod tests {
                 ("Handoff-Error", "one  two : three")
             ]
         );
-        assert_eq!(h.len(), 2);
         assert_eq!(h.get("Handoff-Error"), Some("one  two : three"));
         assert_eq!(h.get("content-type"), None, "names match exactly");
         assert_eq!(
@@ -243,16 +245,16 @@ mod tests {
     }
 
     #[test]
-    fn the_msg_id_header_is_the_msg_id_with_its_spare_room() {
+    fn the_msg_id_header_is_the_msg_id_with_room_for_the_closing_crlf() {
         for id in ["r-1", "a b%c\u{e9}\r\n", ""] {
-            let h = Headers::msg_id(id, 40);
+            let h = Headers::msg_id(id);
             let mut pushed = Headers::new();
             pushed.push("Nats-Msg-Id", &msg_id(id));
             assert_eq!(h, pushed, "{id:?}");
             assert_eq!(h.get("Nats-Msg-Id"), Some(msg_id(id).as_str()));
             assert!(h.as_bytes().is_ascii());
             if id != "a b%c\u{e9}\r\n" {
-                assert_eq!(h.block.capacity(), h.block.len() + 40, "exact: {id:?}");
+                assert_eq!(h.block.capacity(), h.block.len() + 2, "exact: {id:?}");
             }
         }
         assert_eq!(msg_id("a b%c\u{e9}"), "handoff-a%20b%25c%C3%A9");

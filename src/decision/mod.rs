@@ -19,7 +19,8 @@ pub use codes::{DeadLetterCode, ErrorCode, FinishReason};
 pub use complex::MAX_TREE_VALUES;
 pub use handoff::{backend_of, describe};
 pub use headers::{
-    Headers, PAYLOAD_OMITTED, content_type, dead_letter_headers, msg_id, push_line, without_payload,
+    HEAD as HEADER_BLOCK_HEAD, Headers, PAYLOAD_OMITTED, content_type, dead_letter_headers, msg_id,
+    push_line, without_payload,
 };
 pub use reply::{Refusal, ReplyPolicy};
 pub use request::MAX_REQUEST_ID_BYTES;
@@ -30,7 +31,7 @@ pub use trace::{
 
 use crate::ids::MachineId;
 use crate::wire::{self, Encoding, map, messages};
-use headers::truncate;
+use headers::{push_content_type, truncate};
 use request::Request;
 use rmpv::Value;
 
@@ -341,9 +342,7 @@ pub fn unreadable_headers(input: Input<'_>, rules: &Rules, what: &str) -> Decisi
 
 fn dead_letter(input: Input<'_>, rules: &Rules, code: DeadLetterCode, why: String) -> Decision {
     let mut headers = dead_letter_headers(code, &why, input.subject);
-    if let Some(ct) = input.encoding.content_type() {
-        headers.push("Content-Type", ct);
-    }
+    push_content_type(&mut headers, input.encoding);
     Decision {
         outcome: Outcome::DeadLetter { code },
         request_id: None,

@@ -7,7 +7,7 @@
 //! copied every value, while durable mode wrote the lowercase names and
 //! copied one.
 
-use crate::decision::{self, Headers, TraceHeaders};
+use crate::decision::{self, HEADER_BLOCK_HEAD as HEAD, Headers, TraceHeaders};
 use async_nats::HeaderMap;
 use bytes::Bytes;
 
@@ -92,8 +92,6 @@ fn close(block: &mut Vec<u8>, trace: &TraceHeaders) {
     block.extend_from_slice(b"\r\n");
 }
 
-const HEAD: &[u8] = b"NATS/1.0\r\n";
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -117,7 +115,7 @@ mod tests {
         input.insert("tracestate", "k=v");
         input.insert("Content-Type", "application/json");
         input.insert("Nats-Msg-Id", "from-the-producer");
-        let set = Headers::msg_id("r1", 0);
+        let set = Headers::msg_id("r1");
         let trace = trace_headers(Some(&input));
         let block = header_block(&set, &trace).unwrap();
         let mut got = lines(&block);
