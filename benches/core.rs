@@ -102,6 +102,21 @@ fn loadgen_result() -> Value {
     rmpv::decode::read_value(&mut bytes.as_slice()).expect("loadgen writes MessagePack")
 }
 
+/// [`loadgen_result`] with `tokens` prompt token IDs in its `request`, up to
+/// 128,000 (a Llama 3 vocabulary: two- and four-byte integers).
+fn long_prompt_result(tokens: u64) -> Value {
+    let Value::Map(mut top) = loadgen_result() else {
+        panic!("loadgen writes a map");
+    };
+    let Some(Value::Map(mut request)) = map::take(&mut top, "request") else {
+        panic!("loadgen writes a request map");
+    };
+    let ids = (0..tokens).map(|i| Value::from(i * 7919 % 128_000));
+    map::set(&mut request, "token_ids", Value::Array(ids.collect()));
+    map::set(&mut top, "request", Value::Map(request));
+    Value::Map(top)
+}
+
 fn rules() -> Rules {
     Config::default()
         .resolve()
@@ -117,7 +132,7 @@ static ALLOCATOR: prefill_handoff::alloc::MiMalloc = prefill_handoff::alloc::MiM
 type DecideFn = fn(Input<'_>, &Rules, &mut dyn IdSource) -> Decision;
 
 /// The benchmarked results: name, value, encoding.
-fn cases() -> [(&'static str, Value, Encoding); 7] {
+fn cases() -> [(&'static str, Value, Encoding); 8] {
     [
         (
             "trtllm_decode_minted_msgpack",
@@ -156,6 +171,14 @@ fn cases() -> [(&'static str, Value, Encoding); 7] {
             // integers) where the cases above have 0..64.
             "loadgen_trtllm_msgpack",
             loadgen_result(),
+            Encoding::MsgPack,
+        ),
+        (
+            // The same with a 2,048-token prompt in `request`, as a real
+            // dispatcher passes it on: the pass-through request is validated
+            // token by token, so its length sets most of the cost.
+            "long_prompt_trtllm_msgpack",
+            long_prompt_result(2048),
             Encoding::MsgPack,
         ),
         (
