@@ -626,6 +626,16 @@ mod tests {
         assert_eq!(skip(&[0x01], 0, MAX_DEPTH + 3), Some(1));
     }
 
+    /// Deterministic pseudo-random numbers from `seed` (xorshift64).
+    fn xorshift(mut x: u64) -> impl FnMut() -> u64 {
+        move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        }
+    }
+
     #[test]
     fn the_flat_walk_and_the_nested_walk_agree_on_any_bytes() {
         // The flat walk's class table and its container count against the
@@ -636,13 +646,7 @@ mod tests {
             0x01, 0x7f, 0x80, 0x81, 0x82, 0x90, 0x91, 0x92, 0xa0, 0xa1, 0xc0, 0xc1, 0xc4, 0xcb,
             0xcc, 0xcd, 0xce, 0xcf, 0xd0, 0xd9, 0xdc, 0xde, 0xe0, 0xff, 0x00,
         ];
-        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut next = xorshift(0x9E37_79B9_7F4A_7C15);
         for _ in 0..200_000 {
             let len = (next() % 24) as usize;
             let bytes: Vec<u8> = (0..len)
@@ -732,13 +736,7 @@ mod tests {
             &[0xc0],
             &[0xcc, 0x80],
         ];
-        let mut x: u64 = 0x2545_F491_4F6C_DD1D;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut next = xorshift(0x2545_F491_4F6C_DD1D);
         for _ in 0..20_000 {
             let n = (next() % 12) as usize;
             let mut bytes = vec![0x90 | n as u8];
@@ -752,7 +750,7 @@ mod tests {
                 bytes.extend_from_slice(form);
             }
             // Sometimes more values after the array: the run ends with it.
-            if next() % 2 == 0 {
+            if next().is_multiple_of(2) {
                 bytes.extend_from_slice(forms[0]);
             }
             for cut in 0..=bytes.len() {
