@@ -237,8 +237,19 @@ async fn a_former_holders_late_floor_write_is_refused_once_the_slot_moved() {
         Some("1")
     );
 
-    // A's lease ends; B claims the slot and writes its reservation.
-    c.lease_revoke(lease_a).await.expect("revoke A");
+    // A's lease ends (A stops first: left running, it notices the loss and
+    // claims the free slot again itself, sometimes before B does, and B
+    // then finds no slot); B claims the slot and writes its reservation.
+    // A's late write below is sent with A's lease as it was.
+    a.shutdown().await;
+    // Its shutdown revokes the lease; should that have timed out, so does this.
+    let _already_revoked = c.lease_revoke(lease_a).await;
+    assert!(
+        c.lease_time_to_live(lease_a, None)
+            .await
+            .is_ok_and(|ttl| ttl.ttl() < 0),
+        "A's lease is gone"
+    );
     let b = Lease::start(&config, registration())
         .await
         .expect("start B");
@@ -256,6 +267,5 @@ async fn a_former_holders_late_floor_write_is_refused_once_the_slot_moved() {
         "the floor is B's"
     );
     assert_ne!(lease_a, lease_b);
-    drop(a);
     b.shutdown().await;
 }
