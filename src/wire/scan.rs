@@ -117,6 +117,10 @@ fn uint_run(b: &[u8], mut p: usize, left: &mut usize) -> usize {
             break;
         };
         let w = u64::from_le_bytes(*word);
+        // [`int`]'s shortest-form test for these two widths, restated on
+        // the word (calling it costs its match on the marker per value);
+        // `runs_of_wider_integers_are_walked_like_any_other_values` holds
+        // the two to the same answers.
         p += match w as u8 {
             0xcd if w & 0xff00 != 0 => 3,
             0xce if w & 0xff_ff00 != 0 => 5,

@@ -96,29 +96,21 @@ pub async fn gen_stream_request_ids(js: &jetstream::Context) -> Vec<String> {
 pub async fn stream_contents(js: &jetstream::Context, name: &str) -> Vec<Seen> {
     let stream: Stream = js.get_stream(name).await.expect("stream");
     let total = stream.get_info().await.expect("info").state.messages as usize;
-    // Retried while the JetStream API times out, for up to 30 s, as
-    // `setup` is: a cluster whose stream leader was just killed and
-    // restarted can take longer than the client's 5 s to answer (seen once
-    // in a CI run of the cluster test that kills the prefill stream's
-    // leader: "ordered consumer: TimedOut"). Any other error fails.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    let consumer = loop {
-        let config = jetstream::consumer::pull::OrderedConfig {
+    // Retried while the JetStream API times out, as `setup` is: a cluster
+    // whose stream leader was just killed and restarted can take longer
+    // than the client's 5 s to answer (seen once in a CI run of the
+    // cluster test that kills the prefill stream's leader: "ordered
+    // consumer: TimedOut").
+    let timed_out = |e: &jetstream::stream::ConsumerError| {
+        e.kind() == jetstream::stream::ConsumerErrorKind::TimedOut
+    };
+    let consumer = super::while_api_times_out("ordered consumer", timed_out, || {
+        stream.create_consumer(jetstream::consumer::pull::OrderedConfig {
             deliver_policy: DeliverPolicy::All,
             ..Default::default()
-        };
-        match stream.create_consumer(config).await {
-            Ok(consumer) => break consumer,
-            Err(e)
-                if e.kind() == jetstream::stream::ConsumerErrorKind::TimedOut
-                    && tokio::time::Instant::now() < deadline =>
-            {
-                tracing::warn!(error = ?e, "ordered consumer timed out; trying again");
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-            Err(e) => panic!("ordered consumer: {e:?}"),
-        }
-    };
+        })
+    })
+    .await;
     let mut messages = consumer.messages().await.expect("messages");
     let mut out = Vec::with_capacity(total);
     while out.len() < total {
