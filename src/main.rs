@@ -31,15 +31,16 @@ enum Command {
 }
 
 fn main() {
-    // mimalloc keeps its default purge delay (1,000 ms in v3, which the
-    // build uses; MIMALLOC_PURGE_DELAY sets another). At 10 ms, three
-    // 50,000-result bursts took about 1.5 times the page faults. A delay of
-    // 0, which gave freed memory back at once, cost 20-25% more CPU per
-    // message in 50,000-result bursts (page faults and TLB shootdowns in
-    // `perf`), and since results are read in place by the runner it no
-    // longer lowers the peak of the 2,000 x 1 MiB hostile burst
-    // (tests/server/worker_bounds.rs: 42-45 MiB at 0, 54-68 MiB at 10 ms,
-    // against a 256 MiB limit).
+    // Freed memory is kept a minute for the next burst, not mimalloc's
+    // second (`alloc::KEEP_FREED_MS` says what it saves and costs; `run`
+    // asks mimalloc to give it back after that). MIMALLOC_PURGE_DELAY, when
+    // set, decides instead. A delay of 0, which gave freed memory back at
+    // once, cost 20-25% more CPU per message in 50,000-result bursts (page
+    // faults and TLB shootdowns in `perf`), and since results are read in
+    // place by the runner it no longer lowers the peak of the 2,000 x 1 MiB
+    // hostile burst (tests/server/worker_bounds.rs: 42-45 MiB at 0, 54-68
+    // MiB at 10 ms, against a 256 MiB limit).
+    prefill_handoff::alloc::keep_freed_memory();
     // No transparent huge pages for this process, whatever the host's
     // setting. mimalloc's `no_thp` feature (Cargo.toml) only stops it asking
     // for them (MADV_HUGEPAGE); on a host set to THP "always" the kernel

@@ -35,6 +35,7 @@ pub fn run(args: ConfigArgs) -> anyhow::Result<()> {
     // The worker runs as a task in the pool, not on `block_on`'s thread: see
     // `pool_threads`.
     let result = runtime.block_on(async {
+        tokio::spawn(give_back_freed_memory());
         tokio::spawn(serve(config, id_service))
             .await
             .unwrap_or_else(|e| Err(anyhow::Error::new(e).context("the worker's task failed")))
@@ -66,6 +67,19 @@ fn pool_threads() -> Option<usize> {
         return None;
     }
     Some(1)
+}
+
+/// Every [`crate::alloc::GIVE_BACK_EVERY`], on the pool's thread (whose
+/// pages hold nearly all of a burst's memory), lets mimalloc give back what
+/// a burst freed and the worker has not used again for
+/// [`crate::alloc::KEEP_FREED_MS`]. Runs until the runtime shuts down.
+async fn give_back_freed_memory() {
+    let mut tick = tokio::time::interval(crate::alloc::GIVE_BACK_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        crate::alloc::give_back_freed_memory();
+    }
 }
 
 async fn serve(config: Config, id_service: IdService) -> anyhow::Result<()> {
