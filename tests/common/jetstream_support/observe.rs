@@ -4,7 +4,7 @@ use super::traffic::{Expect, Input, request_id_of};
 use super::{DEAD, GEN};
 use async_nats::Client;
 use async_nats::HeaderMap;
-use async_nats::jetstream::{self, consumer::DeliverPolicy, stream::Stream};
+use async_nats::jetstream::{self, stream::Stream};
 use futures::StreamExt;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -95,30 +95,47 @@ pub async fn gen_stream_request_ids(js: &jetstream::Context) -> Vec<String> {
 /// Every message stored in a stream, attributed to its request ID.
 pub async fn stream_contents(js: &jetstream::Context, name: &str) -> Vec<Seen> {
     let stream: Stream = js.get_stream(name).await.expect("stream");
-    let total = stream.get_info().await.expect("info").state.messages as usize;
-    // Retried while the JetStream API times out, as `setup` is: a cluster
-    // whose stream leader was just killed and restarted can take longer
-    // than the client's 5 s to answer (seen once in a CI run of the
-    // cluster test that kills the prefill stream's leader: "ordered
-    // consumer: TimedOut").
-    let timed_out = |e: &jetstream::stream::ConsumerError| {
-        e.kind() == jetstream::stream::ConsumerErrorKind::TimedOut
+    let state = stream.get_info().await.expect("info").state;
+    let total = state.messages as usize;
+    if total == 0 {
+        return Vec::new();
+    }
+    // Read by sequence from the stream's leader (`STREAM.MSG.GET`, which
+    // nats-server 2.9 has): no consumer whose state a leader change can
+    // stall. An ordered consumer, used before, stalled in about 3 of 10 CI
+    // runs of the cluster test that kills the prefill stream's leader,
+    // right after it rejoined: "ordered consumer: TimedOut", or no message
+    // for 10 s midway. A request that fails (timed out, no responders or
+    // an API error while a leader is elected) is tried again, for up to 30 s.
+    let failed = |e: &jetstream::stream::RawMessageError| {
+        matches!(
+            e.kind(),
+            jetstream::stream::RawMessageErrorKind::Other
+                | jetstream::stream::RawMessageErrorKind::JetStream(_)
+        )
     };
-    let consumer = super::while_api_times_out("ordered consumer", timed_out, || {
-        stream.create_consumer(jetstream::consumer::pull::OrderedConfig {
-            deliver_policy: DeliverPolicy::All,
-            ..Default::default()
-        })
-    })
-    .await;
-    let mut messages = consumer.messages().await.expect("messages");
-    let mut out = Vec::with_capacity(total);
-    while out.len() < total {
-        let m = tokio::time::timeout(Duration::from_secs(10), messages.next())
+    let stream = &stream;
+    let read = futures::stream::iter(state.first_sequence..=state.last_sequence)
+        .map(|sequence| async move {
+            super::while_api_times_out("stream message by sequence", failed, || async {
+                match stream.get_raw_message(sequence).await {
+                    Ok(m) => Ok(Some(m)),
+                    // Deleted (a work queue's acked message): not there.
+                    Err(e)
+                        if e.kind() == jetstream::stream::RawMessageErrorKind::NoMessageFound =>
+                    {
+                        Ok(None)
+                    }
+                    Err(e) => Err(e),
+                }
+            })
             .await
-            .expect("stream message within 10 s")
-            .expect("stream open")
-            .expect("message");
+        })
+        .buffered(16)
+        .filter_map(|m| async move { m });
+    let mut out = Vec::with_capacity(total);
+    let mut read = std::pin::pin!(read);
+    while let Some(m) = read.next().await {
         let subject = m.subject.to_string();
         let kind = if subject == GEN {
             Expect::Gen
@@ -127,14 +144,16 @@ pub async fn stream_contents(js: &jetstream::Context, name: &str) -> Vec<Seen> {
         } else {
             Expect::Reply
         };
+        let headers = (!m.headers.is_empty()).then_some(m.headers);
         out.push(Seen {
             kind,
-            request_id: request_id_of(&m.payload, m.headers.as_ref()),
+            request_id: request_id_of(&m.payload, headers.as_ref()),
             subject,
             payload: m.payload.to_vec(),
-            headers: m.headers.clone(),
+            headers,
         });
     }
+    assert_eq!(out.len(), total, "{name}: every stored message read");
     out
 }
 
