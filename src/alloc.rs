@@ -100,7 +100,7 @@ const PURGE_DELAY: mi::mi_option_t = 15;
 /// minute. What it costs: up to a burst's peak of memory stays with the
 /// worker for a minute after the burst (the peak itself does not change).
 /// `MIMALLOC_PURGE_DELAY`, when set, decides instead.
-pub const KEEP_FREED_MS: i64 = 60_000;
+pub const KEEP_FREED_MS: std::ffi::c_long = 60_000;
 
 /// How often the worker asks mimalloc to give back what it has kept past
 /// [`KEEP_FREED_MS`]: mimalloc looks only when a page is freed, so an idle
@@ -120,7 +120,7 @@ pub fn keep_freed_memory() {
     if !set_by_env {
         // SAFETY: sets one integer option; `main` calls this before it
         // starts any thread.
-        unsafe { mi::mi_option_set(PURGE_DELAY, KEEP_FREED_MS as std::ffi::c_long) };
+        unsafe { mi::mi_option_set(PURGE_DELAY, KEEP_FREED_MS) };
     }
 }
 

@@ -74,7 +74,9 @@ fn pool_threads() -> Option<usize> {
 /// a burst freed and the worker has not used again for
 /// [`crate::alloc::KEEP_FREED_MS`]. Runs until the runtime shuts down.
 async fn give_back_freed_memory() {
-    let mut tick = tokio::time::interval(crate::alloc::GIVE_BACK_EVERY);
+    // The first tick one period in: at start there is nothing to give back.
+    let every = crate::alloc::GIVE_BACK_EVERY;
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;

@@ -136,26 +136,27 @@ pub async fn setup(js: &jetstream::Context, config: &Config) {
     let timed_out = |e: &JetStreamError| {
         matches!(e, JetStreamError::Api(_)) && e.to_string().contains("timed out")
     };
-    while_api_times_out("setup", timed_out, || {
+    while_transient("setup", timed_out, || {
         prefill_handoff::setup::ensure(js, config)
     })
     .await;
 }
 
-/// The result of `attempt`, tried again every 0.5 s while its error is the
-/// JetStream API timing out (`timed_out`), for up to 30 s. Any other error,
-/// or timeouts for 30 s, fail the test, with `what` in the message.
-pub async fn while_api_times_out<T, E: std::fmt::Debug, F: Future<Output = Result<T, E>>>(
+/// The result of `attempt`, tried again every 0.5 s while its error is one
+/// that passes (`transient`: the JetStream API timing out, no responders
+/// while a stream leader is elected), for up to 30 s. Any other error, or
+/// transient ones for 30 s, fail the test, with `what` in the message.
+pub async fn while_transient<T, E: std::fmt::Debug, F: Future<Output = Result<T, E>>>(
     what: &str,
-    timed_out: impl Fn(&E) -> bool,
+    transient: impl Fn(&E) -> bool,
     mut attempt: impl FnMut() -> F,
 ) -> T {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
         match attempt().await {
             Ok(done) => return done,
-            Err(e) if timed_out(&e) && tokio::time::Instant::now() < deadline => {
-                tracing::warn!(error = ?e, "{what} timed out; trying again");
+            Err(e) if transient(&e) && tokio::time::Instant::now() < deadline => {
+                tracing::warn!(error = ?e, "{what} failed; trying again");
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
             Err(e) => panic!("{what}: {e:?}"),

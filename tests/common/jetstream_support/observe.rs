@@ -117,7 +117,7 @@ pub async fn stream_contents(js: &jetstream::Context, name: &str) -> Vec<Seen> {
     let stream = &stream;
     let read = futures::stream::iter(state.first_sequence..=state.last_sequence)
         .map(|sequence| async move {
-            super::while_api_times_out("stream message by sequence", failed, || async {
+            super::while_transient("stream message by sequence", failed, || async {
                 match stream.get_raw_message(sequence).await {
                     Ok(m) => Ok(Some(m)),
                     // Deleted (a work queue's acked message): not there.
