@@ -26,7 +26,7 @@
 use super::{Pipeline, Stats};
 use crate::config::Config;
 use crate::metrics::RateLimitedLog;
-use crate::transport::{Admission, Admitted, Held, Limits, Source};
+use crate::transport::{Admission, Admitted, Held, Limits, Source, core_sink};
 use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::Arc;
@@ -257,23 +257,35 @@ impl Runner {
                 // waiting, and spares a future set per batch. The batch's
                 // slots and bytes go back together at its end (one release
                 // instead of two per result; a batch is a few microseconds).
+                // Their outputs go to the NATS client in one command at the
+                // batch's end (`transport::core_sink::gather`).
                 tasks.spawn(async move {
-                    let mut slots: Option<OwnedSemaphorePermit> = None;
-                    let mut bytes = Held::default();
-                    for admitted in batch {
-                        let Admitted {
-                            delivery,
-                            held,
-                            slot,
-                        } = admitted;
-                        bytes.merge(held);
-                        match (&mut slots, slot) {
-                            (Some(all), Some(slot)) => all.merge(slot),
-                            (all, slot) => *all = all.take().or(slot),
+                    let each = async {
+                        let mut slots: Option<OwnedSemaphorePermit> = None;
+                        let mut bytes = Held::default();
+                        for admitted in batch {
+                            let Admitted {
+                                delivery,
+                                held,
+                                slot,
+                            } = admitted;
+                            bytes.merge(held);
+                            match (&mut slots, slot) {
+                                (Some(all), Some(slot)) => all.merge(slot),
+                                (all, slot) => *all = all.take().or(slot),
+                            }
+                            stats.handled(&pipeline.handle(delivery).await);
                         }
-                        stats.handled(&pipeline.handle(delivery).await);
+                        (bytes, slots)
+                    };
+                    let mut each = std::pin::pin!(core_sink::gather(each));
+                    let held = each.as_mut().await;
+                    let kept = core_sink::kept(each.as_mut());
+                    if let Err(lost) = pipeline.sink.send_kept(kept).await {
+                        lost_with_the_client(&pipeline, lost);
                     }
-                    drop((bytes, slots));
+                    // Released once the outputs are out.
+                    drop(held);
                 });
             }
         }
@@ -334,6 +346,19 @@ impl Runner {
             .refuse_over_budget(delivery, bytes, held, max, &self.refusals)
             .await;
         self.stats.handled(&handled);
+    }
+}
+
+/// A batch's outputs the NATS client would not take: its connection task
+/// has ended, and the worker stops on that (`cli/supervise.rs`). They were
+/// counted as published; this says they are not out.
+fn lost_with_the_client(pipeline: &Pipeline, lost: usize) {
+    tracing::error!(
+        lost,
+        "the NATS client has closed: a batch's outputs could not be queued; these results have none"
+    );
+    for _ in 0..lost {
+        pipeline.metrics.publish_failed();
     }
 }
 

@@ -3,6 +3,7 @@
 
 use super::{CoreSink, jetstream};
 use async_nats::HeaderMap;
+use async_nats::message::OutboundMessage;
 use bytes::Bytes;
 use std::time::Duration;
 
@@ -58,6 +59,16 @@ impl Sink {
                 Target::Stream => sink.stored(subject, headers, payload).await,
                 Target::Subject => sink.confirmed(subject, headers, payload).await,
             },
+        }
+    }
+
+    /// Sends the outputs a batch kept (`core_sink::gather`, core mode only).
+    /// `Err` with how many could not be sent.
+    pub async fn send_kept(&self, kept: Vec<OutboundMessage>) -> Result<(), usize> {
+        match self {
+            Sink::Core(sink) => sink.send_kept(kept).await,
+            // Its publishes are never kept: nothing to send.
+            Sink::JetStream(_) => Ok(()),
         }
     }
 
