@@ -259,6 +259,7 @@ impl Runner {
                 // instead of two per result; a batch is a few microseconds).
                 // Their outputs go to the NATS client in one command at the
                 // batch's end (`transport::core_sink::gather`).
+                let outputs = batch.len();
                 tasks.spawn(async move {
                     let each = async {
                         let mut slots: Option<OwnedSemaphorePermit> = None;
@@ -278,7 +279,7 @@ impl Runner {
                         }
                         (bytes, slots)
                     };
-                    let mut each = std::pin::pin!(core_sink::gather(each));
+                    let mut each = std::pin::pin!(core_sink::gather(each, outputs));
                     let held = each.as_mut().await;
                     let kept = core_sink::kept(each.as_mut());
                     if let Err(lost) = pipeline.sink.send_kept(kept).await {

@@ -54,7 +54,11 @@ impl Sink {
         target: Target,
     ) -> Result<(), PublishError> {
         match self {
-            Sink::Core(sink) => sink.publish(subject, headers, payload).await,
+            // Not through `CoreSink::publish`: a future layer fewer.
+            Sink::Core(sink) => match sink.keep(subject, headers, payload)? {
+                None => Ok(()),
+                Some(message) => sink.send_now(subject, message).await,
+            },
             Sink::JetStream(sink) => match target {
                 Target::Stream => sink.stored(subject, headers, payload).await,
                 Target::Subject => sink.confirmed(subject, headers, payload).await,

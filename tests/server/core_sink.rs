@@ -10,7 +10,7 @@ use async_nats::{HeaderMap, HeaderValue, Message, Subscriber};
 use bytes::Bytes;
 use common::Nats;
 use futures::{FutureExt as _, StreamExt as _};
-use prefill_handoff::transport::{CoreSink, PublishError, core_sink};
+use prefill_handoff::transport::{CoreSink, PublishError, Sink, Target, core_sink};
 
 const GEN: &str = "batch.gen";
 const REPLY: &str = "batch.reply";
@@ -42,30 +42,42 @@ async fn a_batch_keeps_its_outputs_until_sent_then_they_arrive_once_in_order() {
     let observer = client(&nats.url()).await;
     let mut outputs = observer.subscribe("batch.>").await.expect("subscribe");
     round_trip(&observer).await;
-    let sink = CoreSink::new(publisher.clone(), GEN);
+    let sink = Sink::Core(CoreSink::new(publisher.clone(), GEN));
 
     let work = async {
         for i in 0..7 {
             let subject = if i % 2 == 0 { GEN } else { REPLY };
             let payload = Bytes::from(format!("out-{i}"));
-            let sent = sink.publish(subject, headers(i), payload).await;
+            let sent = sink
+                .publish(subject, headers(i), payload, Target::Subject)
+                .await;
             assert!(sent.is_ok(), "output {i} is taken: {sent:?}");
         }
         // Refused at once, as the client refuses them, and not kept.
         let bad = sink
-            .publish("batch.bad subject", HeaderMap::new(), Bytes::from("x"))
+            .publish(
+                "batch.bad subject",
+                HeaderMap::new(),
+                Bytes::from("x"),
+                Target::Subject,
+            )
             .await;
         assert!(
             matches!(bad, Err(PublishError::InvalidSubject { .. })),
             "{bad:?}"
         );
         let big = sink
-            .publish(REPLY, headers(0), Bytes::from(vec![b'x'; 8192]))
+            .publish(
+                REPLY,
+                headers(0),
+                Bytes::from(vec![b'x'; 8192]),
+                Target::Subject,
+            )
             .await;
         assert!(matches!(big, Err(PublishError::TooLarge(_))), "{big:?}");
         "done"
     };
-    let mut gathering = std::pin::pin!(core_sink::gather(work));
+    let mut gathering = std::pin::pin!(core_sink::gather(work, 2));
     assert_eq!(gathering.as_mut().await, "done");
     let kept = core_sink::kept(gathering.as_mut());
     assert_eq!(
@@ -106,9 +118,11 @@ async fn outside_a_batch_an_output_leaves_at_once() {
     let observer = client(&nats.url()).await;
     let mut outputs = observer.subscribe("batch.>").await.expect("subscribe");
     round_trip(&observer).await;
-    let sink = CoreSink::new(publisher.clone(), GEN);
+    let sink = Sink::Core(CoreSink::new(publisher.clone(), GEN));
 
-    let sent = sink.publish(REPLY, headers(1), Bytes::from("alone")).await;
+    let sent = sink
+        .publish(REPLY, headers(1), Bytes::from("alone"), Target::Subject)
+        .await;
     assert!(sent.is_ok(), "{sent:?}");
     round_trip(&publisher).await;
     let got = received_now(&observer, &mut outputs).await;
