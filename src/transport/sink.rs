@@ -46,6 +46,8 @@ impl Sink {
     }
 
     /// Publishes one output. An empty header map publishes without headers.
+    /// In core mode, inside a batch (`core_sink::gather`), it is kept and
+    /// goes out with the batch's other outputs at the batch's end.
     pub async fn publish(
         &self,
         subject: &str,
@@ -54,7 +56,6 @@ impl Sink {
         target: Target,
     ) -> Result<(), PublishError> {
         match self {
-            // Not through `CoreSink::publish`: a future layer fewer.
             Sink::Core(sink) => match sink.keep(subject, headers, payload)? {
                 None => Ok(()),
                 Some(message) => sink.send_now(subject, message).await,
