@@ -899,8 +899,10 @@ impl ConnectionHandler {
             .unwrap_or_default();
 
         self.connector.connect_stats.out_bytes.add(
-            (payload.len() + respond.as_ref().map_or_else(|| 0, |r| r.len()) + subject.len() + header_len)
-                as u64,
+            (payload.len()
+                + respond.as_ref().map_or_else(|| 0, |r| r.len())
+                + subject.len()
+                + header_len) as u64,
             Ordering::Relaxed,
         );
 
