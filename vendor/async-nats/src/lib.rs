@@ -881,6 +881,8 @@ impl ConnectionHandler {
 
     /// One `Publish` command's work (prefill-handoff patch: a function of
     /// its own, so that `PublishBatch` does the same for each message).
+    /// Inlined, as the `Publish` arm's code was.
+    #[inline(always)]
     fn publish(&mut self, message: OutboundMessage) {
         let OutboundMessage {
             subject,
