@@ -239,6 +239,7 @@ pub fn write_str(out: &mut Vec<u8>, bytes: &[u8]) {
 }
 
 /// Appends the header of a map of `n` entries, as [`write()`] writes it.
+#[inline]
 pub fn write_map_len(out: &mut Vec<u8>, n: usize) {
     match n {
         0..16 => out.push(0x80 | n as u8),
