@@ -112,7 +112,7 @@ fn read_input(file: Option<&PathBuf>, max: usize) -> anyhow::Result<Vec<u8>> {
 pub fn render(d: &Decision, input: &[u8], encoding: Encoding) -> Json {
     let mut out = Map::new();
     out.insert("outcome".into(), json!(d.outcome.kind()));
-    out.insert("subject".into(), json!(d.subject));
+    out.insert("subject".into(), json!(&*d.subject));
     match &d.outcome {
         Outcome::Decode { backend, minted } => {
             out.insert("backend".into(), json!(backend.as_str()));

@@ -419,8 +419,8 @@ impl Config {
             crate::decision::ReplyPolicy::new(&self.allowed_reply_subjects, &self.own_subjects())
                 .map_err(|e| ConfigError(format!("allowed_reply_subjects or subjects.*: {e}")))?;
         Ok(crate::decision::Rules {
-            gen_subject: self.subjects.gen_jobs.clone(),
-            dead_letter_subject: self.subjects.dead_letter.clone(),
+            gen_subject: self.subjects.gen_jobs.as_str().into(),
+            dead_letter_subject: self.subjects.dead_letter.as_str().into(),
             reply_policy,
             max_payload_bytes: self.max_payload_bytes,
             use_nats_reply: self.mode == Mode::Core,

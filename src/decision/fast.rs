@@ -479,7 +479,7 @@ impl<'a> Answer<'a, '_> {
         Decision {
             outcome: Outcome::Error { code },
             request_id: Some(self.request_id.to_string()),
-            subject: self.reply_to.to_string(),
+            subject: self.reply_to.into(),
             headers: Headers::new(),
             payload: out,
             trailing_frames: self.trailing,
@@ -499,7 +499,7 @@ impl<'a> Answer<'a, '_> {
         Decision {
             outcome: Outcome::Terminal { finish_reason },
             request_id: Some(self.request_id.to_string()),
-            subject: self.reply_to.to_string(),
+            subject: self.reply_to.into(),
             headers: Headers::new(),
             payload: out.finish(),
             trailing_frames: self.trailing,

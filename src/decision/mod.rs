@@ -34,6 +34,7 @@ use crate::wire::{self, Encoding, map, messages};
 use headers::{push_content_type, truncate};
 use request::Request;
 use rmpv::Value;
+use std::sync::Arc;
 
 /// One message as it arrived.
 #[derive(Debug, Clone, Copy)]
@@ -51,8 +52,9 @@ pub struct Input<'a> {
 /// What a worker decides with: fixed for the worker's lifetime.
 #[derive(Debug, Clone)]
 pub struct Rules {
-    pub gen_subject: String,
-    pub dead_letter_subject: String,
+    /// Shared, not copied, by every decision sent there.
+    pub gen_subject: Arc<str>,
+    pub dead_letter_subject: Arc<str>,
     pub reply_policy: ReplyPolicy,
     pub max_payload_bytes: usize,
     /// Core mode: fall back to the NATS reply subject when `reply_to` is absent.
@@ -109,7 +111,9 @@ pub struct Decision {
     pub outcome: Outcome,
     /// The input's `request_id`, when it had a usable one.
     pub request_id: Option<String>,
-    pub subject: String,
+    /// The GEN and dead-letter subjects are the rules' own, shared (a copy
+    /// per decode job was an allocation and a copy per result).
+    pub subject: Arc<str>,
     /// Headers to set besides the trace headers copied by the transport.
     pub headers: Headers,
     pub payload: Vec<u8>,
@@ -210,7 +214,7 @@ impl Reply {
             payload: wire::encode(&body, self.encoding),
             headers: content_type(self.encoding),
             request_id: self.request_id,
-            subject: self.subject,
+            subject: self.subject.into(),
             trailing_frames,
             detail: Some(message),
         }
@@ -268,7 +272,7 @@ fn decide_request(
             payload: wire::encode_with_capacity(&body, reply.encoding, reply.size_hint),
             headers: content_type(reply.encoding),
             request_id: reply.request_id,
-            subject: reply.subject,
+            subject: reply.subject.into(),
             trailing_frames: trailing,
             detail: None,
         };

@@ -136,7 +136,7 @@ fn is_refused_as_too_complex(d: &Decision) -> bool {
         == (Outcome::Error {
             code: ErrorCode::Malformed,
         })
-        && d.subject == REPLY
+        && &*d.subject == REPLY
         && d.request_id.as_deref() == Some("r-1")
         && d.detail
             .as_deref()
@@ -207,7 +207,7 @@ fn too_complex_without_a_usable_reply_subject_is_dead_lettered() {
             code: DeadLetterCode::MissingReplyTo
         }
     );
-    assert_eq!(d.subject, DEAD);
+    assert_eq!(&*d.subject, DEAD);
     assert_eq!(d.payload, body, "a dead letter carries the original bytes");
     assert!(
         peak <= LIMIT + MIB,

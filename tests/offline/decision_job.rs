@@ -25,7 +25,7 @@ fn the_decode_job_carries_what_contract_4_3_lists() {
             minted: true
         }
     );
-    assert_eq!(d.subject, GEN);
+    assert_eq!(&*d.subject, GEN);
     assert_eq!(d.request_id.as_deref(), Some("req-1"));
     assert_eq!(header(&d, "Nats-Msg-Id"), Some("handoff-req-1"));
     assert_eq!(header(&d, "Content-Type"), None);

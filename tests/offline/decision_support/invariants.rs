@@ -19,12 +19,12 @@ pub fn check(d: &Decision, payload: &[u8], encoding: Encoding, rules: &Rules) {
     }
     match &d.outcome {
         Outcome::DeadLetter { .. } => {
-            assert_eq!(d.subject, DEAD);
+            assert_eq!(&*d.subject, DEAD);
             assert_eq!(d.payload, payload, "a dead letter is the original bytes");
             return;
         }
         Outcome::Decode { backend, minted } => {
-            assert_eq!(d.subject, GEN);
+            assert_eq!(&*d.subject, GEN);
             assert!(header(d, "Nats-Msg-Id").is_some_and(|id| id.starts_with("handoff-")));
             let job = body(d, encoding);
             let id = field(&job, "disagg_request_id").map(Value::as_u64);

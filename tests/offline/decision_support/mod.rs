@@ -229,7 +229,7 @@ pub fn check(name: &str, d: &Decision, expect: Expect) {
                 "{name}: {:?}",
                 d.detail
             );
-            assert_eq!(d.subject, REPLY, "{name}");
+            assert_eq!(&*d.subject, REPLY, "{name}");
             let b = b();
             assert_eq!(field(&b, "kind").and_then(Value::as_str), Some("terminal"));
             assert_eq!(
@@ -249,7 +249,7 @@ pub fn check(name: &str, d: &Decision, expect: Expect) {
                 d.outcome,
                 d.detail
             );
-            assert_eq!(d.subject, GEN, "{name}");
+            assert_eq!(&*d.subject, GEN, "{name}");
             let b = b();
             assert_eq!(
                 field(&b, "backend").and_then(Value::as_str),
@@ -259,7 +259,7 @@ pub fn check(name: &str, d: &Decision, expect: Expect) {
         }
         Expect::Error(code) => {
             assert_eq!(d.outcome, Outcome::Error { code }, "{name}: {:?}", d.detail);
-            assert_eq!(d.subject, REPLY, "{name}");
+            assert_eq!(&*d.subject, REPLY, "{name}");
             let b = b();
             assert_eq!(field(&b, "kind").and_then(Value::as_str), Some("error"));
             assert_eq!(
@@ -280,7 +280,7 @@ pub fn check(name: &str, d: &Decision, expect: Expect) {
                 "{name}: {:?}",
                 d.detail
             );
-            assert_eq!(d.subject, DEAD, "{name}");
+            assert_eq!(&*d.subject, DEAD, "{name}");
             assert_eq!(
                 header(d, "Handoff-Error-Code"),
                 Some(code.as_str()),
