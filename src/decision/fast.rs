@@ -363,11 +363,17 @@ impl<'a> Out<'a> {
     /// Appends a span of the input.
     fn span(&mut self, span: Span<'a>) {
         let start = self.offset(span);
+        self.run_to(start, start + span.len());
+    }
+
+    /// Appends the input's bytes `start..end`: the pending run grows when
+    /// they follow it, else it is copied and they start the next.
+    fn run_to(&mut self, start: usize, end: usize) {
         if start != self.run.1 {
             self.flush();
             self.run.0 = start;
         }
-        self.run.1 = start + span.len();
+        self.run.1 = end;
     }
 
     fn entry(&mut self, entry: &Entry<'a>) {
@@ -387,13 +393,10 @@ impl<'a> Out<'a> {
             self.offset(pair[0].value) == self.offset(pair[0].key) + pair[0].key.len()
                 && end == self.offset(pair[1].key)
         }));
-        let start = self.offset(first.key);
-        let end = self.offset(last.value) + last.value.len();
-        if start != self.run.1 {
-            self.flush();
-            self.run.0 = start;
-        }
-        self.run.1 = end;
+        self.run_to(
+            self.offset(first.key),
+            self.offset(last.value) + last.value.len(),
+        );
     }
 
     /// Where a span of the input starts in it.
@@ -673,17 +676,18 @@ fn write_params<'a>(out: &mut Out<'a>, params: &Fields<'a>, disagg: Option<u64>)
     // The entries as they are, but for the values of these two.
     let mut from = 0;
     for (i, entry) in entries.iter().enumerate() {
-        if entry.kind == Key::RequestType as Kind {
-            out.entries(&entries[from..i]);
-            out.span(entry.key);
-            out.put(fixstr!("generation_only"));
-            from = i + 1;
-        } else if entry.kind == Key::DisaggRequestId as Kind {
-            out.entries(&entries[from..i]);
-            out.span(entry.key);
-            write_uint(out.own(), id);
-            from = i + 1;
+        let request_type = entry.kind == Key::RequestType as Kind;
+        if !request_type && entry.kind != Key::DisaggRequestId as Kind {
+            continue;
         }
+        out.entries(&entries[from..i]);
+        out.span(entry.key);
+        if request_type {
+            out.put(fixstr!("generation_only"));
+        } else {
+            write_uint(out.own(), id);
+        }
+        from = i + 1;
     }
     out.entries(&entries[from..]);
     if !has_type {
