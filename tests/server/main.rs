@@ -10,6 +10,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod client_bytes;
 mod core_sink;
 mod harness;
 mod hostile_publisher;

@@ -96,6 +96,8 @@ pub struct Client {
     poll_sender: PollSender<Command>,
     next_subscription_id: Arc<AtomicU64>,
     subscription_capacity: usize,
+    // prefill-handoff patch: the bytes the subscriptions hold, when bounded.
+    pub(crate) held: Option<Arc<crate::held::Held>>,
     inbox_prefix: Arc<str>,
     request_timeout: Option<Duration>,
     max_payload: Arc<AtomicUsize>,
@@ -252,6 +254,7 @@ impl Client {
             poll_sender,
             next_subscription_id: Arc::new(AtomicU64::new(1)),
             subscription_capacity: capacity,
+            held: None,
             inbox_prefix: inbox_prefix.into(),
             request_timeout,
             max_payload,
@@ -853,7 +856,7 @@ impl Client {
             })
             .await?;
 
-        Ok(Subscriber::new(sid, self.sender.clone(), receiver))
+        Ok(Subscriber::new(sid, self.sender.clone(), receiver).with_held(self.held.clone()))
     }
 
     /// Subscribes to a subject with a queue group to receive [messages][Message].
@@ -902,7 +905,7 @@ impl Client {
             })
             .await?;
 
-        Ok(Subscriber::new(sid, self.sender.clone(), receiver))
+        Ok(Subscriber::new(sid, self.sender.clone(), receiver).with_held(self.held.clone()))
     }
 
     /// Flushes the internal buffer ensuring that all messages are sent.

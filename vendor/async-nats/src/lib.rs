@@ -242,6 +242,9 @@ pub(crate) const DEFAULT_SERVER_MAX_PAYLOAD: usize = 1024 * 1024;
 /// must be provided using `Options::tls_client_config`.
 pub use tokio_rustls::rustls;
 
+// prefill-handoff patch: the bound in bytes on the subscriptions' buffers.
+mod held;
+
 use connection::{Connection, State};
 use connector::{Connector, ConnectorOptions};
 pub use connector::{ReconnectToServer, Server};
@@ -502,6 +505,9 @@ pub(crate) struct ConnectionHandler {
     flush_observers: Vec<oneshot::Sender<()>>,
     is_draining: bool,
     drain_pings: VecDeque<u64>,
+    // prefill-handoff patch: the bytes the subscriptions hold, when bounded
+    // (`ConnectOptions::subscription_bytes`).
+    held: Option<Arc<held::Held>>,
 }
 
 impl ConnectionHandler {
@@ -526,6 +532,7 @@ impl ConnectionHandler {
             flush_observers: Vec::new(),
             is_draining: false,
             drain_pings: VecDeque::new(),
+            held: None,
         }
     }
 
@@ -612,6 +619,15 @@ impl ConnectionHandler {
                     if read >= Self::READ_BUDGET && !self.handler.is_draining {
                         cx.waker().wake_by_ref();
                         break;
+                    }
+                    // prefill-handoff patch: no reading while the
+                    // subscriptions hold their bound in bytes; a subscriber
+                    // taking a message out wakes this task (see `held`).
+                    // Never while draining, as for the read budget.
+                    if let Some(held) = &self.handler.held {
+                        if !self.handler.is_draining && held.full(cx) {
+                            break;
+                        }
                     }
                     match self.handler.connection.poll_read_op(cx) {
                         Poll::Pending => break,
@@ -814,6 +830,11 @@ impl ConnectionHandler {
                     // subscription from the map and unsubscribe.
                     match subscription.sender.try_send(message) {
                         Ok(_) => {
+                            // prefill-handoff patch: counted until a
+                            // subscriber takes it out (or drops it).
+                            if let Some(held) = &self.held {
+                                held.add(length);
+                            }
                             subscription.delivered += 1;
                             // if this `Subscription` has set `max` value, check if it
                             // was reached. If yes, remove the `Subscription` and in
@@ -1162,7 +1183,12 @@ pub async fn connect_with_options<A: ToServerAddrs>(
     let (info_sender, info_watcher) = tokio::sync::watch::channel(info.clone());
     let (sender, mut receiver) = mpsc::channel(options.sender_capacity);
 
-    let client = Client::new(
+    // prefill-handoff patch: the bound in bytes, shared by the connection
+    // task and every subscriber.
+    let held = options
+        .subscription_bytes
+        .map(|limit| Arc::new(held::Held::new(limit)));
+    let mut client = Client::new(
         info_watcher,
         state_rx,
         sender,
@@ -1173,6 +1199,7 @@ pub async fn connect_with_options<A: ToServerAddrs>(
         statistics,
         options.skip_subject_validation,
     );
+    client.held = held.clone();
 
     task::spawn(async move {
         while let Some(event) = events_rx.recv().await {
@@ -1198,6 +1225,7 @@ pub async fn connect_with_options<A: ToServerAddrs>(
         let connection = connection.unwrap();
         let mut connection_handler =
             ConnectionHandler::new(connection, connector, info_sender, ping_period);
+        connection_handler.held = held;
         connection_handler.process(&mut receiver).await
     });
 
@@ -1371,6 +1399,8 @@ pub struct Subscriber {
     sid: u64,
     receiver: mpsc::Receiver<Message>,
     sender: mpsc::Sender<Command>,
+    // prefill-handoff patch: the connection's bytes held (see `held`).
+    held: Option<Arc<held::Held>>,
 }
 
 impl Subscriber {
@@ -1383,7 +1413,15 @@ impl Subscriber {
             sid,
             sender,
             receiver,
+            held: None,
         }
+    }
+
+    /// prefill-handoff patch: a subscriber whose messages count in the
+    /// connection's bytes held until it hands them out.
+    fn with_held(mut self, held: Option<Arc<held::Held>>) -> Subscriber {
+        self.held = held;
+        self
     }
 
     /// Unsubscribes from subscription, draining all remaining messages.
@@ -1510,6 +1548,13 @@ fn drop_unsubscribe_command(sid: u64) -> Command {
 impl Drop for Subscriber {
     fn drop(&mut self) {
         self.receiver.close();
+        // prefill-handoff patch: what is left in the buffer leaves the
+        // connection's bytes held, or reading would stop for good.
+        if let Some(held) = &self.held {
+            while let Ok(message) = self.receiver.try_recv() {
+                held.release(message.length);
+            }
+        }
         // Best-effort unsubscribe. `Drop` can run outside a Tokio runtime (unwinding, teardown,
         // plain threads), so start with synchronous `try_send` and only spawn an async retry when
         // the command channel is full and a runtime is available.
@@ -1540,7 +1585,12 @@ impl Stream for Subscriber {
     type Item = Message;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        self.receiver.poll_recv(cx)
+        let polled = self.receiver.poll_recv(cx);
+        // prefill-handoff patch: a message handed out leaves the bytes held.
+        if let (Poll::Ready(Some(message)), Some(held)) = (&polled, &self.held) {
+            held.release(message.length);
+        }
+        polled
     }
 }
 
