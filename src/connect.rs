@@ -39,9 +39,12 @@ pub enum ConnectError {
 }
 
 /// Connects to the servers in `config.url` with the configured auth and client
-/// name. Returns once connected, or fails after `config.connect_timeout_secs`.
+/// name, its subscriptions' buffers bounded to `subscription_bytes` when set
+/// ([`crate::config::Config::subscription_bytes`]). Returns once connected,
+/// or fails after `config.connect_timeout_secs`.
 pub async fn connect(
     config: &NatsConfig,
+    subscription_bytes: Option<usize>,
     metrics: Metrics,
     readiness: Readiness,
 ) -> Result<Client, ConnectError> {
@@ -50,9 +53,11 @@ pub async fn connect(
         .name(&config.name)
         .retry_on_initial_connect()
         .subscription_capacity(config.subscription_capacity)
-        .subscription_bytes(config.subscription_bytes)
         .max_reconnects(None)
         .event_callback(metrics::on_nats_event(metrics, readiness));
+    if let Some(bytes) = subscription_bytes {
+        options = options.subscription_bytes(bytes);
+    }
     options = auth_options(options, config, servers.credentials).await?;
     check_handshake(config, &servers.addrs).await?;
     let shown = redact_urls(&config.url);

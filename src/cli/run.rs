@@ -260,7 +260,13 @@ async fn start(
         },
     )
     .await?;
-    let client = crate::connect::connect(&config.nats, metrics.clone(), readiness.clone()).await?;
+    let client = crate::connect::connect(
+        &config.nats,
+        config.subscription_bytes(),
+        metrics.clone(),
+        readiness.clone(),
+    )
+    .await?;
     let id_service = id_service::serve(
         client.clone(),
         id_service,

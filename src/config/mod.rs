@@ -342,6 +342,18 @@ impl Default for JetStreamConfig {
 pub struct ConfigError(pub String);
 
 impl Config {
+    /// The NATS client's bound in bytes on its subscriptions' buffers:
+    /// `nats.subscription_bytes` in core mode. None in JetStream mode, whose
+    /// pulls ask for at most the free part of `max_in_flight_bytes`
+    /// already; there a bound that stops reading would also hold back the
+    /// acknowledgements' replies that free that budget.
+    pub fn subscription_bytes(&self) -> Option<usize> {
+        match self.mode {
+            Mode::Core => Some(self.nats.subscription_bytes),
+            Mode::Jetstream => None,
+        }
+    }
+
     /// Loads defaults, then `file`, then `HANDOFF_*` variables from the
     /// process environment, then `overrides` (`key=value` pairs from flags),
     /// and resolves the namespace-derived names.

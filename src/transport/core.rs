@@ -121,6 +121,12 @@ impl Subscriptions {
     /// lost is what the server routes here in the moment between the fence
     /// and the UNSUB (core NATS is at most once; JetStream mode loses nothing).
     pub(super) async fn drain(&mut self) {
+        // The fence comes in behind everything the server has queued here,
+        // which the client's bound in bytes (`nats.subscription_bytes`)
+        // would keep in the server until the runner takes results out, and
+        // the runner waits for this drain: read it all in now. What is
+        // read in is decided before the worker stops, as before the bound.
+        self.client.lift_subscription_bytes();
         match fence(&self.client).await {
             Ok(()) => tracing::debug!("drain fence returned"),
             Err(e) => tracing::warn!(error = %e, "no drain fence; messages in transit may be lost"),

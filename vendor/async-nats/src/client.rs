@@ -1120,6 +1120,18 @@ impl Client {
     pub fn statistics(&self) -> Arc<Statistics> {
         self.connection_stats.clone()
     }
+
+    /// prefill-handoff patch: lifts the bound in bytes on the
+    /// subscriptions' buffers (`ConnectOptions::subscription_bytes`) for the
+    /// rest of the connection's life, and reading starts again at once. For
+    /// a drain: what the server has queued for this connection comes in
+    /// behind what the buffers already hold, and must not wait for it.
+    /// Nothing happens without a bound.
+    pub fn lift_subscription_bytes(&self) {
+        if let Some(held) = &self.held {
+            held.lift();
+        }
+    }
 }
 
 /// Used for building customized requests.

@@ -20,7 +20,8 @@ use std::task::Context;
 #[derive(Debug)]
 pub(crate) struct Held {
     bytes: AtomicUsize,
-    limit: usize,
+    /// `usize::MAX` once lifted ([`Held::lift`]).
+    limit: AtomicUsize,
     /// The connection task, while it waits for room.
     reader: AtomicWaker,
 }
@@ -29,7 +30,7 @@ impl Held {
     pub(crate) fn new(limit: usize) -> Held {
         Held {
             bytes: AtomicUsize::new(0),
-            limit,
+            limit: AtomicUsize::new(limit),
             reader: AtomicWaker::new(),
         }
     }
@@ -43,21 +44,30 @@ impl Held {
     /// the connection task when this brings the bytes held under the bound.
     pub(crate) fn release(&self, n: usize) {
         let before = self.bytes.fetch_sub(n, Ordering::AcqRel);
-        if before >= self.limit && before - n < self.limit {
+        let limit = self.limit.load(Ordering::Relaxed);
+        if before >= limit && before - n < limit {
             self.reader.wake();
         }
+    }
+
+    /// No bound from now on, and the connection task reads again at once:
+    /// for a subscriber that must see everything the server has queued
+    /// before it stops (a drain), whatever it holds meanwhile.
+    pub(crate) fn lift(&self) {
+        self.limit.store(usize::MAX, Ordering::Release);
+        self.reader.wake();
     }
 
     /// Whether the connection task must stop reading: the bound is reached.
     /// When it is, the task is woken once the bytes held fall under it.
     pub(crate) fn full(&self, cx: &Context<'_>) -> bool {
-        if self.bytes.load(Ordering::Acquire) < self.limit {
+        if self.bytes.load(Ordering::Acquire) < self.limit.load(Ordering::Acquire) {
             return false;
         }
         self.reader.register(cx.waker());
-        // A release between the load and the registration woke nobody:
-        // look again now that the waker is in place.
-        self.bytes.load(Ordering::Acquire) >= self.limit
+        // A release (or a lift) between the loads and the registration woke
+        // nobody: look again now that the waker is in place.
+        self.bytes.load(Ordering::Acquire) >= self.limit.load(Ordering::Acquire)
     }
 
     #[cfg(test)]
@@ -100,5 +110,20 @@ mod tests {
         held.release(99);
         assert_eq!(held.bytes(), 0);
         assert_eq!(count.0.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn lifted_it_is_never_full_and_wakes_the_reader() {
+        let count = Arc::new(Count(AtomicUsize::new(0)));
+        let waker = std::task::Waker::from(Arc::clone(&count));
+        let cx = Context::from_waker(&waker);
+        let held = Held::new(10);
+        held.add(50);
+        assert!(held.full(&cx));
+        held.lift();
+        assert_eq!(count.0.load(Ordering::Relaxed), 1);
+        assert!(!held.full(&cx));
+        held.add(1 << 40);
+        assert!(!held.full(&cx));
     }
 }
