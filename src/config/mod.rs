@@ -345,8 +345,8 @@ impl Config {
     /// The NATS client's bound in bytes on its subscriptions' buffers:
     /// `nats.subscription_bytes` in core mode. None in JetStream mode, whose
     /// pulls ask for at most the free part of `max_in_flight_bytes`
-    /// already; there a bound that stops reading would also hold back the
-    /// acknowledgements' replies that free that budget.
+    /// already: there a bound would only make the acknowledgements' and
+    /// publish acknowledgements' replies wait behind pulled results.
     pub fn subscription_bytes(&self) -> Option<usize> {
         match self.mode {
             Mode::Core => Some(self.nats.subscription_bytes),

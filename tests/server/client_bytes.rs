@@ -6,7 +6,7 @@
 use crate::common;
 
 use async_nats::{Client, ConnectOptions, Subscriber};
-use common::{Nats, eventually};
+use common::Nats;
 use futures::StreamExt as _;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -16,6 +16,28 @@ const MESSAGES: usize = 64;
 const SIZE: usize = 32 * 1024;
 /// Eight messages' worth.
 const BOUND: usize = 8 * SIZE;
+
+/// A client whose subscriptions hold at most [`BOUND`] bytes together.
+async fn bounded(nats: &Nats) -> Client {
+    ConnectOptions::new()
+        .subscription_bytes(BOUND)
+        .connect(nats.url())
+        .await
+        .expect("connect")
+}
+
+/// Whether `check` holds within `timeout`, looked at every 20 ms without
+/// blocking the runtime (the clients' connection tasks run on it).
+async fn within(timeout: Duration, check: impl Fn() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + timeout;
+    while !check() {
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    true
+}
 
 fn read(client: &Client) -> u64 {
     client.statistics().in_messages.load(Ordering::Relaxed)
@@ -46,11 +68,7 @@ async fn subscribed(client: &Client, subject: &str) -> Subscriber {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_client_stops_reading_at_its_bound_and_loses_nothing() {
     let nats = Nats::start();
-    let bounded = ConnectOptions::new()
-        .subscription_bytes(BOUND)
-        .connect(nats.url())
-        .await
-        .expect("connect");
+    let bounded = bounded(&nats).await;
     // The same subscription on a client without the bound: it reads all.
     let unbounded = async_nats::connect(nats.url()).await.expect("connect");
     let mut held = subscribed(&bounded, SUBJECT).await;
@@ -58,8 +76,9 @@ async fn the_client_stops_reading_at_its_bound_and_loses_nothing() {
 
     publish_all(&nats, SUBJECT, MESSAGES).await;
     assert!(
-        eventually(Duration::from_secs(10), || read(&unbounded)
-            == MESSAGES as u64),
+        within(Duration::from_secs(10), || read(&unbounded)
+            == MESSAGES as u64)
+        .await,
         "the unbounded client read {} of {MESSAGES}",
         read(&unbounded)
     );
@@ -87,17 +106,14 @@ async fn the_client_stops_reading_at_its_bound_and_loses_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_subscription_gives_its_bytes_back() {
     let nats = Nats::start();
-    let client = ConnectOptions::new()
-        .subscription_bytes(BOUND)
-        .connect(nats.url())
-        .await
-        .expect("connect");
+    let client = bounded(&nats).await;
     // Fills the bound and is never read.
     let full = subscribed(&client, "bound.full").await;
     publish_all(&nats, "bound.full", 2 * BOUND / SIZE).await;
     assert!(
-        eventually(Duration::from_secs(10), || read(&client)
-            >= (BOUND / SIZE) as u64),
+        within(Duration::from_secs(10), || read(&client)
+            >= (BOUND / SIZE) as u64)
+        .await,
         "the client read {} messages",
         read(&client)
     );
@@ -111,4 +127,72 @@ async fn a_dropped_subscription_gives_its_bytes_back() {
         .expect("the client reads again once the full subscription is dropped")
         .expect("subscription open");
     assert_eq!(message.payload.len(), SIZE);
+}
+
+/// The JetStream consumers of the vendored client read a subscriber's
+/// buffer themselves; their messages must leave the bytes held too. (They
+/// did not at first: reading stopped for good after the bound's worth, and
+/// the worker's JetStream mode stalled in the bench.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jetstream_pulls_through_a_bounded_client_give_their_bytes_back() {
+    use async_nats::jetstream::{self, consumer::pull, stream};
+    let nats = Nats::start();
+    let client = bounded(&nats).await;
+    let js = jetstream::new(client.clone());
+    let stream = js
+        .create_stream(stream::Config {
+            name: "BOUND".into(),
+            subjects: vec!["bound.js".into()],
+            ..Default::default()
+        })
+        .await
+        .expect("stream");
+    let consumer = stream
+        .create_consumer(pull::Config {
+            durable_name: Some("bound".into()),
+            ..Default::default()
+        })
+        .await
+        .expect("consumer");
+    for i in 0..MESSAGES {
+        let mut payload = vec![0u8; SIZE];
+        payload[..8].copy_from_slice(&(i as u64).to_le_bytes());
+        js.publish("bound.js", payload.into())
+            .await
+            .expect("publish")
+            .await
+            .expect("stored");
+    }
+    // Eight times the bound in batches of four: each batch's messages must
+    // leave the count for the next batch to be read at all. (Without that,
+    // the client stops reading and everything waits on it, acks and pulls
+    // included: the whole loop is bounded in time.)
+    let pulled = tokio::time::timeout(Duration::from_secs(60), pull_all(&consumer)).await;
+    assert!(
+        pulled.is_ok(),
+        "the pulls stopped: the client no longer reads"
+    );
+}
+
+async fn pull_all(consumer: &async_nats::jetstream::consumer::PullConsumer) {
+    let mut next = 0u64;
+    while next < MESSAGES as u64 {
+        let mut batch = consumer
+            .batch()
+            .max_messages(4)
+            .expires(Duration::from_secs(2))
+            .messages()
+            .await
+            .expect("pull");
+        while let Some(message) = tokio::time::timeout(Duration::from_secs(10), batch.next())
+            .await
+            .unwrap_or_else(|_| panic!("message {next} never came"))
+        {
+            let message = message.expect("a stored message");
+            let index = u64::from_le_bytes(message.payload[..8].try_into().expect("8 bytes"));
+            assert_eq!(index, next);
+            message.ack().await.expect("ack");
+            next += 1;
+        }
+    }
 }

@@ -1417,6 +1417,19 @@ impl Subscriber {
         }
     }
 
+    /// prefill-handoff patch: the next message, for `poll_next` and for the
+    /// JetStream consumers of this crate, which read a subscriber's buffer
+    /// themselves: a message handed out leaves the connection's bytes held
+    /// (see `held`). Read past this (`receiver.poll_recv`), messages never
+    /// left the count, and reading stopped for good once they filled it.
+    pub(crate) fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<Message>> {
+        let polled = self.receiver.poll_recv(cx);
+        if let (Poll::Ready(Some(message)), Some(held)) = (&polled, &self.held) {
+            held.release(message.length);
+        }
+        polled
+    }
+
     /// prefill-handoff patch: a subscriber whose messages count in the
     /// connection's bytes held until it hands them out.
     fn with_held(mut self, held: Option<Arc<held::Held>>) -> Subscriber {
@@ -1585,12 +1598,7 @@ impl Stream for Subscriber {
     type Item = Message;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let polled = self.receiver.poll_recv(cx);
-        // prefill-handoff patch: a message handed out leaves the bytes held.
-        if let (Poll::Ready(Some(message)), Some(held)) = (&polled, &self.held) {
-            held.release(message.length);
-        }
-        polled
+        self.poll_recv(cx)
     }
 }
 

@@ -407,7 +407,8 @@ impl futures_util::Stream for Batch {
                 Poll::Pending => (),
             }
         }
-        match self.subscriber.receiver.poll_recv(cx) {
+        // prefill-handoff patch: through `Subscriber::poll_recv` (bytes held).
+        match self.subscriber.poll_recv(cx) {
             Poll::Ready(maybe_message) => match maybe_message {
                 // prefill-handoff patch: `delivery_status`, not `message.status`.
                 Some(message) => match delivery_status(&message) {
@@ -1220,7 +1221,8 @@ impl futures_util::Stream for Stream {
             }
 
             trace!("polling subscriber");
-            match self.subscriber.receiver.poll_recv(cx) {
+            // prefill-handoff patch: through `Subscriber::poll_recv` (bytes held).
+            match self.subscriber.poll_recv(cx) {
                 Poll::Ready(maybe_message) => {
                     self.heartbeat_timeout = None;
                     match maybe_message {
