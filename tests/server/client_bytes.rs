@@ -6,7 +6,7 @@
 use crate::common;
 
 use async_nats::{Client, ConnectOptions, Subscriber};
-use common::Nats;
+use common::{Nats, within};
 use futures::StreamExt as _;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -26,17 +26,16 @@ async fn bounded(nats: &Nats) -> Client {
         .expect("connect")
 }
 
-/// Whether `check` holds within `timeout`, looked at every 20 ms without
-/// blocking the runtime (the clients' connection tasks run on it).
-async fn within(timeout: Duration, check: impl Fn() -> bool) -> bool {
-    let deadline = tokio::time::Instant::now() + timeout;
-    while !check() {
-        if tokio::time::Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    true
+/// Message `i`: [`SIZE`] bytes, its index in the first eight.
+fn payload(i: usize) -> bytes::Bytes {
+    let mut payload = vec![0u8; SIZE];
+    payload[..8].copy_from_slice(&(i as u64).to_le_bytes());
+    payload.into()
+}
+
+/// The index [`payload`] wrote.
+fn index(payload: &[u8]) -> u64 {
+    u64::from_le_bytes(payload[..8].try_into().expect("8 bytes"))
 }
 
 fn read(client: &Client) -> u64 {
@@ -46,10 +45,8 @@ fn read(client: &Client) -> u64 {
 async fn publish_all(nats: &Nats, subject: &str, count: usize) {
     let publisher = async_nats::connect(nats.url()).await.expect("connect");
     for i in 0..count {
-        let mut payload = vec![0u8; SIZE];
-        payload[..8].copy_from_slice(&(i as u64).to_le_bytes());
         publisher
-            .publish(subject.to_string(), payload.into())
+            .publish(subject.to_string(), payload(i))
             .await
             .expect("publish");
     }
@@ -97,8 +94,7 @@ async fn the_client_stops_reading_at_its_bound_and_loses_nothing() {
             .await
             .unwrap_or_else(|_| panic!("message {i} never came"))
             .expect("subscription open");
-        let index = u64::from_le_bytes(message.payload[..8].try_into().expect("8 bytes"));
-        assert_eq!(index, i as u64);
+        assert_eq!(index(&message.payload), i as u64);
     }
     assert_eq!(read(&bounded), MESSAGES as u64);
 }
@@ -155,9 +151,7 @@ async fn jetstream_pulls_through_a_bounded_client_give_their_bytes_back() {
         .await
         .expect("consumer");
     for i in 0..MESSAGES {
-        let mut payload = vec![0u8; SIZE];
-        payload[..8].copy_from_slice(&(i as u64).to_le_bytes());
-        js.publish("bound.js", payload.into())
+        js.publish("bound.js", payload(i))
             .await
             .expect("publish")
             .await
@@ -189,8 +183,7 @@ async fn pull_all(consumer: &async_nats::jetstream::consumer::PullConsumer) {
             .unwrap_or_else(|_| panic!("message {next} never came"))
         {
             let message = message.expect("a stored message");
-            let index = u64::from_le_bytes(message.payload[..8].try_into().expect("8 bytes"));
-            assert_eq!(index, next);
+            assert_eq!(index(&message.payload), next);
             message.ack().await.expect("ack");
             next += 1;
         }
