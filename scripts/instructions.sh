@@ -4,10 +4,12 @@
 # machine; instruction counts repeat within about 2%: how much of a burst
 # queues at once, and so how much buffers grow and copy, varies).
 #
-#   scripts/instructions.sh [core|relay] [COUNT]
+#   scripts/instructions.sh [core|relay|js|js-relay] [COUNT]
 #
 # Starts nats-server and etcd on free loopback ports, runs the release
-# worker in core mode (or examples/raw_relay) under callgrind, warms it up
+# worker in core mode (or examples/raw_relay; `js` and `js-relay`: the
+# worker in JetStream mode and examples/raw_js_relay, on a server with
+# JetStream and file storage, as bench.sh runs them) under callgrind, warms it up
 # with a burst of COUNT results, zeroes the counters, sends COUNT results (default 3000) from `loadgen` on
 # bench.sh's mix in a burst (as bench.sh's CPU ratios are; a paced run
 # costs several times more per message, in wake-ups), and prints the
@@ -42,8 +44,8 @@ ETCD=${ETCD:-etcd}
 if [[ -z ${NATS_SERVER:-} ]]; then
     if [[ -x /usr/sbin/nats-server ]]; then NATS_SERVER=/usr/sbin/nats-server; else NATS_SERVER=nats-server; fi
 fi
-case $WHAT in core | relay) ;; *)
-    echo "usage: scripts/instructions.sh [core|relay] [COUNT]" >&2
+case $WHAT in core | relay | js | js-relay) ;; *)
+    echo "usage: scripts/instructions.sh [core|relay|js|js-relay] [COUNT]" >&2
     exit 2
     ;;
 esac
@@ -60,11 +62,12 @@ if ! command -v valgrind >/dev/null || ! command -v callgrind_annotate >/dev/nul
     "${SUDO[@]}" apt-get install -y -qq valgrind >/dev/null || die "cannot install valgrind"
 fi
 
-log "building release binary and examples/raw_relay"
-cargo build --release --quiet --bin prefill-handoff --example raw_relay
+log "building release binary and examples/raw_relay, raw_js_relay"
+cargo build --release --quiet --bin prefill-handoff --example raw_relay --example raw_js_relay
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 BIN=${BENCH_BIN:-$TARGET/release/prefill-handoff}
 RELAY=$TARGET/release/examples/raw_relay
+JS_RELAY=$TARGET/release/examples/raw_js_relay
 OUT=$TARGET/profile/$WHAT.callgrind
 mkdir -p "$(dirname "$OUT")"
 rm -f "$OUT" "$OUT".*
@@ -93,17 +96,30 @@ trap 'exit 130' INT TERM
 
 # shellcheck source=scripts/local-servers.sh
 source "$ROOT/scripts/local-servers.sh"
-start_nats
-
 flags=(--namespace prof --mix "$MIX")
-if [[ $WHAT == relay ]]; then
+case $WHAT in
+relay)
+    start_nats
     program=("$RELAY" --nats-url "$NATS_URL" --namespace prof)
     flags+=(--expect-relay)
-else
+    ;;
+js-relay)
+    start_nats jetstream
+    program=("$JS_RELAY" --nats-url "$NATS_URL" --namespace prof)
+    flags+=(--jetstream --expect-relay)
+    ;;
+*)
+    if [[ $WHAT == js ]]; then start_nats jetstream; else start_nats; fi
     start_etcd prof
+    mode=core
+    if [[ $WHAT == js ]]; then
+        mode=jetstream
+        flags+=(--jetstream)
+    fi
     program=("$BIN" run --nats-url "$NATS_URL" --etcd-endpoints "$ETCD_URL"
-        --namespace prof --mode core --metrics-addr "127.0.0.1:$(free_port)")
-fi
+        --namespace prof --mode "$mode" --metrics-addr "127.0.0.1:$(free_port)")
+    ;;
+esac
 
 log "$WHAT: starting under callgrind"
 RUST_LOG=$WORKER_LOG valgrind --tool=callgrind --callgrind-out-file="$OUT" "${program[@]}" >"$TMP/program.log" 2>&1 &

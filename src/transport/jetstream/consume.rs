@@ -155,8 +155,10 @@ impl Puller {
     /// counts as a first delivery.
     fn delivery(&self, message: jetstream::Message) -> Delivery {
         let (number, stored_at) = message
-            .info()
-            .map_or((1, None), |i| (i.delivered, Some(i.published)));
+            .reply
+            .as_deref()
+            .and_then(|reply| super::ack_subject::attempt(reply.as_bytes()))
+            .map_or((1, None), |(delivered, stored)| (delivered, Some(stored)));
         let (message, acker) = message.split();
         Delivery {
             subject: message.subject,

@@ -12,11 +12,14 @@
 //! - [`confirm`]: one server round trip confirms every core publish enqueued
 //!   before it, shared by all deliveries.
 //! - [`sweep`]: removes acked messages a restarted old server kept.
+//! - [`ack_subject`]: the delivery count and store time, read from the ack
+//!   subject.
 //!
 //! Settling a delivery (ack, nak with a delay, term, in-progress) is
 //! [`crate::transport::Delivery`]'s; which settlement follows what happened
 //! is the pipeline's rule.
 
+pub mod ack_subject;
 pub mod confirm;
 pub mod consume;
 pub mod publish;
@@ -55,7 +58,9 @@ pub(super) async fn settle(acker: &Acker, settle: Settle) {
         Settle::Term => AckKind::Term,
         Settle::Nak(delay) => AckKind::Nak(Some(delay)),
     };
-    if let Err(e) = acker.ack_with(kind).await {
+    // Boxed: inline, the ack's publish made every result's future 768
+    // bytes larger (`-Zprint-type-sizes`), moved several times per result.
+    if let Err(e) = Box::pin(acker.ack_with(kind)).await {
         debug!(error = %e, ?settle, "settlement not sent; the message is redelivered after the ack wait");
     }
 }

@@ -443,8 +443,12 @@ impl Message {
 /// Accepts both formats defined in ADR-15: the original 9-token subject, and the subject with
 /// 11 or more tokens that also carries the domain and account hash. Tokens beyond the ones
 /// known to this client are ignored.
+// prefill-handoff patch: public (hidden), so that the worker's own reading
+// of the two fields it needs (`transport::jetstream::ack_subject`) is
+// tested against this one.
+#[doc(hidden)]
 #[allow(clippy::mixed_read_write_in_expression)]
-pub(crate) fn parse_info(mut reply: &str) -> Result<Info<'_>, Error> {
+pub fn parse_info(mut reply: &str) -> Result<Info<'_>, Error> {
     const PREFIX: &str = "$JS.ACK.";
     const SKIP: usize = PREFIX.len();
 
