@@ -523,7 +523,7 @@ impl<'a> Answer<'a, '_> {
         ids: &mut dyn IdSource,
     ) -> Option<Decision> {
         let backend = engine(params)?;
-        let mut minted = (false, None);
+        let mut minted = None;
         let disagg = if backend == Backend::Trtllm {
             let Some(ctx_request_id) = params.get_non_nil(Key::CtxRequestId) else {
                 let why = MISSING_CTX_REQUEST_ID.to_string();
@@ -537,16 +537,18 @@ impl<'a> Answer<'a, '_> {
                 Some(raw) => scan::uint(raw).filter(|id| (1..MAX_I63).contains(id))?,
                 None => {
                     // The last check: nothing after this may decline.
-                    let (id, slot) = ids.mint_in_slot().ok()?;
-                    minted = (true, slot);
-                    id
+                    let job = ids.mint_for_job().ok()?;
+                    minted = Some(job);
+                    job.id
                 }
             })
         } else {
             None
         };
-        let machine_id = if minted.0 { minted.1 } else { ids.machine_id() };
-        let instance_id = ids.instance_id();
+        let (machine_id, instance_id) = match minted {
+            Some(job) => (job.machine_id, job.instance_id),
+            None => (ids.machine_id(), ids.instance_id()),
+        };
         // The input's other top-level entries, passed on after the job's own.
         let passed_on = |kind: Kind| !known::member(kind, NOT_PASSED_ON);
         // No key twice: each kind present is one entry.
@@ -606,7 +608,7 @@ impl<'a> Answer<'a, '_> {
         Some(Decision {
             outcome: Outcome::Decode {
                 backend,
-                minted: minted.0,
+                minted: minted.is_some(),
             },
             request_id: Some(self.request_id.to_string()),
             subject: rules.gen_subject.clone(),

@@ -4,9 +4,8 @@
 //! cache; a handoff that cannot work is answered with an error now rather than
 //! failing inside a decode worker later.
 
-use super::{ErrorCode, IdSource};
+use super::{ErrorCode, IdSource, Minted};
 use crate::decision::Backend;
-use crate::ids::MachineId;
 use crate::wire::map;
 use rmpv::Value;
 
@@ -27,10 +26,8 @@ pub struct Handoff {
     pub params: Vec<(Value, Value)>,
     /// TensorRT-LLM only: the kept or minted ID.
     pub disagg_request_id: Option<u64>,
-    /// Whether `disagg_request_id` was minted by this worker.
-    pub minted: bool,
-    /// When minted: the slot it was minted from.
-    pub minted_by: Option<MachineId>,
+    /// When `disagg_request_id` was minted by this worker: by whom.
+    pub minted: Option<Minted>,
 }
 
 pub type Refused = (ErrorCode, String);
@@ -74,8 +71,7 @@ pub fn validate(params: Vec<(Value, Value)>, ids: &mut dyn IdSource) -> Result<H
         backend,
         params,
         disagg_request_id: None,
-        minted: false,
-        minted_by: None,
+        minted: None,
     })
 }
 
@@ -122,9 +118,9 @@ fn trtllm(mut params: Vec<(Value, Value)>, ids: &mut dyn IdSource) -> Result<Han
             ),
         ));
     }
-    let (id, minted, minted_by) = match map::get_non_nil(&params, "disagg_request_id") {
+    let (id, minted) = match map::get_non_nil(&params, "disagg_request_id") {
         Some(v) => match int_in(v, 1, MAX_I63 - 1) {
-            Some(id) => (id, false, None),
+            Some(id) => (id, None),
             None => {
                 return Err((
                     ErrorCode::InvalidDisaggRequestId,
@@ -135,8 +131,8 @@ fn trtllm(mut params: Vec<(Value, Value)>, ids: &mut dyn IdSource) -> Result<Han
                 ));
             }
         },
-        None => match ids.mint_in_slot() {
-            Ok((id, slot)) => (id, true, slot),
+        None => match ids.mint_for_job() {
+            Ok(minted) => (minted.id, Some(minted)),
             Err(why) => {
                 return Err((
                     ErrorCode::IdentityUnavailable,
@@ -154,7 +150,6 @@ fn trtllm(mut params: Vec<(Value, Value)>, ids: &mut dyn IdSource) -> Result<Han
         params,
         disagg_request_id: Some(id),
         minted,
-        minted_by,
     })
 }
 

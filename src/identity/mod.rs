@@ -43,7 +43,7 @@ pub use inspect::read_slots;
 pub use lease::{Lease, LeaseError, Recoveries, Registration};
 
 use crate::clock;
-use crate::decision::{IdSource, IdentityUnavailable};
+use crate::decision::{IdSource, IdentityUnavailable, Minted};
 use crate::ids::{Exhausted, IdGenerator, IdLayout, MachineId};
 use crate::wire::messages::InstanceId;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -319,18 +319,18 @@ impl Identity {
         clock: impl FnMut() -> u64,
     ) -> Result<(Vec<u64>, MachineId), IdentityUnavailable> {
         let mut ids = Vec::with_capacity(count);
-        let machine_id = self.mint_each(count, clock, |id| ids.push(id))?;
+        let (machine_id, _) = self.mint_each(count, clock, |id| ids.push(id))?;
         Ok((ids, machine_id))
     }
 
     /// Mints `count` IDs (at least one) under one lock, handing each to
-    /// `take`; the slot they came from.
+    /// `take`; the slot and the instance they came from.
     fn mint_each(
         &self,
         count: usize,
         mut clock: impl FnMut() -> u64,
         mut take: impl FnMut(u64),
-    ) -> Result<MachineId, IdentityUnavailable> {
+    ) -> Result<(MachineId, InstanceId), IdentityUnavailable> {
         let mut slot = self.lock();
         let mut taken = 0;
         loop {
@@ -382,7 +382,8 @@ impl Identity {
                     take(id);
                     taken += 1;
                     if taken >= count {
-                        return Ok(generator.machine_id());
+                        let machine_id = generator.machine_id();
+                        return Ok((machine_id, slot.instance_id));
                     }
                 }
                 Err(_) => {
@@ -396,12 +397,18 @@ impl Identity {
 }
 
 impl Identity {
-    /// One ID and the slot it came from, read under one lock, so a decode
-    /// job never names a slot claimed after its ID was minted.
-    fn mint_one(&self) -> Result<(u64, MachineId), IdentityUnavailable> {
-        let mut minted = 0;
-        let machine_id = self.mint_each(1, || self.now_ms(), |id| minted = id)?;
-        Ok((minted, machine_id))
+    /// One ID, the slot it came from and the instance holding it, read
+    /// under one lock, so a decode job never names a slot claimed or a
+    /// lease granted after its ID was minted.
+    fn mint_one(&self) -> Result<Minted, IdentityUnavailable> {
+        let mut id = 0;
+        let (machine_id, instance_id) =
+            self.mint_each(1, || self.now_ms(), |minted| id = minted)?;
+        Ok(Minted {
+            id,
+            machine_id: Some(machine_id),
+            instance_id,
+        })
     }
 }
 
@@ -415,11 +422,11 @@ impl IdSource for Identity {
     }
 
     fn mint(&mut self) -> Result<u64, IdentityUnavailable> {
-        self.mint_one().map(|(id, _)| id)
+        self.mint_one().map(|minted| minted.id)
     }
 
-    fn mint_in_slot(&mut self) -> Result<(u64, Option<MachineId>), IdentityUnavailable> {
-        self.mint_one().map(|(id, slot)| (id, Some(slot)))
+    fn mint_for_job(&mut self) -> Result<Minted, IdentityUnavailable> {
+        self.mint_one()
     }
 }
 
@@ -436,11 +443,11 @@ impl IdSource for &Identity {
     }
 
     fn mint(&mut self) -> Result<u64, IdentityUnavailable> {
-        self.mint_one().map(|(id, _)| id)
+        self.mint_one().map(|minted| minted.id)
     }
 
-    fn mint_in_slot(&mut self) -> Result<(u64, Option<MachineId>), IdentityUnavailable> {
-        self.mint_one().map(|(id, slot)| (id, Some(slot)))
+    fn mint_for_job(&mut self) -> Result<Minted, IdentityUnavailable> {
+        self.mint_one()
     }
 }
 

@@ -263,8 +263,12 @@ pub fn write_uint(out: &mut Vec<u8>, n: u64) {
             out.extend_from_slice(&[0xce, a, b, c, d]);
         }
         _ => {
-            out.push(0xcf);
-            out.extend_from_slice(&n.to_be_bytes());
+            // One write of nine bytes, not a push and a write of eight: a
+            // minted ID is this wide, and a decode job carries it twice
+            // (callgrind, minted handoff: 5,747 -> 5,740 instructions).
+            let mut encoded = [0xcf; 9];
+            encoded[1..].copy_from_slice(&n.to_be_bytes());
+            out.extend_from_slice(&encoded);
         }
     }
 }
