@@ -158,11 +158,22 @@ async fn serve(config: Config, id_service: IdService) -> anyhow::Result<()> {
     let draining = readiness.clone();
     let requested = Arc::new(AtomicBool::new(false));
     let asked = requested.clone();
-    let shutdown = async move {
+    // The signals are awaited in a task of their own, and the worker loop
+    // waits on a oneshot: polled on every turn of the runner's loop (once or
+    // twice per result at a moderate rate), the two signal streams cost about
+    // 1,500 instructions per result (callgrind, 500 results/s).
+    let (requested_tx, requested_rx) = oneshot::channel::<()>();
+    let signal_task = tokio::spawn(async move {
         let name = signals.recv().await;
         tracing::info!(signal = name, "shutdown requested");
         asked.store(true, Ordering::Relaxed);
         draining.set_consuming(false);
+        let _ = requested_tx.send(());
+    });
+    let shutdown = async move {
+        // An error (the task ended without sending) cannot happen short of
+        // a panic, which ends the process (`supervise::exit_on_panic`).
+        let _ = requested_rx.await;
     };
     let Started {
         worker,
@@ -193,6 +204,7 @@ async fn serve(config: Config, id_service: IdService) -> anyhow::Result<()> {
         () = watched.closed() => Err(stopped(&readiness, Stopped::ConnectionEnded)),
     };
     id_service.abort();
+    signal_task.abort();
     if let Some(telemetry) = &telemetry {
         // Bounded: a dead collector delays the exit by one export timeout.
         tracing::info!("shutdown: exporting the spans still queued");

@@ -260,7 +260,10 @@ impl Runner {
                 // Their outputs go to the NATS client in one command at the
                 // batch's end (`transport::core_sink::gather`).
                 let outputs = batch.len();
-                tasks.spawn(async move {
+                // Boxed: the task's future is moved on spawning and again
+                // as the task changes stage; inline, each move copied its
+                // 2 KB.
+                tasks.spawn(Box::pin(async move {
                     let each = async {
                         let mut slots: Option<OwnedSemaphorePermit> = None;
                         let mut bytes = Held::default();
@@ -287,7 +290,7 @@ impl Runner {
                     }
                     // Released once the outputs are out.
                     drop(held);
-                });
+                }));
             }
         }
 
