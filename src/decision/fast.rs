@@ -165,10 +165,15 @@ impl<'a> Fields<'a> {
     /// No string key twice. Spans of equal canonical strings are equal, and
     /// so are their buckets: keys are compared only in a bucket that more
     /// than one key of this map fell in (as [`Fields::push_kind`] notes).
+    /// Inlined, so that the common answer (no bucket twice) costs no call.
+    #[inline(always)]
     fn unique(&self) -> bool {
-        if self.again == 0 {
-            return true;
-        }
+        self.again == 0 || self.unique_in_buckets()
+    }
+
+    /// [`Fields::unique`] when some bucket holds more than one key.
+    #[inline(never)]
+    fn unique_in_buckets(&self) -> bool {
         let entries = self.all();
         !entries.iter().enumerate().any(|(i, Entry { key, .. })| {
             self.again & (1u64 << known::classify(key).1) != 0
