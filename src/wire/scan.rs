@@ -49,10 +49,10 @@ fn skip(b: &[u8], pos: usize, depth: usize) -> Option<usize> {
                 // integers before the first byte that is not one, so the
                 // tail of a run is not walked a value a turn either.
                 while left > 0 {
-                    let Some(w) = b.get(p..).and_then(<[u8]>::first_chunk::<8>) else {
+                    let Some(w) = word_at(b, p) else {
                         break;
                     };
-                    let high = u64::from_le_bytes(*w) & 0x8080_8080_8080_8080;
+                    let high = w & 0x8080_8080_8080_8080;
                     let n = ((high.trailing_zeros() / 8) as usize).min(left);
                     p += n;
                     left -= n;
@@ -106,6 +106,25 @@ fn skip(b: &[u8], pos: usize, depth: usize) -> Option<usize> {
         p = first;
     }
     Some(p)
+}
+
+/// The 8 bytes at `p` as a little-endian word, for the runs of small
+/// integers; bytes past the end read as `0x80` (a byte that ends a run).
+/// Near the end it is the body's last word shifted down: a run that ends
+/// the body (a prompt's token IDs, the request's last key) was walked a
+/// value a turn for its last 7 bytes. `None` for a body under 8 bytes.
+#[inline(always)]
+fn word_at(b: &[u8], p: usize) -> Option<u64> {
+    let rest = b.get(p..)?;
+    if let Some(w) = rest.first_chunk::<8>() {
+        return Some(u64::from_le_bytes(*w));
+    }
+    // Fewer than 8 bytes from `p`: they are the last `rest.len()` of the
+    // body's last word.
+    let last = u64::from_le_bytes(*b.last_chunk::<8>()?);
+    let gone = 8 * (8 - rest.len()) as u32;
+    let past_end = 0x8080_8080_8080_8080u64 << (64 - gone);
+    Some(last.checked_shr(gone).unwrap_or(0) | past_end)
 }
 
 /// The end of a run of two- and four-byte unsigned integers from `p`
