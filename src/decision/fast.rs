@@ -144,16 +144,16 @@ impl<'a> Fields<'a> {
         }
         let mut p = pos + start;
         for _ in 0..n {
-            // A key is nearly always a fixstr: its end without the
-            // walker's class table.
-            let marker = *b.get(p)?;
-            let key_end = if marker & 0xe0 == 0xa0 {
-                let end = p + 1 + usize::from(marker & 0x1f);
-                (end <= b.len()).then_some(end)?
+            // A key is nearly always a fixstr: its span without the
+            // walker's class table, and with one bound check for its end.
+            let rest = b.get(p..)?;
+            let marker = *rest.first()?;
+            let key = if marker & 0xe0 == 0xa0 {
+                rest.get(..1 + usize::from(marker & 0x1f))?
             } else {
-                scan::value_end(b, p, depth + 1)?
+                b.get(p..scan::value_end(b, p, depth + 1)?)?
             };
-            let key = b.get(p..key_end)?;
+            let key_end = p + key.len();
             let class = known::classify(key);
             let end = value(class.0, key_end, depth + 1)?;
             self.push_kind((key, b.get(key_end..end)?), class)?;
