@@ -399,6 +399,9 @@ impl<'a> Out<'a> {
     /// key of the next one (whose value is replaced): one piece of the
     /// input.
     fn entries_and_key(&mut self, entries: &[Entry<'a>], next: &Entry<'a>) {
+        debug_assert!(entries.last().is_none_or(|last| {
+            self.offset(last.value) + last.value.len() == self.offset(next.key)
+        }));
         let start = match entries.first() {
             Some(first) => self.offset(first.key),
             None => self.offset(next.key),
