@@ -44,15 +44,20 @@ fn skip(b: &[u8], pos: usize, depth: usize) -> Option<usize> {
             Class::One => {
                 p += 1;
                 // A run of small non-negative integers (an array of token
-                // IDs under 128), 8 values a word: a value a turn cost
-                // about 9 instructions each.
-                while left >= 8 {
-                    match b.get(p..).and_then(<[u8]>::first_chunk::<8>) {
-                        Some(w) if u64::from_le_bytes(*w) & 0x8080_8080_8080_8080 == 0 => {
-                            p += 8;
-                            left -= 8;
-                        }
-                        _ => break,
+                // IDs under 128), up to 8 values a word: a value a turn cost
+                // about 9 instructions each. The run's last word counts the
+                // integers before the first byte that is not one, so the
+                // tail of a run is not walked a value a turn either.
+                while left > 0 {
+                    let Some(w) = word_at(b, p) else {
+                        break;
+                    };
+                    let high = w & 0x8080_8080_8080_8080;
+                    let n = ((high.trailing_zeros() / 8) as usize).min(left);
+                    p += n;
+                    left -= n;
+                    if n < 8 {
+                        break;
                     }
                 }
                 continue;
@@ -77,9 +82,14 @@ fn skip(b: &[u8], pos: usize, depth: usize) -> Option<usize> {
                 p = body(b, p + 1, 8)?;
                 continue;
             }
+            Class::Str8 => {
+                p = str8(b, p + 1)?;
+                continue;
+            }
             Class::FixMap => (p + 1, usize::from(marker & 0x0f) * 2),
             Class::FixArray => (p + 1, usize::from(marker & 0x0f)),
-            Class::Other => match step(b, p + 1, marker)? {
+            Class::Array16 => (p + 3, array16(b, p + 1)?),
+            Class::Bin8 | Class::Bin16 | Class::Other => match step(b, p + 1, marker)? {
                 Step::Scalar(end) => {
                     p = end;
                     continue;
@@ -96,6 +106,25 @@ fn skip(b: &[u8], pos: usize, depth: usize) -> Option<usize> {
         p = first;
     }
     Some(p)
+}
+
+/// The 8 bytes at `p` as a little-endian word, for the runs of small
+/// integers; bytes past the end read as `0x80` (a byte that ends a run).
+/// Near the end it is the body's last word shifted down: a run that ends
+/// the body (a prompt's token IDs, the request's last key) was walked a
+/// value a turn for its last 7 bytes. `None` for a body under 8 bytes.
+#[inline(always)]
+fn word_at(b: &[u8], p: usize) -> Option<u64> {
+    let rest = b.get(p..)?;
+    if let Some(w) = rest.first_chunk::<8>() {
+        return Some(u64::from_le_bytes(*w));
+    }
+    // Fewer than 8 bytes from `p`: they are the last `rest.len()` of the
+    // body's last word.
+    let last = u64::from_le_bytes(*b.last_chunk::<8>()?);
+    let gone = 8 * (8 - rest.len()) as u32;
+    let past_end = 0x8080_8080_8080_8080u64 << (64 - gone);
+    Some(last.checked_shr(gone).unwrap_or(0) | past_end)
 }
 
 /// The end of a run of two- and four-byte unsigned integers from `p`
@@ -145,6 +174,14 @@ enum Class {
     U32,
     /// A float64 (sampling options).
     F64,
+    /// A string of 32 to 255 bytes (a model name, a request ID).
+    Str8,
+    /// Binary data of up to 255 bytes, and of up to 65,535 (an opaque
+    /// state): answered by [`value_end`] without [`step`].
+    Bin8,
+    Bin16,
+    /// An array of 16 to 65,535 items (a prompt's token IDs).
+    Array16,
     Other,
 }
 
@@ -161,6 +198,10 @@ static CLASS: [Class; 256] = {
             0xcd => Class::U16,
             0xce => Class::U32,
             0xcb => Class::F64,
+            0xd9 => Class::Str8,
+            0xc4 => Class::Bin8,
+            0xc5 => Class::Bin16,
+            0xdc => Class::Array16,
             _ => Class::Other,
         };
         m += 1;
@@ -272,6 +313,24 @@ fn int(b: &[u8], p: usize, marker: u8) -> Option<usize> {
     canonical.then_some(p + width)
 }
 
+/// The end of a str8 whose marker is just before `p`, when it is the
+/// shortest form (32 bytes or more): [`step`]'s rule for `0xd9`, without
+/// its match.
+#[inline(always)]
+fn str8(b: &[u8], p: usize) -> Option<usize> {
+    let n = usize::from(*b.get(p)?);
+    (n >= 32).then_some(())?;
+    body(b, p + 1, n)
+}
+
+/// The item count of an array16 whose marker is just before `p`, when it
+/// is the shortest form (16 items or more): [`step`]'s rule for `0xdc`.
+#[inline(always)]
+fn array16(b: &[u8], p: usize) -> Option<usize> {
+    let n = be_at::<2>(b, p)? as usize;
+    (n >= 16).then_some(n)
+}
+
 /// The big-endian unsigned number in the `N` bytes at `p`.
 #[inline(always)]
 fn be_at<const N: usize>(b: &[u8], p: usize) -> Option<u64> {
@@ -335,8 +394,24 @@ pub fn value_end(bytes: &[u8], pos: usize, depth: usize) -> Option<usize> {
     match CLASS[usize::from(marker)] {
         Class::One => Some(pos + 1),
         Class::FixStr => body(bytes, pos + 1, usize::from(marker & 0x1f)),
-        Class::FixMap | Class::FixArray => skip(bytes, pos, depth),
-        _ => other_end(bytes, pos, depth, marker),
+        Class::FixMap | Class::FixArray | Class::Array16 => skip(bytes, pos, depth),
+        // The scalars a result's top level, frame and params hold besides
+        // fixstrs (a request ID, a context request ID, an opaque state),
+        // each by its own rule: through `other_end`'s match they cost
+        // about 60 instructions each.
+        Class::U8 => int(bytes, pos + 1, 0xcc),
+        Class::U16 => int(bytes, pos + 1, 0xcd),
+        Class::U32 => int(bytes, pos + 1, 0xce),
+        Class::F64 => body(bytes, pos + 1, 8),
+        Class::Str8 => str8(bytes, pos + 1),
+        // bin8: any length is the shortest form.
+        Class::Bin8 => body(bytes, pos + 2, usize::from(*bytes.get(pos + 1)?)),
+        Class::Bin16 => {
+            let n = be_at::<2>(bytes, pos + 1)? as usize;
+            (n > 0xff).then_some(())?;
+            body(bytes, pos + 3, n)
+        }
+        Class::Other => other_end(bytes, pos, depth, marker),
     }
 }
 
@@ -486,8 +561,26 @@ mod tests {
             (&[0x01, 0x02], false),
             (&[0xc4, 0x00], true),
         ];
-        for (bytes, ok) in cases {
-            assert_eq!(validate(bytes), *ok, "{bytes:x?}");
+        // Strings and binary data just either side of a narrower form.
+        let sized = |head: &[u8], n: usize| [head, &vec![b'x'; n][..]].concat();
+        let longer = [
+            (sized(&[0xd9, 32], 32), true),
+            (sized(&[0xd9, 31], 31), false),
+            (sized(&[0xd9, 33], 32), false),
+            (sized(&[0xc4, 255], 255), true),
+            (sized(&[0xc5, 1, 0], 256), true),
+            (sized(&[0xc5, 0, 255], 255), false),
+            (sized(&[0xc5, 1, 0], 255), false),
+        ];
+        let all = cases.iter().map(|(b, ok)| (*b, *ok));
+        for (bytes, ok) in all.chain(longer.iter().map(|(b, ok)| (&b[..], *ok))) {
+            assert_eq!(validate(bytes), ok, "{bytes:x?}");
+            // The piecewise reader agrees.
+            assert_eq!(
+                value_end(bytes, 0, 0) == Some(bytes.len()),
+                ok,
+                "{bytes:x?}"
+            );
         }
     }
 
@@ -646,9 +739,9 @@ mod tests {
         // recursive walk that states the rules once (`step`): same end, or
         // both refuse, for short random byte strings drawn mostly from
         // markers, at depths around the bound.
-        const MARKERS: [u8; 25] = [
-            0x01, 0x7f, 0x80, 0x81, 0x82, 0x90, 0x91, 0x92, 0xa0, 0xa1, 0xc0, 0xc1, 0xc4, 0xcb,
-            0xcc, 0xcd, 0xce, 0xcf, 0xd0, 0xd9, 0xdc, 0xde, 0xe0, 0xff, 0x00,
+        const MARKERS: [u8; 27] = [
+            0x01, 0x7f, 0x80, 0x81, 0x82, 0x90, 0x91, 0x92, 0xa0, 0xa1, 0xc0, 0xc1, 0xc4, 0xc5,
+            0xcb, 0xcc, 0xcd, 0xce, 0xcf, 0xd0, 0xd9, 0xdc, 0xdd, 0xde, 0xe0, 0xff, 0x00,
         ];
         let mut next = xorshift(0x9E37_79B9_7F4A_7C15);
         for _ in 0..200_000 {
@@ -660,10 +753,17 @@ mod tests {
                 })
                 .collect();
             let depth = [0, 1, MAX_DEPTH - 2, MAX_DEPTH - 1, MAX_DEPTH][(next() % 5) as usize];
+            let nested = skip_nested(&bytes, 0, depth);
             assert_eq!(
                 skip(&bytes, 0, depth),
-                skip_nested(&bytes, 0, depth),
+                nested,
                 "{bytes:x?} at depth {depth}"
+            );
+            // The piecewise reader's arms too.
+            assert_eq!(
+                value_end(&bytes, 0, depth),
+                nested,
+                "value_end {bytes:x?} at depth {depth}"
             );
         }
         // Every marker's class is what `step` makes of it.
@@ -679,7 +779,14 @@ mod tests {
                 }
                 Class::U8 | Class::U16 | Class::U32 => (0xcc..=0xce).contains(&m),
                 Class::F64 => m == 0xcb && is_scalar_of(8),
-                Class::Other => !matches!(m, 0x00..=0x9f | 0xa0..=0xbf | 0xcb..=0xce),
+                Class::Str8 => m == 0xd9,
+                Class::Bin8 => m == 0xc4,
+                Class::Bin16 => m == 0xc5,
+                Class::Array16 => m == 0xdc,
+                Class::Other => !matches!(
+                    m,
+                    0x00..=0x9f | 0xa0..=0xbf | 0xcb..=0xce | 0xd9 | 0xc4 | 0xc5 | 0xdc
+                ),
             };
             assert!(ok, "marker {m:#x}");
         }
