@@ -566,20 +566,21 @@ impl<'a> Answer<'a, '_> {
         // has these two entries one after the other (as dispatchers write
         // them), they are one piece of it, keys included (4 copies cost
         // about 50 instructions more than one).
-        const REQUEST_ID: &[u8] = fixstr!("request_id");
-        const REPLY_TO: &[u8] = fixstr!("reply_to");
+        let request_id_key = fixstr!("request_id");
+        let reply_to_key = fixstr!("reply_to");
         let id = out.offset(self.request_id_raw);
         let id_end = id + self.request_id_raw.len();
         match self.reply_to_raw {
-            Some(raw) if out.offset(raw) == id_end + REPLY_TO.len() => {
-                debug_assert_eq!(&self.body[id - REQUEST_ID.len()..id], REQUEST_ID);
-                debug_assert_eq!(&self.body[id_end..out.offset(raw)], REPLY_TO);
-                out.piece(id - REQUEST_ID.len(), out.offset(raw) + raw.len());
+            Some(raw) if out.offset(raw) == id_end + reply_to_key.len() => {
+                let start = id - request_id_key.len();
+                debug_assert_eq!(&self.body[start..id], request_id_key);
+                debug_assert_eq!(&self.body[id_end..out.offset(raw)], reply_to_key);
+                out.piece(start, out.offset(raw) + raw.len());
             }
             reply_to_raw => {
-                out.put(fixstr!("request_id"));
+                out.put(request_id_key);
                 out.span(self.request_id_raw);
-                out.put(fixstr!("reply_to"));
+                out.put(reply_to_key);
                 match reply_to_raw {
                     Some(raw) => out.span(raw),
                     None => out.str(self.reply_to.as_bytes()),
