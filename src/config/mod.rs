@@ -42,6 +42,8 @@ pub struct Config {
     pub queue_group: String,
     pub jetstream: JetStreamConfig,
     pub id_service: IdServiceConfig,
+    pub deadline: DeadlineConfig,
+    pub cancel: CancelConfig,
     pub allowed_reply_subjects: Vec<String>,
     pub lease_ttl_secs: u64,
     pub id_layout: IdLayout,
@@ -174,6 +176,10 @@ pub struct Subjects {
     pub gen_jobs: String,
     pub dead_letter: String,
     pub ids: String,
+    /// Cancels of requests, seen by every worker (`{ns}.handoff.cancel`).
+    pub cancel: String,
+    /// KV release notices for refused handoffs (`{ns}.kv.release`).
+    pub kv_release: String,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
@@ -183,6 +189,9 @@ pub struct JetStreamConfig {
     pub prefill_stream: String,
     /// Empty means `{NS}_GEN`.
     pub gen_stream: String,
+    /// Stream keeping cancels for `cancel.retention_secs`; empty means
+    /// `{NS}_CANCEL`.
+    pub cancel_stream: String,
     pub consumer: String,
     /// `run --mode jetstream` creates missing streams and consumer.
     pub create: bool,
@@ -257,6 +266,39 @@ impl Default for IdServiceConfig {
     }
 }
 
+/// Deadlines of prefill results (`deadline_ms`, `Handoff-Deadline`).
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct DeadlineConfig {
+    /// Milliseconds a deadline may lie behind this worker's clock before a
+    /// decode-bound result is refused `deadline_exceeded`: room for the
+    /// clocks of whoever set it and this worker.
+    pub clock_skew_ms: u64,
+}
+
+/// The set of cancelled request IDs each worker holds.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct CancelConfig {
+    /// Cancels held at most; the oldest are evicted (and counted) beyond.
+    pub max_entries: u64,
+    /// Bytes the held cancels may take, counted with their bookkeeping;
+    /// the oldest are evicted (and counted) beyond.
+    pub max_bytes: u64,
+    /// Seconds a cancel is held (and kept by the JetStream cancel stream).
+    pub retention_secs: u64,
+}
+
+impl Default for CancelConfig {
+    fn default() -> Self {
+        CancelConfig {
+            max_entries: 50_000,
+            max_bytes: 8 * 1024 * 1024,
+            retention_secs: 600,
+        }
+    }
+}
+
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -270,6 +312,8 @@ impl Default for Config {
             queue_group: String::new(),
             jetstream: JetStreamConfig::default(),
             id_service: IdServiceConfig::default(),
+            deadline: DeadlineConfig::default(),
+            cancel: CancelConfig::default(),
             allowed_reply_subjects: Vec::new(),
             lease_ttl_secs: 10,
             id_layout: IdLayout::Rc22,
@@ -319,6 +363,7 @@ impl Default for JetStreamConfig {
         JetStreamConfig {
             prefill_stream: String::new(),
             gen_stream: String::new(),
+            cancel_stream: String::new(),
             consumer: "handoff".into(),
             create: true,
             gen_is_stream: true,
@@ -396,6 +441,8 @@ impl Config {
         fill(&mut self.subjects.gen_jobs, format!("{ns}.gen.jobs"));
         fill(&mut self.subjects.dead_letter, format!("{ns}.handoff.dead"));
         fill(&mut self.subjects.ids, format!("{ns}.handoff.ids"));
+        fill(&mut self.subjects.cancel, format!("{ns}.handoff.cancel"));
+        fill(&mut self.subjects.kv_release, format!("{ns}.kv.release"));
         fill(&mut self.queue_group, format!("{ns}-handoff"));
         let upper = ns.to_uppercase();
         fill(
@@ -403,6 +450,7 @@ impl Config {
             format!("{upper}_PREFILL"),
         );
         fill(&mut self.jetstream.gen_stream, format!("{upper}_GEN"));
+        fill(&mut self.jetstream.cancel_stream, format!("{upper}_CANCEL"));
         if self.allowed_reply_subjects.is_empty() {
             self.allowed_reply_subjects = vec!["_INBOX.>".into(), format!("{ns}.replies.>")];
         }
@@ -427,6 +475,8 @@ impl Config {
         own.push(self.subjects.gen_jobs.clone());
         own.push(self.subjects.dead_letter.clone());
         own.push(self.subjects.ids.clone());
+        own.push(self.subjects.cancel.clone());
+        own.push(self.subjects.kv_release.clone());
         own
     }
 

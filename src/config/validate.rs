@@ -6,6 +6,10 @@ use super::{Config, ConfigError, epoch};
 use crate::decision::reply::matches;
 use std::net::SocketAddr;
 
+const MAX_CLOCK_SKEW_MS: u64 = 3_600_000;
+const MAX_CANCEL_ENTRIES: u64 = 10_000_000;
+const MAX_CANCEL_RETENTION_SECS: u64 = 86_400;
+
 fn err(key: &str, message: impl std::fmt::Display) -> ConfigError {
     ConfigError(format!("{key}: {message}"))
 }
@@ -100,6 +104,8 @@ fn subjects(c: &Config) -> Result<(), ConfigError> {
         ("subjects.gen", &c.subjects.gen_jobs),
         ("subjects.dead_letter", &c.subjects.dead_letter),
         ("subjects.ids", &c.subjects.ids),
+        ("subjects.cancel", &c.subjects.cancel),
+        ("subjects.kv_release", &c.subjects.kv_release),
     ];
     for (i, (key, subject)) in outputs.iter().enumerate() {
         if !is_literal(subject) {
@@ -157,6 +163,7 @@ fn names(c: &Config) -> Result<(), ConfigError> {
     for (key, value) in [
         ("jetstream.prefill_stream", &c.jetstream.prefill_stream),
         ("jetstream.gen_stream", &c.jetstream.gen_stream),
+        ("jetstream.cancel_stream", &c.jetstream.cancel_stream),
         ("jetstream.consumer", &c.jetstream.consumer),
     ] {
         if !js_name(value) {
@@ -167,6 +174,13 @@ fn names(c: &Config) -> Result<(), ConfigError> {
                 ),
             ));
         }
+    }
+    let streams = [&c.jetstream.prefill_stream, &c.jetstream.gen_stream];
+    if streams.contains(&&c.jetstream.cancel_stream) {
+        return Err(err(
+            "jetstream.cancel_stream",
+            "is the same stream as jetstream.prefill_stream or jetstream.gen_stream; cancels need a stream of their own",
+        ));
     }
     if c.jetstream.prefill_stream == c.jetstream.gen_stream {
         return Err(err(
@@ -387,6 +401,24 @@ fn limits(c: &Config) -> Result<(), ConfigError> {
             1,
             "0 would never wait for etcd",
         ),
+        (
+            "cancel.max_entries",
+            c.cancel.max_entries,
+            1,
+            "0 would forget every cancel at once",
+        ),
+        (
+            "cancel.max_bytes",
+            c.cancel.max_bytes,
+            1024,
+            "a cancel of a 256-byte request ID with its bookkeeping needs about 400 bytes",
+        ),
+        (
+            "cancel.retention_secs",
+            c.cancel.retention_secs,
+            1,
+            "0 would forget every cancel at once",
+        ),
     ];
     for (key, value, min, why) in at_least {
         if value < min {
@@ -408,6 +440,24 @@ fn limits(c: &Config) -> Result<(), ConfigError> {
             c.id_service.ids_per_sec,
             MAX_ID_SERVICE_RATE,
             "half of what a slot mints in rc22 (1,024 IDs per millisecond), so decode jobs always keep the other half",
+        ),
+        (
+            "deadline.clock_skew_ms",
+            c.deadline.clock_skew_ms,
+            MAX_CLOCK_SKEW_MS,
+            "an hour; clocks further apart than that need fixing, not tolerating",
+        ),
+        (
+            "cancel.max_entries",
+            c.cancel.max_entries,
+            MAX_CANCEL_ENTRIES,
+            "ten million",
+        ),
+        (
+            "cancel.retention_secs",
+            c.cancel.retention_secs,
+            MAX_CANCEL_RETENTION_SECS,
+            "a day; a request waits for its handoff seconds, not days",
         ),
     ];
     for (key, value, max, why) in at_most {
