@@ -209,6 +209,9 @@ fn decisions(c: &mut Criterion) {
                         encoding,
                         subject: "llm.prefill.results",
                         nats_reply: None,
+                        deadline_header: None,
+                        now_ms: 0,
+                        cancels: prefill_handoff::decision::NO_CANCELS,
                     };
                     black_box(decide_fn(input, &rules, &mut identity))
                 })
@@ -242,6 +245,9 @@ fn count_instructions(iters: usize) {
             encoding,
             subject: "llm.prefill.results",
             nats_reply: None,
+            deadline_header: None,
+            now_ms: 0,
+            cancels: prefill_handoff::decision::NO_CANCELS,
         };
         black_box(decide_fn(input, &rules, &mut identity));
     }

@@ -139,6 +139,9 @@ fn input<'a>(payload: &'a [u8], encoding: Encoding, nats_reply: Option<&'a str>)
         encoding,
         subject: SOURCE,
         nats_reply,
+        deadline_header: None,
+        now_ms: 0,
+        cancels: prefill_handoff::decision::NO_CANCELS,
     }
 }
 
@@ -245,6 +248,9 @@ pub fn nats_headers(data: &[u8]) {
                 encoding,
                 subject: &subject,
                 nats_reply: reply.as_deref(),
+                deadline_header: None,
+                now_ms: 0,
+                cancels: prefill_handoff::decision::NO_CANCELS,
             };
             let headers = headers.as_ref();
             let d = decide_now(input, headers, rules, &mut ids(fenced));

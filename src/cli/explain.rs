@@ -38,6 +38,28 @@ pub struct ExplainArgs {
     /// The NATS message's own reply subject, as core mode would see it.
     #[arg(long, value_name = "SUBJECT")]
     pub nats_reply: Option<String>,
+    /// The value of the message's `Handoff-Deadline` header.
+    #[arg(long, value_name = "MS")]
+    pub deadline_header: Option<String>,
+    /// The time of the decision, Unix epoch milliseconds (default: now):
+    /// deadlines are compared with it.
+    #[arg(long, value_name = "MS")]
+    pub now_ms: Option<u64>,
+    /// A request ID to treat as cancelled (repeatable).
+    #[arg(long = "cancelled", value_name = "REQUEST_ID")]
+    pub cancelled: Vec<String>,
+}
+
+/// The request IDs given with `--cancelled`.
+struct Listed(Vec<String>);
+
+impl decision::Cancels for Listed {
+    fn lookup(&self, request_id: &str) -> Option<decision::Cancelled> {
+        self.0
+            .iter()
+            .any(|id| id == request_id)
+            .then(decision::Cancelled::default)
+    }
 }
 
 pub fn run(args: ExplainArgs) -> anyhow::Result<()> {
@@ -77,11 +99,15 @@ pub fn run(args: ExplainArgs) -> anyhow::Result<()> {
         .into_iter()
         .next()
         .unwrap_or_default();
+    let cancels = Listed(args.cancelled);
     let input = Input {
         payload: &payload,
         encoding,
         subject: &source,
         nats_reply: args.nats_reply.as_deref(),
+        deadline_header: args.deadline_header.as_deref(),
+        now_ms: args.now_ms.unwrap_or_else(crate::clock::unix_ms),
+        cancels: &cancels,
     };
     let d = decision::decide(input, &rules, &mut identity);
     let report = render(&d, &payload, encoding);
@@ -131,12 +157,10 @@ pub fn render(d: &Decision, input: &[u8], encoding: Encoding) -> Json {
     if let Some(detail) = &d.detail {
         out.insert("detail".into(), json!(detail));
     }
-    let headers: Map<String, Json> = d
-        .headers
-        .iter()
-        .map(|(name, value)| (name.to_string(), json!(value)))
-        .collect();
-    out.insert("headers".into(), Json::Object(headers));
+    if let Some(ms) = d.deadline_ms {
+        out.insert("deadline_ms".into(), json!(ms));
+    }
+    out.insert("headers".into(), headers_json(&d.headers));
     let published = if matches!(d.outcome, Outcome::DeadLetter { .. }) {
         input
     } else {
@@ -147,5 +171,26 @@ pub fn render(d: &Decision, input: &[u8], encoding: Encoding) -> Json {
         Err(_) => json!(String::from_utf8_lossy(published)),
     };
     out.insert("message".into(), message);
+    if let Some(release) = &d.release {
+        let message = wire::decode(&release.payload, encoding)
+            .map_or_else(|_| Json::Null, |value| wire::to_json(&value));
+        out.insert(
+            "release".into(),
+            json!({
+                "subject": &*release.subject,
+                "headers": headers_json(&release.headers),
+                "message": message,
+            }),
+        );
+    }
     Json::Object(out)
+}
+
+fn headers_json(headers: &decision::Headers) -> Json {
+    Json::Object(
+        headers
+            .iter()
+            .map(|(name, value)| (name.to_string(), json!(value)))
+            .collect(),
+    )
 }

@@ -488,6 +488,8 @@ impl Config {
         Ok(crate::decision::Rules {
             gen_subject: self.subjects.gen_jobs.as_str().into(),
             dead_letter_subject: self.subjects.dead_letter.as_str().into(),
+            release_subject: self.subjects.kv_release.as_str().into(),
+            deadline_skew_ms: self.deadline.clock_skew_ms,
             reply_policy,
             max_payload_bytes: self.max_payload_bytes,
             use_nats_reply: self.mode == Mode::Core,

@@ -17,13 +17,19 @@ pub enum ErrorCode {
     IdentityUnavailable,
     InvalidBootstrap,
     InvalidKvTransferParams,
+    /// `deadline_ms` or the `Handoff-Deadline` header is not a deadline.
+    InvalidDeadline,
+    /// A result that would go to decode came after its deadline.
+    DeadlineExceeded,
+    /// A result that would go to decode was cancelled on the cancel subject.
+    Cancelled,
     /// The ID mint service's answer beyond its budget (`id_service.*`);
     /// the decision never gives it.
     RateLimited,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 12] = [
+    pub const ALL: [ErrorCode; 15] = [
         ErrorCode::Malformed,
         ErrorCode::NoOutput,
         ErrorCode::PrefillFailed,
@@ -35,6 +41,9 @@ impl ErrorCode {
         ErrorCode::IdentityUnavailable,
         ErrorCode::InvalidBootstrap,
         ErrorCode::InvalidKvTransferParams,
+        ErrorCode::InvalidDeadline,
+        ErrorCode::DeadlineExceeded,
+        ErrorCode::Cancelled,
         ErrorCode::RateLimited,
     ];
 
@@ -51,6 +60,9 @@ impl ErrorCode {
             ErrorCode::IdentityUnavailable => "identity_unavailable",
             ErrorCode::InvalidBootstrap => "invalid_bootstrap",
             ErrorCode::InvalidKvTransferParams => "invalid_kv_transfer_params",
+            ErrorCode::InvalidDeadline => "invalid_deadline",
+            ErrorCode::DeadlineExceeded => "deadline_exceeded",
+            ErrorCode::Cancelled => "cancelled",
             ErrorCode::RateLimited => "rate_limited",
         }
     }

@@ -53,6 +53,7 @@ pub(super) fn refuse(input: Input<'_>, rules: &Rules) -> Decision {
         subject,
         request_id,
         size_hint: 0,
+        deadline_ms: None,
     };
     reply.error(ErrorCode::Malformed, why, 0)
 }

@@ -21,10 +21,11 @@
 //! the output copied in contiguous runs bring it to the figure in
 //! `docs/benchmark.md`.
 
+use super::deadline::{self, Cancels};
 use super::handoff::MISSING_CTX_REQUEST_ID;
 use super::known::{self, Key, Kind, NOT_PASSED_ON, Set, TRTLLM, VLLM, fixstr, fixstrs};
 use super::{
-    Backend, Decision, ErrorCode, FinishReason, Headers, IdSource, Input, Outcome, Rules,
+    Backend, Decision, ErrorCode, FinishReason, Headers, IdSource, Input, Outcome, Release, Rules,
     prefill_failed,
 };
 use crate::decision::request::MAX_REQUEST_ID_BYTES;
@@ -319,6 +320,18 @@ pub(super) fn decide(input: Input<'_>, rules: &Rules, ids: &mut dyn IdSource) ->
         Some(raw) => Some(scan::map_header(raw).map(|_| raw)?),
         None => None,
     };
+    // The deadline (`deadline::effective`): a field read and a header
+    // parse when there is one. Not a deadline: the tree path describes it.
+    let mut deadline = match top.get(Key::DeadlineMs) {
+        Some(raw) if !scan::is_nil(raw) => {
+            Some(scan::uint(raw).filter(|ms| *ms <= deadline::MAX_DEADLINE_MS)?)
+        }
+        _ => None,
+    };
+    if let Some(raw) = input.deadline_header {
+        let header = deadline::parse_header(raw)?;
+        deadline = Some(deadline.map_or(header, |field| field.min(header)));
+    }
     // Rule 2, for an error given as a string (the tree path renders
     // anything else).
     let error = match frame.get_non_nil(Key::Error) {
@@ -334,16 +347,17 @@ pub(super) fn decide(input: Input<'_>, rules: &Rules, ids: &mut dyn IdSource) ->
         frame,
         trailing: count - 1,
         capacity: body.len() + 128,
+        deadline,
     };
     if let Some(text) = error {
         return Some(answer.error(ErrorCode::PrefillFailed, prefill_failed(text)));
     }
     match frame.get_non_nil(Key::FinishReason) {
         Some(reason) => match utf8(reason)? {
-            "length" | "not_finished" => answer.handoff(top, read.params()?, request, rules, ids),
+            "length" | "not_finished" => answer.handoff(&read, request, input, rules, ids),
             label => Some(answer.terminal(FinishReason::from_label(label))),
         },
-        None => answer.handoff(top, read.params()?, request, rules, ids),
+        None => answer.handoff(&read, request, input, rules, ids),
     }
 }
 
@@ -452,6 +466,8 @@ struct Answer<'a, 'f> {
     frame: &'f Fields<'a>,
     trailing: usize,
     capacity: usize,
+    /// The effective deadline, read before any rule.
+    deadline: Option<u64>,
 }
 
 impl<'a> Answer<'a, '_> {
@@ -496,6 +512,42 @@ impl<'a> Answer<'a, '_> {
             payload: out,
             trailing_frames: self.trailing,
             detail: Some(message),
+            deadline_ms: self.deadline,
+            release: None,
+        }
+    }
+
+    /// The error response for a handoff refused as cancelled or past its
+    /// deadline, with its KV release notice (as `Reply::refused` has it):
+    /// `{request_id, reason, backend, handoff: <the params as received>,
+    /// worker}`.
+    fn refused(
+        self,
+        (code, message): (ErrorCode, String),
+        backend: Backend,
+        params: Span<'a>,
+        ids: &dyn IdSource,
+        rules: &Rules,
+    ) -> Decision {
+        let mut out = Vec::with_capacity(96 + self.request_id_raw.len() + params.len());
+        write_map_len(&mut out, 5);
+        out.extend_from_slice(fixstr!("request_id"));
+        out.extend_from_slice(self.request_id_raw);
+        out.extend_from_slice(fixstr!("reason"));
+        write_str(&mut out, code.as_str().as_bytes());
+        out.extend_from_slice(fixstr!("backend"));
+        write_str(&mut out, backend.as_str().as_bytes());
+        out.extend_from_slice(fixstr!("handoff"));
+        out.extend_from_slice(params);
+        write_worker(&mut out, ids.instance_id(), ids.machine_id());
+        let release = Release {
+            subject: rules.release_subject.clone(),
+            headers: Headers::release(self.request_id),
+            payload: out,
+        };
+        Decision {
+            release: Some(Box::new(release)),
+            ..self.error(code, message)
         }
     }
 
@@ -516,20 +568,26 @@ impl<'a> Answer<'a, '_> {
             payload: out.finish(),
             trailing_frames: self.trailing,
             detail: None,
+            deadline_ms: self.deadline,
+            release: None,
         }
     }
 
+    /// The decode job, or the refusal of a handoff that was cancelled or
+    /// came past its deadline. Long: the job's fields in their order, each a
+    /// few lines, read best as one.
     fn handoff(
         self,
-        top: &Fields<'a>,
-        params: &Fields<'a>,
+        read: &Body<'a>,
         request: Option<Span<'a>>,
+        input: Input<'_>,
         rules: &Rules,
         ids: &mut dyn IdSource,
     ) -> Option<Decision> {
+        let (top, params) = (&read.top, read.params()?);
         let backend = engine(params)?;
         let mut minted = None;
-        let disagg = if backend == Backend::Trtllm {
+        let kept = if backend == Backend::Trtllm {
             let Some(ctx_request_id) = params.get_non_nil(Key::CtxRequestId) else {
                 let why = MISSING_CTX_REQUEST_ID.to_string();
                 return Some(self.error(ErrorCode::MissingCtxRequestId, why));
@@ -538,17 +596,27 @@ impl<'a> Answer<'a, '_> {
             if let Some(kind) = params.get_non_nil(Key::RequestType) {
                 (utf8(kind)? == "context_only").then_some(())?;
             }
-            Some(match params.get_non_nil(Key::DisaggRequestId) {
-                Some(raw) => scan::uint(raw).filter(|id| (1..MAX_I63).contains(id))?,
-                None => {
-                    // The last check: nothing after this may decline.
-                    let job = ids.mint_for_job().ok()?;
-                    minted = Some(job);
-                    job.id
-                }
-            })
+            match params.get_non_nil(Key::DisaggRequestId) {
+                Some(raw) => Some(scan::uint(raw).filter(|id| (1..MAX_I63).contains(id))?),
+                None => None,
+            }
         } else {
             None
+        };
+        if let Some(refusal) = refusal(&self, input.now_ms, rules, input.cancels) {
+            // Read as the params map: the frame holds the span.
+            let raw = self.frame.get(Key::DisaggregatedParams)?;
+            return Some(self.refused(refusal, backend, raw, ids, rules));
+        }
+        let disagg = match (backend, kept) {
+            (Backend::Trtllm, Some(id)) => Some(id),
+            (Backend::Trtllm, None) => {
+                // The last check: nothing after this may decline.
+                let job = ids.mint_for_job().ok()?;
+                minted = Some(job);
+                Some(job.id)
+            }
+            _ => None,
         };
         let (machine_id, instance_id) = match minted {
             Some(job) => (job.machine_id, job.instance_id),
@@ -558,7 +626,10 @@ impl<'a> Answer<'a, '_> {
         let passed_on = |kind: Kind| !known::member(kind, NOT_PASSED_ON);
         // No key twice: each kind present is one entry.
         let extras = top.len - (top.present & NOT_PASSED_ON).count_ones() as usize;
-        let own = 6 + usize::from(disagg.is_some()) + usize::from(request.is_some());
+        let own = 6
+            + usize::from(disagg.is_some())
+            + usize::from(request.is_some())
+            + usize::from(self.deadline.is_some());
         let mut out = Out::new(self.body, self.capacity);
         write_map_len(out.own(), own + extras);
         // `"request_id": …, "reply_to": …`. A value's key is the name it
@@ -614,15 +685,10 @@ impl<'a> Answer<'a, '_> {
             out.put(fixstr!("request"));
             out.span(request);
         }
-        // "worker": {"instance_id": …, "machine_id": …}
-        out.put(&WORKER_HEAD);
-        out.str(instance_id.as_bytes());
-        match machine_id {
-            Some(m) => {
-                out.put(fixstr!("machine_id"));
-                write_uint(out.own(), u64::from(m.get()));
-            }
-            None => out.put(&MACHINE_ID_NIL),
+        write_worker(out.own(), instance_id, machine_id);
+        if let Some(ms) = self.deadline {
+            out.put(fixstr!("deadline_ms"));
+            write_uint(out.own(), ms);
         }
         if extras > 0 {
             for entry in top.iter().filter(|e| passed_on(e.kind)) {
@@ -636,11 +702,47 @@ impl<'a> Answer<'a, '_> {
             },
             request_id: Some(self.request_id.to_string()),
             subject: rules.gen_subject.clone(),
-            headers: Headers::msg_id(self.request_id),
+            headers: Headers::job(self.request_id, self.deadline),
             payload: out.finish(),
             trailing_frames: self.trailing,
             detail: None,
+            deadline_ms: self.deadline,
+            release: None,
         })
+    }
+}
+
+/// `deadline::refusal` for the answer's request: a call on the cancel set
+/// for every handoff, and a compare when it has a deadline.
+fn refusal(
+    answer: &Answer<'_, '_>,
+    now_ms: u64,
+    rules: &Rules,
+    cancels: &dyn Cancels,
+) -> Option<(ErrorCode, String)> {
+    deadline::refusal(
+        answer.request_id,
+        answer.deadline,
+        now_ms,
+        rules.deadline_skew_ms,
+        cancels,
+    )
+}
+
+/// `"worker": {"instance_id": …, "machine_id": …}`.
+fn write_worker(
+    out: &mut Vec<u8>,
+    instance_id: super::InstanceId,
+    machine_id: Option<crate::ids::MachineId>,
+) {
+    out.extend_from_slice(&WORKER_HEAD);
+    write_str(out, instance_id.as_bytes());
+    match machine_id {
+        Some(m) => {
+            out.extend_from_slice(fixstr!("machine_id"));
+            write_uint(out, u64::from(m.get()));
+        }
+        None => out.extend_from_slice(&MACHINE_ID_NIL),
     }
 }
 

@@ -50,9 +50,11 @@ pub fn backend_of(params: &[(Value, Value)]) -> Backend {
     }
 }
 
-/// Validates (and for TensorRT-LLM, completes) a handoff.
-pub fn validate(params: Vec<(Value, Value)>, ids: &mut dyn IdSource) -> Result<Handoff, Refused> {
-    if let Some(key) = map::duplicate_key(&params) {
+/// Checks a handoff: which engine's shape it has, and that decode can work
+/// with it. Nothing is minted yet: a handoff refused after this check
+/// (cancelled, past its deadline) spends no ID.
+pub fn check(params: &[(Value, Value)]) -> Result<Backend, Refused> {
+    if let Some(key) = map::duplicate_key(params) {
         return Err((
             ErrorCode::Malformed,
             format!(
@@ -60,18 +62,54 @@ pub fn validate(params: Vec<(Value, Value)>, ids: &mut dyn IdSource) -> Result<H
             ),
         ));
     }
-    let backend = backend_of(&params);
+    let backend = backend_of(params);
     match backend {
-        Backend::Trtllm => return trtllm(params, ids),
-        Backend::Sglang => sglang(&params)?,
-        Backend::Vllm => vllm(&params)?,
+        Backend::Trtllm => trtllm(params)?,
+        Backend::Sglang => sglang(params)?,
+        Backend::Vllm => vllm(params)?,
         Backend::Opaque => {}
     }
+    Ok(backend)
+}
+
+/// Completes a handoff that passed [`check`] as `backend`: for TensorRT-LLM,
+/// `request_type` set to `"generation_only"` and `disagg_request_id` kept or
+/// minted now.
+pub fn complete(
+    mut params: Vec<(Value, Value)>,
+    backend: Backend,
+    ids: &mut dyn IdSource,
+) -> Result<Handoff, Refused> {
+    if backend != Backend::Trtllm {
+        return Ok(Handoff {
+            backend,
+            params,
+            disagg_request_id: None,
+            minted: None,
+        });
+    }
+    let kept = map::get_non_nil(&params, "disagg_request_id").and_then(Value::as_u64);
+    let (id, minted) = match kept {
+        Some(id) => (id, None),
+        None => match ids.mint_for_job() {
+            Ok(minted) => (minted.id, Some(minted)),
+            Err(why) => {
+                return Err((
+                    ErrorCode::IdentityUnavailable,
+                    format!(
+                        "this worker cannot mint a disagg_request_id right now ({why}); retry, another worker may hold a valid slot"
+                    ),
+                ));
+            }
+        },
+    };
+    map::set(&mut params, "request_type", Value::from("generation_only"));
+    map::set(&mut params, "disagg_request_id", Value::from(id));
     Ok(Handoff {
         backend,
         params,
-        disagg_request_id: None,
-        minted: None,
+        disagg_request_id: Some(id),
+        minted,
     })
 }
 
@@ -88,8 +126,9 @@ const MAX_I63: u64 = (1 << 63) - 1;
 /// The message of a `missing_ctx_request_id` error response.
 pub(super) const MISSING_CTX_REQUEST_ID: &str = "ctx_request_id is missing or null; a decode handoff needs the integer request ID that TensorRT-LLM's context phase returned";
 
-fn trtllm(mut params: Vec<(Value, Value)>, ids: &mut dyn IdSource) -> Result<Handoff, Refused> {
-    match map::get_non_nil(&params, "ctx_request_id") {
+/// The TensorRT-LLM checks; the ID is kept or minted by [`complete`].
+fn trtllm(params: &[(Value, Value)]) -> Result<(), Refused> {
+    match map::get_non_nil(params, "ctx_request_id") {
         None => {
             return Err((
                 ErrorCode::MissingCtxRequestId,
@@ -107,7 +146,7 @@ fn trtllm(mut params: Vec<(Value, Value)>, ids: &mut dyn IdSource) -> Result<Han
         }
         Some(_) => {}
     }
-    if let Some(v) = map::get_non_nil(&params, "request_type")
+    if let Some(v) = map::get_non_nil(params, "request_type")
         && v.as_str() != Some("context_only")
     {
         return Err((
@@ -118,39 +157,18 @@ fn trtllm(mut params: Vec<(Value, Value)>, ids: &mut dyn IdSource) -> Result<Han
             ),
         ));
     }
-    let (id, minted) = match map::get_non_nil(&params, "disagg_request_id") {
-        Some(v) => match int_in(v, 1, MAX_I63 - 1) {
-            Some(id) => (id, None),
-            None => {
-                return Err((
-                    ErrorCode::InvalidDisaggRequestId,
-                    format!(
-                        "disagg_request_id is {}; expected null or an integer in [1, 2^63 - 1)",
-                        describe(v)
-                    ),
-                ));
-            }
-        },
-        None => match ids.mint_for_job() {
-            Ok(minted) => (minted.id, Some(minted)),
-            Err(why) => {
-                return Err((
-                    ErrorCode::IdentityUnavailable,
-                    format!(
-                        "this worker cannot mint a disagg_request_id right now ({why}); retry, another worker may hold a valid slot"
-                    ),
-                ));
-            }
-        },
-    };
-    map::set(&mut params, "request_type", Value::from("generation_only"));
-    map::set(&mut params, "disagg_request_id", Value::from(id));
-    Ok(Handoff {
-        backend: Backend::Trtllm,
-        params,
-        disagg_request_id: Some(id),
-        minted,
-    })
+    if let Some(v) = map::get_non_nil(params, "disagg_request_id")
+        && int_in(v, 1, MAX_I63 - 1).is_none()
+    {
+        return Err((
+            ErrorCode::InvalidDisaggRequestId,
+            format!(
+                "disagg_request_id is {}; expected null or an integer in [1, 2^63 - 1)",
+                describe(v)
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn sglang(params: &[(Value, Value)]) -> Result<(), Refused> {

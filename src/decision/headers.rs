@@ -35,15 +35,47 @@ impl Headers {
     /// a buffer with room to spare it allocates a record of the capacity,
     /// as dear as the copy saved. A trace header grows the block once.
     pub fn msg_id(request_id: &str) -> Headers {
+        Headers::job(request_id, None)
+    }
+
+    /// A decode job's headers: `Nats-Msg-Id` ([`msg_id`]) and, for a
+    /// result with a deadline, `Handoff-Deadline`; with room for exactly
+    /// the closing CRLF ([`Headers::msg_id`]).
+    pub fn job(request_id: &str, deadline: Option<u64>) -> Headers {
+        let deadline_line = deadline.map_or(0, |ms| DEADLINE_NAME.len() + digits(ms) + 2);
+        Headers::with_msg_id(MSG_ID_PREFIX, request_id, deadline_line + 2, |block| {
+            if let Some(ms) = deadline {
+                block.extend_from_slice(DEADLINE_NAME);
+                push_decimal(block, ms);
+                block.extend_from_slice(b"\r\n");
+            }
+        })
+    }
+
+    /// A KV release notice's one header: `Nats-Msg-Id: release-{request_id}`
+    /// (escaped as [`msg_id`] escapes it).
+    pub fn release(request_id: &str) -> Headers {
+        Headers::with_msg_id(RELEASE_PREFIX, request_id, 0, |_| {})
+    }
+
+    /// `NATS/1.0`, `Nats-Msg-Id: {prefix}{request_id}` and what `more`
+    /// writes, in a block of exactly that size (for a request ID of plain
+    /// bytes) plus `spare`.
+    fn with_msg_id(
+        prefix: &[u8],
+        request_id: &str,
+        spare: usize,
+        more: impl FnOnce(&mut Vec<u8>),
+    ) -> Headers {
         const NAME: &[u8] = b"Nats-Msg-Id: ";
-        // Exact for a request ID of plain bytes (the rest grows it once).
         let mut block = Vec::with_capacity(
-            HEAD.len() + NAME.len() + MSG_ID_PREFIX.len() + request_id.len() + 2 + 2,
+            HEAD.len() + NAME.len() + prefix.len() + request_id.len() + 2 + spare,
         );
         block.extend_from_slice(HEAD);
         block.extend_from_slice(NAME);
-        push_msg_id(&mut block, request_id);
+        push_msg_id(&mut block, prefix, request_id);
         block.extend_from_slice(b"\r\n");
+        more(&mut block);
         Headers { block }
     }
 
@@ -124,14 +156,46 @@ impl std::fmt::Debug for Headers {
 }
 
 const MSG_ID_PREFIX: &[u8] = b"handoff-";
+const RELEASE_PREFIX: &[u8] = b"release-";
+const DEADLINE_NAME: &[u8] = b"Handoff-Deadline: ";
+
+/// How many decimal digits `n` has.
+fn digits(n: u64) -> usize {
+    n.checked_ilog10().map_or(1, |log| log as usize + 1)
+}
+
+/// Appends `n` in decimal, without a formatter or a string.
+fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
+    let mut buf = [0u8; 20];
+    let mut at = buf.len();
+    loop {
+        at -= 1;
+        buf[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&buf[at..]);
+}
 
 /// The `Nats-Msg-Id` of a decode job: `handoff-{request_id}`, with bytes that
 /// cannot stand in a header (control characters, `%`, non-ASCII) or that a
 /// client might trim (spaces) percent-encoded, so that distinct request IDs
 /// keep distinct message IDs.
 pub fn msg_id(request_id: &str) -> String {
-    let mut out = Vec::with_capacity(MSG_ID_PREFIX.len() + request_id.len());
-    push_msg_id(&mut out, request_id);
+    prefixed_msg_id(MSG_ID_PREFIX, request_id)
+}
+
+/// The `Nats-Msg-Id` of a KV release notice: `release-{request_id}`,
+/// escaped as [`msg_id`] escapes it.
+pub fn release_msg_id(request_id: &str) -> String {
+    prefixed_msg_id(RELEASE_PREFIX, request_id)
+}
+
+fn prefixed_msg_id(prefix: &[u8], request_id: &str) -> String {
+    let mut out = Vec::with_capacity(prefix.len() + request_id.len());
+    push_msg_id(&mut out, prefix, request_id);
     // Plain bytes are printable ASCII and the rest is written as `%XX`.
     String::from_utf8(out).unwrap_or_default()
 }
@@ -163,9 +227,10 @@ fn all_plain(bytes: &[u8]) -> bool {
     }
 }
 
-/// Appends [`msg_id`]'s value for `request_id` to `out`: ASCII only.
-fn push_msg_id(out: &mut Vec<u8>, request_id: &str) {
-    out.extend_from_slice(MSG_ID_PREFIX);
+/// Appends [`msg_id`]'s value for `request_id`, after `prefix`, to `out`:
+/// ASCII only.
+fn push_msg_id(out: &mut Vec<u8>, prefix: &[u8], request_id: &str) {
+    out.extend_from_slice(prefix);
     if all_plain(request_id.as_bytes()) {
         out.extend_from_slice(request_id.as_bytes());
         return;
@@ -283,6 +348,23 @@ mod tests {
             }
         }
         assert_eq!(msg_id("a b%c\u{e9}"), "handoff-a%20b%25c%C3%A9");
+    }
+
+    #[test]
+    fn a_job_with_a_deadline_carries_it_and_a_release_its_own_msg_id() {
+        for deadline in [0, 9, 10, 1_767_225_600_000, (1 << 63) - 1] {
+            let h = Headers::job("r-1", Some(deadline));
+            let mut pushed = Headers::new();
+            pushed.push("Nats-Msg-Id", &msg_id("r-1"));
+            pushed.push("Handoff-Deadline", &deadline.to_string());
+            assert_eq!(h, pushed, "{deadline}");
+            assert_eq!(h.block.capacity(), h.block.len() + 2, "exact: {deadline}");
+        }
+        assert_eq!(Headers::job("r-1", None), Headers::msg_id("r-1"));
+        let h = Headers::release("a b");
+        assert_eq!(h.get("Nats-Msg-Id"), Some("release-a%20b"));
+        assert_eq!(release_msg_id("a b"), "release-a%20b");
+        assert_eq!(h.iter().count(), 1);
     }
 
     #[test]

@@ -26,11 +26,12 @@ pub(super) enum Key {
     RemoteEngineId,
     RemoteBlockIds,
     RemotePort,
+    DeadlineMs,
 }
 
 /// Every recognized name: the [`Key`]s' names first, in their order, then
 /// the other names of the key sets below (recognized only as members).
-pub(super) const NAMES: [&str; 23] = [
+pub(super) const NAMES: [&str; 24] = [
     "request_id",
     "reply_to",
     "frames",
@@ -47,6 +48,7 @@ pub(super) const NAMES: [&str; 23] = [
     "remote_engine_id",
     "remote_block_ids",
     "remote_port",
+    "deadline_ms",
     // Members of sets only.
     "opaque_state",
     "first_gen_tokens",
@@ -168,7 +170,7 @@ const fn hash(key: &[u8]) -> Option<usize> {
     if n < 3 {
         return None;
     }
-    Some((n + key[n - 1] as usize * 14 + key[n - 2] as usize) & (SLOTS - 1))
+    Some((n * 8 + key[n - 1] as usize * 17 + key[n - 2] as usize) & (SLOTS - 1))
 }
 
 const SLOTS: usize = 64;
@@ -396,8 +398,9 @@ mod tests {
             (Key::RemoteEngineId, "remote_engine_id"),
             (Key::RemoteBlockIds, "remote_block_ids"),
             (Key::RemotePort, "remote_port"),
+            (Key::DeadlineMs, "deadline_ms"),
         ];
-        assert_eq!(keys.len(), Key::RemotePort as usize + 1);
+        assert_eq!(keys.len(), Key::DeadlineMs as usize + 1);
         for (key, name) in keys {
             assert_eq!(NAMES[key as usize], name);
         }

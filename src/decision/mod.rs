@@ -6,6 +6,7 @@
 
 pub mod codes;
 mod complex;
+pub mod deadline;
 mod fast;
 mod handoff;
 mod headers;
@@ -17,10 +18,11 @@ mod trace;
 pub use crate::wire::messages::{Backend, InstanceId};
 pub use codes::{DeadLetterCode, ErrorCode, FinishReason};
 pub use complex::MAX_TREE_VALUES;
+pub use deadline::{Cancelled, Cancels, DEADLINE_HEADER, NO_CANCELS, NoCancels};
 pub use handoff::{backend_of, describe};
 pub use headers::{
     HEAD as HEADER_BLOCK_HEAD, Headers, PAYLOAD_OMITTED, content_type, dead_letter_headers, msg_id,
-    push_line, without_payload,
+    push_line, release_msg_id, without_payload,
 };
 pub use reply::{Refusal, ReplyPolicy};
 pub use request::MAX_REQUEST_ID_BYTES;
@@ -36,8 +38,8 @@ use request::Request;
 use rmpv::Value;
 use std::sync::Arc;
 
-/// One message as it arrived.
-#[derive(Debug, Clone, Copy)]
+/// One message as it arrived, and the moment it is decided at.
+#[derive(Clone, Copy)]
 pub struct Input<'a> {
     pub payload: &'a [u8],
     /// From the `Content-Type` header.
@@ -47,6 +49,26 @@ pub struct Input<'a> {
     /// The NATS message's own reply subject. Used only when [`Rules::use_nats_reply`]
     /// is set (core mode) and the body has no `reply_to`.
     pub nats_reply: Option<&'a str>,
+    /// The first value of its `Handoff-Deadline` header, if any.
+    pub deadline_header: Option<&'a str>,
+    /// The wall-clock time of the decision, Unix epoch milliseconds:
+    /// deadlines are compared with it.
+    pub now_ms: u64,
+    /// The requests cancelled so far ([`NO_CANCELS`]: none).
+    pub cancels: &'a dyn Cancels,
+}
+
+impl std::fmt::Debug for Input<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Input")
+            .field("payload", &self.payload.len())
+            .field("encoding", &self.encoding)
+            .field("subject", &self.subject)
+            .field("nats_reply", &self.nats_reply)
+            .field("deadline_header", &self.deadline_header)
+            .field("now_ms", &self.now_ms)
+            .finish_non_exhaustive()
+    }
 }
 
 /// What a worker decides with: fixed for the worker's lifetime.
@@ -55,6 +77,11 @@ pub struct Rules {
     /// Shared, not copied, by every decision sent there.
     pub gen_subject: Arc<str>,
     pub dead_letter_subject: Arc<str>,
+    /// Where KV release notices go (`subjects.kv_release`).
+    pub release_subject: Arc<str>,
+    /// How far a deadline may lie behind `now_ms` before it counts as
+    /// passed (`deadline.clock_skew_ms`).
+    pub deadline_skew_ms: u64,
     pub reply_policy: ReplyPolicy,
     pub max_payload_bytes: usize,
     /// Core mode: fall back to the NATS reply subject when `reply_to` is absent.
@@ -138,6 +165,20 @@ pub struct Decision {
     pub trailing_frames: usize,
     /// A human sentence for logs (error and dead-letter reasons).
     pub detail: Option<String>,
+    /// The result's effective deadline, once its envelope was read.
+    pub deadline_ms: Option<u64>,
+    /// The KV release notice published beside the one output, for a
+    /// handoff refused as `cancelled` or `deadline_exceeded`.
+    pub release: Option<Box<Release>>,
+}
+
+/// A KV release notice, ready to publish: a side output, not the input's
+/// one output.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Release {
+    pub subject: Arc<str>,
+    pub headers: Headers,
+    pub payload: Vec<u8>,
 }
 
 /// Decides what to publish for one prefill result (contract 4.2 and 4.3).
@@ -204,13 +245,14 @@ pub fn decide_values(input: Input<'_>, rules: &Rules, ids: &mut dyn IdSource) ->
         subject: reply_to,
         request_id: None,
         size_hint: input.payload.len(),
+        deadline_ms: None,
     };
     match request::check(top) {
         Err(malformed) => {
             reply.request_id = malformed.request_id;
             reply.error(ErrorCode::Malformed, malformed.why, 0)
         }
-        Ok(request) => decide_request(request, reply, rules, ids),
+        Ok(request) => decide_request(request, reply, input, rules, ids),
     }
 }
 
@@ -221,6 +263,8 @@ struct Reply {
     request_id: Option<String>,
     /// The input's size: outputs are about as large.
     size_hint: usize,
+    /// The result's effective deadline, once read.
+    deadline_ms: Option<u64>,
 }
 
 impl Reply {
@@ -234,13 +278,57 @@ impl Reply {
             subject: self.subject.into(),
             trailing_frames,
             detail: Some(message),
+            deadline_ms: self.deadline_ms,
+            release: None,
+        }
+    }
+
+    /// The error response for a handoff refused as cancelled or past its
+    /// deadline, with its KV release notice.
+    fn refused(
+        self,
+        (code, message): (ErrorCode, String),
+        handoff: Handoff<'_>,
+        rules: &Rules,
+        trailing_frames: usize,
+    ) -> Decision {
+        let notice = messages::release_notice(
+            handoff.request_id,
+            code.as_str(),
+            handoff.backend,
+            Value::Map(handoff.params),
+            handoff.ids.instance_id(),
+            handoff.ids.machine_id(),
+        );
+        let mut headers = content_type(self.encoding);
+        headers.push("Nats-Msg-Id", &release_msg_id(handoff.request_id));
+        let release = Release {
+            subject: rules.release_subject.clone(),
+            headers,
+            payload: wire::encode(&notice, self.encoding),
+        };
+        Decision {
+            release: Some(Box::new(release)),
+            ..self.error(code, message, trailing_frames)
         }
     }
 }
 
+/// A refused handoff, as its release notice names it.
+struct Handoff<'a> {
+    request_id: &'a str,
+    backend: Backend,
+    /// The engine's params as received.
+    params: Vec<(Value, Value)>,
+    ids: &'a dyn IdSource,
+}
+
+/// Rules 1 to 5 for a result whose envelope is well formed. Long: the
+/// contract's rules in their order, each a few lines, read best as one.
 fn decide_request(
     request: Request,
     mut reply: Reply,
+    input: Input<'_>,
     rules: &Rules,
     ids: &mut dyn IdSource,
 ) -> Decision {
@@ -248,9 +336,16 @@ fn decide_request(
         request_id,
         frames,
         request,
-        rest,
+        mut rest,
     } = request;
     reply.request_id = Some(request_id.clone());
+    // The deadline (contract 10): the job carries the effective one in its
+    // own field, so the input's is not passed on as it came.
+    let field = map::take(&mut rest, "deadline_ms");
+    match deadline::effective(deadline::Field::of(field.as_ref()), input.deadline_header) {
+        Ok(ms) => reply.deadline_ms = ms,
+        Err(why) => return reply.error(ErrorCode::InvalidDeadline, why, 0),
+    }
     let trailing = frames.len().saturating_sub(1);
     // Rule 1. Only the first frame is ever looked at again; the rest are
     // counted (trailing) and dropped here.
@@ -292,6 +387,8 @@ fn decide_request(
             subject: reply.subject.into(),
             trailing_frames: trailing,
             detail: None,
+            deadline_ms: reply.deadline_ms,
+            release: None,
         };
     }
     // Rule 4.
@@ -306,7 +403,26 @@ fn decide_request(
             return reply.error(ErrorCode::NoDisaggregatedParams, why, trailing);
         }
     };
-    let handoff = match handoff::validate(params, ids) {
+    let backend = match handoff::check(&params) {
+        Ok(backend) => backend,
+        Err((code, why)) => return reply.error(code, why, trailing),
+    };
+    if let Some(refusal) = deadline::refusal(
+        &request_id,
+        reply.deadline_ms,
+        input.now_ms,
+        rules.deadline_skew_ms,
+        input.cancels,
+    ) {
+        let handoff = Handoff {
+            request_id: &request_id,
+            backend,
+            params,
+            ids,
+        };
+        return reply.refused(refusal, handoff, rules, trailing);
+    }
+    let handoff = match handoff::complete(params, backend, ids) {
         Ok(h) => h,
         Err((code, why)) => return reply.error(code, why, trailing),
     };
@@ -329,10 +445,14 @@ fn decide_request(
         request,
         instance_id,
         machine_id,
+        deadline_ms: reply.deadline_ms,
         extra: rest,
     };
     let mut headers = content_type(reply.encoding);
     headers.push("Nats-Msg-Id", &msg_id(&request_id));
+    if let Some(ms) = reply.deadline_ms {
+        headers.push(DEADLINE_HEADER, &ms.to_string());
+    }
     Decision {
         outcome,
         payload: wire::encode_with_capacity(
@@ -345,6 +465,8 @@ fn decide_request(
         subject: rules.gen_subject.clone(),
         trailing_frames: trailing,
         detail: None,
+        deadline_ms: reply.deadline_ms,
+        release: None,
     }
 }
 
@@ -371,6 +493,8 @@ fn dead_letter(input: Input<'_>, rules: &Rules, code: DeadLetterCode, why: Strin
         payload: input.payload.to_vec(),
         trailing_frames: 0,
         detail: Some(why),
+        deadline_ms: None,
+        release: None,
     }
 }
 

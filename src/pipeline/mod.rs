@@ -140,6 +140,9 @@ impl Pipeline {
             )),
             subject: &delivery.subject,
             nats_reply: delivery.reply.as_deref(),
+            deadline_header: transport::first_header(incoming, decision::DEADLINE_HEADER),
+            now_ms: crate::clock::unix_ms(),
+            cancels: decision::NO_CANCELS,
         };
         let mut decision = decide::decide(input, incoming, &self.rules, &mut &self.identity).await;
         span.decided(&decision);

@@ -76,6 +76,8 @@ pub struct DecodeJob<'a> {
     pub request: Option<Value>,
     pub instance_id: InstanceId,
     pub machine_id: Option<MachineId>,
+    /// The result's effective deadline (contract 10), when it has one.
+    pub deadline_ms: Option<u64>,
     /// The input's other top-level entries, passed on after the job's own
     /// fields. An entry under one of the job's own keys is dropped: the job's
     /// fields are what decode workers read.
@@ -83,7 +85,7 @@ pub struct DecodeJob<'a> {
 }
 
 /// The keys of a decode job; input entries under these names are not passed on.
-pub const DECODE_JOB_KEYS: [&str; 8] = [
+pub const DECODE_JOB_KEYS: [&str; 9] = [
     "request_id",
     "reply_to",
     "backend",
@@ -92,6 +94,7 @@ pub const DECODE_JOB_KEYS: [&str; 8] = [
     "prefill_output",
     "request",
     "worker",
+    "deadline_ms",
 ];
 
 impl DecodeJob<'_> {
@@ -109,22 +112,49 @@ impl DecodeJob<'_> {
         if let Some(request) = self.request {
             put("request", request);
         }
-        put(
-            "worker",
-            from_pairs([
-                ("instance_id", Value::from(self.instance_id.as_str())),
-                (
-                    "machine_id",
-                    self.machine_id.map_or(Value::Nil, |m| Value::from(m.get())),
-                ),
-            ]),
-        );
+        put("worker", worker(self.instance_id, self.machine_id));
+        if let Some(ms) = self.deadline_ms {
+            put("deadline_ms", Value::from(ms));
+        }
         job.extend(self.extra.into_iter().filter(|(k, _)| {
             k.as_str()
                 .is_none_or(|name| !DECODE_JOB_KEYS.contains(&name))
         }));
         Value::Map(job)
     }
+}
+
+/// `{"instance_id": "<lease hex>", "machine_id": N or null}`: who handled a
+/// result, in decode jobs and KV release notices.
+fn worker(instance_id: InstanceId, machine_id: Option<MachineId>) -> Value {
+    from_pairs([
+        ("instance_id", Value::from(instance_id.as_str())),
+        (
+            "machine_id",
+            machine_id.map_or(Value::Nil, |m| Value::from(m.get())),
+        ),
+    ])
+}
+
+/// A KV release notice (contract 10): `{"request_id", "reason", "backend",
+/// "handoff": <the engine's params as received>, "worker"}`, for a handoff
+/// refused as `cancelled` or `deadline_exceeded`, so that the prefill
+/// engine frees the KV blocks at once.
+pub fn release_notice(
+    request_id: &str,
+    reason: &str,
+    backend: Backend,
+    handoff: Value,
+    instance_id: InstanceId,
+    machine_id: Option<MachineId>,
+) -> Value {
+    from_pairs([
+        ("request_id", Value::from(request_id)),
+        ("reason", Value::from(reason)),
+        ("backend", Value::from(backend.as_str())),
+        ("handoff", handoff),
+        ("worker", worker(instance_id, machine_id)),
+    ])
 }
 
 /// The ID mint service's answer: `{"ids": [..], "machine_id": N, "layout": "rc22"}`.

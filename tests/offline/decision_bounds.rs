@@ -69,6 +69,9 @@ fn measured(payload: &[u8], encoding: Encoding) -> (Decision, usize) {
         encoding,
         subject: SOURCE,
         nats_reply: None,
+        deadline_header: None,
+        now_ms: 0,
+        cancels: prefill_handoff::decision::NO_CANCELS,
     };
     let before = NOW.with(Cell::get);
     PEAK.with(|p| p.set(before));

@@ -271,6 +271,9 @@ fn both(
         encoding: Encoding::MsgPack,
         subject: SOURCE,
         nats_reply,
+        deadline_header: None,
+        now_ms: 0,
+        cancels: prefill_handoff::decision::NO_CANCELS,
     };
     let ids = || {
         if fenced {
@@ -373,6 +376,9 @@ fn typical_results_are_decided_in_place() {
             encoding: Encoding::MsgPack,
             subject: SOURCE,
             nats_reply: None,
+            deadline_header: None,
+            now_ms: 0,
+            cancels: prefill_handoff::decision::NO_CANCELS,
         };
         let d = decide_in_place(input, &rules(), &mut TestIds::holding_slot())
             .unwrap_or_else(|| panic!("a typical {kind} result is decided in place"));
@@ -397,6 +403,9 @@ fn typical_results_are_decided_in_place() {
         encoding: Encoding::MsgPack,
         subject: SOURCE,
         nats_reply: None,
+        deadline_header: None,
+        now_ms: 0,
+        cancels: prefill_handoff::decision::NO_CANCELS,
     };
     assert!(decide_in_place(input, &rules(), &mut TestIds::holding_slot()).is_none());
     check_same(&odd).unwrap();

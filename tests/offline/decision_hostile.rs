@@ -203,6 +203,9 @@ fn run(payload: &[u8], encoding: Encoding, jetstream: bool, nats_reply: Option<&
         encoding,
         subject: SOURCE,
         nats_reply,
+        deadline_header: None,
+        now_ms: 0,
+        cancels: prefill_handoff::decision::NO_CANCELS,
     };
     let d = decide(input, &rules, &mut TestIds::holding_slot());
     invariants::check(&d, payload, encoding, &rules);

@@ -87,6 +87,9 @@ fn disagg_request_id_is_kept_when_valid_and_minted_when_absent() {
             encoding: Encoding::MsgPack,
             subject: SOURCE,
             nats_reply: None,
+            deadline_header: None,
+            now_ms: 0,
+            cancels: prefill_handoff::decision::NO_CANCELS,
         };
         let d = decide(input, &rules(), &mut ids);
         assert_eq!(
@@ -113,6 +116,9 @@ fn disagg_request_id_is_kept_when_valid_and_minted_when_absent() {
             encoding: Encoding::MsgPack,
             subject: SOURCE,
             nats_reply: None,
+            deadline_header: None,
+            now_ms: 0,
+            cancels: prefill_handoff::decision::NO_CANCELS,
         };
         let d = decide(input, &rules(), &mut ids);
         assert_eq!(ids.minted, 0);
@@ -129,6 +135,9 @@ fn decide_with(ids: &mut dyn IdSource, params: Json) -> prefill_handoff::decisio
         encoding: Encoding::MsgPack,
         subject: SOURCE,
         nats_reply: None,
+        deadline_header: None,
+        now_ms: 0,
+        cancels: prefill_handoff::decision::NO_CANCELS,
     };
     decide(input, &rules(), ids)
 }
@@ -164,6 +173,9 @@ fn a_fenced_identity_refuses_to_mint_but_lets_other_results_through() {
         encoding: Encoding::MsgPack,
         subject: SOURCE,
         nats_reply: None,
+        deadline_header: None,
+        now_ms: 0,
+        cancels: prefill_handoff::decision::NO_CANCELS,
     };
     assert_eq!(
         decide(input, &rules(), &mut fenced).outcome.kind(),

@@ -181,6 +181,9 @@ pub fn decide_bytes(
         encoding,
         subject: SOURCE,
         nats_reply,
+        deadline_header: None,
+        now_ms: 0,
+        cancels: prefill_handoff::decision::NO_CANCELS,
     };
     decide(input, rules, &mut TestIds::holding_slot())
 }
