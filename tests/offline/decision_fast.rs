@@ -7,7 +7,8 @@ use crate::decision_support;
 
 use decision_support::*;
 use prefill_handoff::decision::{
-    Decision, Input, Outcome, Rules, decide, decide_in_place, decide_values,
+    Cancelled, Cancels, Decision, Input, NO_CANCELS, Outcome, Rules, decide, decide_in_place,
+    decide_values,
 };
 use prefill_handoff::wire::Encoding;
 use proptest::prelude::*;
@@ -205,6 +206,59 @@ fn gen_frame() -> impl Strategy<Value = Value> {
         })
 }
 
+/// The time of every generated decision, Unix ms.
+const NOW: u64 = 1_767_225_600_000;
+
+/// Deadlines near [`NOW`] and the edges of their range, and values that are
+/// not deadlines.
+fn deadlines() -> Vec<Value> {
+    vec![
+        Value::from(NOW - 1),
+        Value::from(NOW),
+        Value::from(NOW + 1),
+        Value::from(NOW + 60_000),
+        Value::from(0),
+        Value::from((1u64 << 63) - 1),
+        Value::from(1u64 << 63),
+        Value::from(-1),
+        Value::F64(NOW as f64),
+        k("1767225600000"),
+        Value::Nil,
+    ]
+}
+
+/// `Handoff-Deadline` header values: mostly none, else near [`NOW`], at
+/// the range's edges, or not a deadline.
+fn deadline_header() -> impl Strategy<Value = Option<String>> {
+    prop_oneof![
+        4 => Just(None),
+        2 => proptest::sample::select(vec![
+            (NOW - 1).to_string(),
+            NOW.to_string(),
+            (NOW + 1).to_string(),
+            (NOW + 60_000).to_string(),
+            " 0 ".to_string(),
+            ((1u64 << 63) - 1).to_string(),
+            (1u64 << 63).to_string(),
+            "-1".to_string(),
+            "1.5".to_string(),
+            String::new(),
+        ]).prop_map(Some),
+        1 => "[0-9 a-z.+-]{0,21}".prop_map(Some),
+    ]
+}
+
+/// `req-1` cancelled, with a reason.
+struct Req1Cancelled;
+
+impl Cancels for Req1Cancelled {
+    fn lookup(&self, request_id: &str) -> Option<Cancelled> {
+        (request_id == "req-1").then(|| Cancelled {
+            reason: Some("client gone".into()),
+        })
+    }
+}
+
 fn gen_result() -> impl Strategy<Value = Value> {
     let job_keys = [
         "backend",
@@ -235,6 +289,7 @@ fn gen_result() -> impl Strategy<Value = Value> {
             v(serde_json::json!({"model": "m", "token_ids": [1, 2, 3]})),
             Value::Nil,
         ]),
+        prop_oneof![2 => Just(None), 1 => field_of(deadlines())],
         proptest::collection::vec(
             (
                 prop_oneof![
@@ -247,12 +302,13 @@ fn gen_result() -> impl Strategy<Value = Value> {
         ),
         0usize..4,
     )
-        .prop_map(|(id, reply, frames, request, extra, turn)| {
+        .prop_map(|(id, reply, frames, request, deadline, extra, turn)| {
             let mut base = vec![
                 ("request_id", id),
                 ("reply_to", reply),
                 ("frames", frames),
                 ("request", request),
+                ("deadline_ms", deadline),
             ];
             base.rotate_left(turn);
             map_of(base, extra)
@@ -265,15 +321,17 @@ fn both(
     rules: &Rules,
     nats_reply: Option<&str>,
     fenced: bool,
+    header: Option<&str>,
+    cancels: &dyn Cancels,
 ) -> (Decision, Decision, usize, usize) {
     let input = Input {
         payload,
         encoding: Encoding::MsgPack,
         subject: SOURCE,
         nats_reply,
-        deadline_header: None,
-        now_ms: 0,
-        cancels: prefill_handoff::decision::NO_CANCELS,
+        deadline_header: header,
+        now_ms: NOW,
+        cancels,
     };
     let ids = || {
         if fenced {
@@ -289,12 +347,31 @@ fn both(
 }
 
 fn check_same(payload: &[u8]) -> Result<(), TestCaseError> {
-    for (rules, nats_reply, fenced) in [
-        (rules(), Some("_INBOX.nats.9"), false),
-        (rules(), None, true),
-        (jetstream_rules(), Some("_INBOX.nats.9"), false),
+    check_same_with(payload, None)
+}
+
+/// [`check_same`] with a `Handoff-Deadline` header, and with `req-1`
+/// cancelled or not.
+fn check_same_with(payload: &[u8], header: Option<&str>) -> Result<(), TestCaseError> {
+    // Three combinations, as many as before deadlines: each rule's case
+    // comes up under more than one, and the test's time stays.
+    let skewed_jetstream = Rules {
+        deadline_skew_ms: 1,
+        ..jetstream_rules()
+    };
+    let req_1_cancelled: &dyn Cancels = &Req1Cancelled;
+    for (rules, nats_reply, fenced, cancels) in [
+        (rules(), Some("_INBOX.nats.9"), false, NO_CANCELS),
+        (rules(), None, true, req_1_cancelled),
+        (
+            skewed_jetstream,
+            Some("_INBOX.nats.9"),
+            false,
+            req_1_cancelled,
+        ),
     ] {
-        let (fast, slow, minted_fast, minted_slow) = both(payload, &rules, nats_reply, fenced);
+        let (fast, slow, minted_fast, minted_slow) =
+            both(payload, &rules, nats_reply, fenced, header, cancels);
         prop_assert_eq!(&fast, &slow);
         prop_assert_eq!(minted_fast, minted_slow);
     }
@@ -305,28 +382,39 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(2000))]
 
     #[test]
-    fn generated_results_decide_the_same(message in gen_result()) {
-        check_same(&msgpack(&message))?;
+    fn generated_results_decide_the_same(
+        message in gen_result(),
+        header in deadline_header(),
+    ) {
+        check_same_with(&msgpack(&message), header.as_deref())?;
     }
 
     #[test]
-    fn engine_handoffs_decide_the_same(params in engine_params()) {
+    fn engine_handoffs_decide_the_same(
+        params in engine_params(),
+        deadline in field_of(deadlines()),
+        header in deadline_header(),
+    ) {
         let frame = Value::Map(vec![
             (k("token_ids"), Value::Array(vec![Value::from(791)])),
             (k("finish_reason"), k("length")),
             (k("disaggregated_params"), params),
         ]);
-        let message = Value::Map(vec![
+        let mut message = vec![
             (k("request_id"), k("req-1")),
             (k("reply_to"), k(REPLY)),
             (k("frames"), Value::Array(vec![frame])),
-        ]);
-        check_same(&msgpack(&message))?;
+        ];
+        if let Some(deadline) = deadline {
+            message.push((k("deadline_ms"), deadline));
+        }
+        check_same_with(&msgpack(&Value::Map(message)), header.as_deref())?;
     }
 
     #[test]
     fn mutated_bytes_decide_the_same(
         message in gen_result(),
+        header in deadline_header(),
         edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>(), 0u8..3), 1..4),
     ) {
         let mut bytes = msgpack(&message);
@@ -341,7 +429,7 @@ proptest! {
                 _ => { bytes.remove(i); }
             }
         }
-        check_same(&bytes)?;
+        check_same_with(&bytes, header.as_deref())?;
     }
 }
 

@@ -17,6 +17,7 @@ mod config;
 mod decision;
 mod decision_bounds;
 mod decision_dead_letter;
+mod decision_deadline;
 mod decision_fast;
 mod decision_handoff;
 mod decision_hostile;
