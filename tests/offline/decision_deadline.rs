@@ -87,7 +87,8 @@ fn code(d: &Decision) -> Option<ErrorCode> {
 fn the_earlier_deadline_counts_and_a_passed_one_refuses_the_handoff() {
     let trt_result = || needs_decode(trt());
     // (name, body deadline_ms, header, expected code; None: a decode job)
-    let rows: [(&str, Option<Json>, Option<&str>, Option<ErrorCode>); 12] = [
+    type Row<'a> = (&'a str, Option<Json>, Option<&'a str>, Option<ErrorCode>);
+    let rows: [Row; 12] = [
         ("none", None, None, None),
         ("null field", Some(Json::Null), None, None),
         ("body future", Some(json!(FUTURE)), None, None),
