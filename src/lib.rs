@@ -18,7 +18,9 @@
 //! - [`wire`]: MessagePack and JSON codecs over value trees that keep unknown
 //!   fields, and the output messages.
 //! - [`decision`]: the pure core: one prefill result in, one outcome out;
-//!   error and dead-letter codes; the reply-subject allowlist.
+//!   error and dead-letter codes; the reply-subject allowlist; deadlines.
+//! - [`cancel`]: cancels of requests, held in a bounded set the decision
+//!   asks; the cancel message.
 //! - [`ids`]: the rc21/rc22 request-ID layouts and the never-repeating generator.
 //! - [`identity`]: the etcd lease, the exclusive machine-ID slot, fencing and
 //!   recovery (the [`decision`]'s ID source).
@@ -38,6 +40,7 @@
 //! their own, `crates/loadgen`; the binary adds its `loadgen` command.
 
 pub mod alloc;
+pub mod cancel;
 pub mod cli;
 pub mod clock;
 pub mod config;

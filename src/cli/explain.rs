@@ -54,7 +54,7 @@ pub struct ExplainArgs {
 struct Listed(Vec<String>);
 
 impl decision::Cancels for Listed {
-    fn lookup(&self, request_id: &str) -> Option<decision::Cancelled> {
+    fn lookup(&self, request_id: &str, _: u64) -> Option<decision::Cancelled> {
         self.0
             .iter()
             .any(|id| id == request_id)

@@ -106,8 +106,9 @@ pub struct Cancelled {
 /// The requests cancelled so far, as the decision asks about them.
 /// Implemented by the worker's cancel set (`crate::cancel`).
 pub trait Cancels: Send + Sync {
-    /// The cancel recorded for `request_id` and not yet forgotten, if any.
-    fn lookup(&self, request_id: &str) -> Option<Cancelled>;
+    /// The cancel recorded for `request_id` and still held at `now_ms`
+    /// (Unix ms), if any.
+    fn lookup(&self, request_id: &str, now_ms: u64) -> Option<Cancelled>;
 }
 
 /// No request is ever cancelled: a decision made without a cancel set.
@@ -115,7 +116,7 @@ pub trait Cancels: Send + Sync {
 pub struct NoCancels;
 
 impl Cancels for NoCancels {
-    fn lookup(&self, _: &str) -> Option<Cancelled> {
+    fn lookup(&self, _: &str, _: u64) -> Option<Cancelled> {
         None
     }
 }
@@ -135,7 +136,7 @@ pub fn refusal(
     skew_ms: u64,
     cancels: &dyn Cancels,
 ) -> Option<(ErrorCode, String)> {
-    if let Some(cancel) = cancels.lookup(request_id) {
+    if let Some(cancel) = cancels.lookup(request_id, now_ms) {
         return Some((ErrorCode::Cancelled, cancelled_message(&cancel)));
     }
     let deadline = deadline?;
@@ -253,7 +254,7 @@ mod tests {
     struct One(&'static str, Option<&'static str>);
 
     impl Cancels for One {
-        fn lookup(&self, request_id: &str) -> Option<Cancelled> {
+        fn lookup(&self, request_id: &str, _: u64) -> Option<Cancelled> {
             (request_id == self.0).then(|| Cancelled {
                 reason: self.1.map(str::to_string),
             })

@@ -22,7 +22,7 @@ const FUTURE: u64 = NOW + 30_000;
 struct Set(&'static [(&'static str, Option<&'static str>)]);
 
 impl Cancels for Set {
-    fn lookup(&self, request_id: &str) -> Option<Cancelled> {
+    fn lookup(&self, request_id: &str, _: u64) -> Option<Cancelled> {
         self.0
             .iter()
             .find(|(id, _)| *id == request_id)

@@ -252,7 +252,7 @@ fn deadline_header() -> impl Strategy<Value = Option<String>> {
 struct Req1Cancelled;
 
 impl Cancels for Req1Cancelled {
-    fn lookup(&self, request_id: &str) -> Option<Cancelled> {
+    fn lookup(&self, request_id: &str, _: u64) -> Option<Cancelled> {
         (request_id == "req-1").then(|| Cancelled {
             reason: Some("client gone".into()),
         })
