@@ -316,7 +316,7 @@ fn settled(span: &mut ResultSpan, delivery: &Delivery, settle: Settle) {
 
 /// The dead letter that stands in for an output that can never be
 /// published; `None` when a later try may succeed. Both modes dead-letter
-/// an invalid reply subject (core mode used to publish nothing for it).
+/// an invalid reply subject, so that even such an input has its one output.
 fn fallback_code(e: &PublishError) -> Option<DeadLetterCode> {
     match e {
         PublishError::TooLarge(_) => Some(DeadLetterCode::TooLarge),

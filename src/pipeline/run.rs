@@ -15,12 +15,11 @@
 //! waiting, up to `BATCH`, so a burst does not pay one spawn per result. In
 //! JetStream mode they run concurrently inside it, so a slow confirmation
 //! holds up none of the others; in core mode, where publishing only
-//! enqueues, one after the other (about 15% less CPU per result in bursts
-//! than a future set).
+//! enqueues, one after the other (cheaper per result than a future set).
 //!
 //! When every slot is taken (a burst), the runner waits for as many slots as
-//! its next batch will use, not for one: each finished result used to wake
-//! it, and those wake-ups cost 7-10% of the worker's CPU in bursts. Core
+//! its next batch will use, not for one: a wake-up per finished result
+//! would be a noticeable share of the worker's CPU in bursts. Core
 //! mode's batches give their slots and bytes back together at their end.
 
 use super::{Pipeline, Stats};
@@ -121,8 +120,8 @@ impl Runner {
         let mut closed = false;
         loop {
             // Finished batches are collected a batch's worth at a time:
-            // looked for on every turn, that cost about 500 instructions
-            // per result at a moderate rate, where a batch is one result.
+            // looked for on every turn, they would cost every result that
+            // search at a moderate rate, where a batch is one result.
             if tasks.len() >= BATCH {
                 while tasks.try_join_next().is_some() {}
             }
