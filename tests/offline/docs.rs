@@ -1,7 +1,8 @@
 //! The documents against the code: every metric the worker registers, every
 //! error and dead-letter code and every command is documented in
 //! `docs/protocol.md` or `docs/operations.md`, and nothing those documents
-//! name as a metric, a code or a command is missing from the code.
+//! or the README name as a metric, a code or a command is missing from the
+//! code.
 //! (Configuration keys against `docs/configuration.md` have their own test.)
 
 use prefill_handoff::decision::{DeadLetterCode, ErrorCode};
@@ -15,8 +16,10 @@ fn read(relative: &str) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {relative}: {e}"))
 }
 
+/// The documents that name metrics and commands: the reference and the
+/// README's summary of it.
 fn documents() -> String {
-    read("docs/protocol.md") + &read("docs/operations.md")
+    read("docs/protocol.md") + &read("docs/operations.md") + &read("README.md")
 }
 
 /// The text of the section under `heading` (a whole `#` line), up to the
@@ -159,7 +162,7 @@ fn every_metric_the_documents_name_exists() {
     assert_eq!(
         missing(&named, &registered),
         Vec::<String>::new(),
-        "named in docs/protocol.md or docs/operations.md but not registered by the code"
+        "named in docs/protocol.md, docs/operations.md or README.md but not registered by the code"
     );
 }
 
@@ -214,7 +217,7 @@ fn every_command_is_documented_and_every_documented_command_exists() {
     assert_eq!(
         missing(&named, &commands),
         Vec::<String>::new(),
-        "`prefill-handoff COMMAND` in docs/protocol.md or docs/operations.md naming no command"
+        "`prefill-handoff COMMAND` in docs/protocol.md, docs/operations.md or README.md naming no command"
     );
 }
 
