@@ -9,7 +9,10 @@
 //! - here: [`Cancellations`], all three behind one handle shared by the
 //!   cancel intake and every decision, and the decision's view of it
 //!   ([`crate::decision::Cancels`]).
+//! - [`listen`]: the NATS side: the subscription every worker holds on the
+//!   cancel subject, and the cancels a JetStream stream kept.
 
+pub mod listen;
 pub mod message;
 mod recent;
 mod set;

@@ -96,6 +96,45 @@ impl SpanDrop {
     }
 }
 
+/// What happened to a cancel message (`crate::cancel`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CancelEvent {
+    /// Held from now on.
+    Recorded,
+    /// Its request was held already.
+    Again,
+    /// Its request's decode job had left: not held.
+    Late,
+    /// Dropped to keep within `cancel.max_entries` or `cancel.max_bytes`.
+    Evicted,
+    /// Dropped after `cancel.retention_secs`.
+    Expired,
+    /// Not a cancel message.
+    Malformed,
+}
+
+impl CancelEvent {
+    pub const ALL: [CancelEvent; 6] = [
+        CancelEvent::Recorded,
+        CancelEvent::Again,
+        CancelEvent::Late,
+        CancelEvent::Evicted,
+        CancelEvent::Expired,
+        CancelEvent::Malformed,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CancelEvent::Recorded => "recorded",
+            CancelEvent::Again => "again",
+            CancelEvent::Late => "late",
+            CancelEvent::Evicted => "evicted",
+            CancelEvent::Expired => "expired",
+            CancelEvent::Malformed => "malformed",
+        }
+    }
+}
+
 /// The label of [`Outcome::kind`], in the order of `OUTCOME_KINDS`.
 const OUTCOME_KINDS: [&str; 4] = ["decode", "terminal", "error", "dead_letter"];
 
@@ -141,6 +180,11 @@ struct Inner {
     machine_id: Gauge,
     in_flight: Gauge,
     latency: LatencyHistogram,
+    cancels: [Counter; CancelEvent::ALL.len()],
+    cancels_held: Gauge,
+    /// Published, then failed.
+    release_notices: [Counter; 2],
+    deadline_remaining: LatencyHistogram,
 }
 
 /// Registers a counter family with one label and creates every series of it.
@@ -319,6 +363,35 @@ impl Metrics {
                 );
                 h
             },
+            cancels: counter_family(
+                &mut r,
+                "cancels",
+                "Cancel messages and held cancels, by event: recorded, again (held already), late (its decode job had left), evicted (cancel.max_entries or cancel.max_bytes), expired (cancel.retention_secs), malformed",
+                "event",
+                CancelEvent::ALL.map(CancelEvent::as_str),
+            ),
+            cancels_held: gauge(
+                &mut r,
+                "cancels_held",
+                "Cancelled request IDs this worker holds",
+                0,
+            ),
+            release_notices: counter_family(
+                &mut r,
+                "release_notices",
+                "KV release notices for handoffs refused as cancelled or deadline_exceeded, by whether they were published",
+                "result",
+                ["published", "failed"],
+            ),
+            deadline_remaining: {
+                let h = LatencyHistogram::with_bounds(&latency::DEADLINE_BOUNDS_US);
+                r.register(
+                    "deadline_remaining_seconds",
+                    "Time left to a result's deadline when it was decided (0 when already past), for results with a deadline",
+                    h.clone(),
+                );
+                h
+            },
             registry: r,
         };
         Metrics {
@@ -403,6 +476,30 @@ impl Metrics {
     /// `n` finished spans were dropped instead of exported.
     pub fn otel_spans_dropped(&self, reason: SpanDrop, n: usize) {
         self.inner.otel_spans_dropped[reason as usize].inc_by(n as u64);
+    }
+
+    /// `n` cancels had `event`.
+    pub fn cancels(&self, event: CancelEvent, n: usize) {
+        if n > 0 {
+            self.inner.cancels[event as usize].inc_by(n as u64);
+        }
+    }
+
+    /// The cancels held now.
+    pub fn cancels_held(&self, n: usize) {
+        self.inner
+            .cancels_held
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// A KV release notice was published, or could not be.
+    pub fn release_notice(&self, published: bool) {
+        self.inner.release_notices[usize::from(!published)].inc();
+    }
+
+    /// A result with a deadline was decided with this much time left.
+    pub fn deadline_remaining(&self, left: Duration) {
+        self.inner.deadline_remaining.observe(left);
     }
 
     /// Counts an input as in flight until the returned guard drops.

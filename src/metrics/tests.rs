@@ -38,6 +38,9 @@ fn label_handles_are_indexed_by_discriminant() {
     for (i, v) in SpanDrop::ALL.iter().enumerate() {
         assert_eq!(*v as usize, i, "{v:?}");
     }
+    for (i, v) in CancelEvent::ALL.iter().enumerate() {
+        assert_eq!(*v as usize, i, "{v:?}");
+    }
     let kinds = [
         Outcome::Decode {
             backend: Backend::Opaque,
@@ -108,7 +111,17 @@ fn every_series_exists_at_zero_from_the_start() {
             v.as_str()
         ));
     }
+    for v in CancelEvent::ALL {
+        want.push(format!("handoff_cancels_total{{event=\"{}\"}}", v.as_str()));
+    }
+    for result in ["published", "failed"] {
+        want.push(format!(
+            "handoff_release_notices_total{{result=\"{result}\"}}"
+        ));
+    }
     for name in [
+        "cancels_held",
+        "deadline_remaining_seconds_count",
         "otel_spans_exported_total",
         "trailing_frames_ignored_total",
         "lease_recoveries_total",

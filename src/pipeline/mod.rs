@@ -25,11 +25,13 @@ pub mod run;
 pub mod serve;
 pub mod settle;
 pub mod shutdown;
+mod side;
 pub mod stats;
 
 pub use run::{Options, Report, Runner};
 pub use stats::{Counts, Stats};
 
+use crate::cancel::Cancellations;
 use crate::decision::{self, DeadLetterCode, Decision, Input, Outcome, Rules, TraceHeaders};
 use crate::identity::Identity;
 use crate::metrics::{Metrics, NakReason};
@@ -39,6 +41,7 @@ use crate::wire::Encoding;
 use async_nats::HeaderMap;
 use bytes::Bytes;
 use settle::{Plan, Redelivery};
+use std::sync::Arc;
 use std::time::Duration;
 use tracing::Instrument as _;
 
@@ -89,6 +92,10 @@ pub struct GenStream {
     pub name: String,
     /// Its duplicate window as the server holds it.
     pub duplicate_window: Duration,
+    /// Whether it expires messages by their `Nats-TTL` header (nats-server
+    /// 2.11 and later, `allow_msg_ttl`): decode jobs with a deadline then
+    /// leave it at their deadline.
+    pub msg_ttl: bool,
 }
 
 impl GenStream {
@@ -117,6 +124,9 @@ pub struct Pipeline {
     /// Each delivery's span (`crate::telemetry`); `None`: no tracing, and
     /// no span built.
     pub telemetry: Option<Telemetry>,
+    /// The cancels this worker holds, which the decision asks, and the
+    /// decode jobs it sent lately.
+    pub cancellations: Arc<Cancellations>,
 }
 
 impl Pipeline {
@@ -165,6 +175,7 @@ impl Pipeline {
             self.metrics.redelivered();
         }
         let incoming: Option<&HeaderMap> = delivery.headers.as_ref();
+        let now_ms = crate::clock::unix_ms();
         let input = Input {
             payload: &delivery.payload,
             encoding: Encoding::from_content_type(transport::first_header(
@@ -174,11 +185,15 @@ impl Pipeline {
             subject: &delivery.subject,
             nats_reply: delivery.reply.as_deref(),
             deadline_header: transport::first_header(incoming, decision::DEADLINE_HEADER),
-            now_ms: crate::clock::unix_ms(),
-            cancels: decision::NO_CANCELS,
+            now_ms,
+            cancels: &*self.cancellations,
         };
         let mut decision = decide::decide(input, incoming, &self.rules, &mut &self.identity).await;
         span.decided(&decision);
+        if let Some(deadline) = decision.deadline_ms {
+            let left = Duration::from_millis(deadline.saturating_sub(now_ms));
+            self.metrics.deadline_remaining(left);
+        }
 
         let redelivery = if delivery.redeliverable() {
             self.redelivery
@@ -203,6 +218,8 @@ impl Pipeline {
         };
 
         self.metrics.trace_headers_dropped(&trace.dropped);
+        let release = decision.release.take();
+        self.expire_at_deadline(&mut decision, now_ms);
         let outgoing = headers::finish_headers(std::mem::take(&mut decision.headers), &trace);
         let payload = Bytes::from(std::mem::take(&mut decision.payload));
         let output_size = payload.len();
@@ -217,6 +234,14 @@ impl Pipeline {
         let (outcome, done) = match delivery.while_pending(publish).await {
             Ok(()) => {
                 span.published(&decision.outcome, &decision.subject, output_size);
+                if let (Outcome::Decode { .. }, Some(id)) =
+                    (&decision.outcome, &decision.request_id)
+                {
+                    self.cancellations.job_sent(id);
+                }
+                if let Some(release) = release {
+                    Box::pin(self.publish_release(*release, &decision, &trace)).await;
+                }
                 (decision.outcome.clone(), done)
             }
             // The failure paths are boxed: rare, and inline they would grow

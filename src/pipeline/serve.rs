@@ -4,6 +4,7 @@
 
 use super::settle::Redelivery;
 use super::{GenStream, Pipeline, Report, Runner, Stats};
+use crate::cancel::{self, Cancellations, listen};
 use crate::config::{Config, ConfigError, Mode};
 use crate::identity::Identity;
 use crate::metrics::{Metrics, Readiness};
@@ -28,6 +29,10 @@ pub enum StartError {
     /// created) or incompatible.
     #[error("cannot consume from JetStream: {0}")]
     JetStream(JetStreamError),
+    /// The cancel subject could not be subscribed to, or the cancels kept
+    /// by the server could not be loaded.
+    #[error(transparent)]
+    Cancels(#[from] listen::ListenError),
 }
 
 impl From<JetStreamError> for StartError {
@@ -39,10 +44,13 @@ impl From<JetStreamError> for StartError {
     }
 }
 
-/// A worker ready to run: its runner and its source.
+/// A worker ready to run: its runner and its source, and the cancel
+/// listener it decides with.
 pub struct Worker {
     runner: Runner,
     source: Source,
+    /// Stops listening when the worker is dropped.
+    _cancels: listen::Listener,
 }
 
 impl Worker {
@@ -72,6 +80,11 @@ pub async fn start(
 ) -> Result<Worker, StartError> {
     let options = super::Options::from_config(config);
     let rules = config.rules()?;
+    // Listening before the first result comes: every cancel published from
+    // here on is heard.
+    let cancellations = Arc::new(Cancellations::new(cancel::limits(&config.cancel)));
+    let intake = listen::Intake::new(cancellations.clone(), metrics.clone());
+    let cancels = listen::listen(client, &config.subjects.cancel, intake.clone()).await?;
     // The at-most-once pipeline; durable mode sets its redelivery and GEN.
     let pipeline = |sink| Pipeline {
         rules: rules.clone(),
@@ -82,6 +95,7 @@ pub async fn start(
         gen_stream: None,
         lookup_bound: Duration::ZERO,
         telemetry: telemetry.clone(),
+        cancellations: cancellations.clone(),
     };
     match config.mode {
         Mode::Core => {
@@ -94,7 +108,11 @@ pub async fn start(
                 runner.limits(),
             )
             .await?;
-            Ok(Worker { runner, source })
+            Ok(Worker {
+                runner,
+                source,
+                _cancels: cancels,
+            })
         }
         Mode::Jetstream => {
             let js_config = &config.jetstream;
@@ -111,6 +129,11 @@ pub async fn start(
             } else {
                 None
             };
+            // The cancels the server kept, before the first pull: a cancel
+            // published while no worker ran is honoured too.
+            let stream = &js_config.cancel_stream;
+            let loaded = listen::load_kept(&js, stream, &intake, LOAD_BOUND).await?;
+            tracing::info!(stream = %stream, loaded, "cancels kept by the server loaded");
             let sink = Sink::JetStream(Box::new(Publisher {
                 client: client.clone(),
                 js: js.clone(),
@@ -127,19 +150,24 @@ pub async fn start(
             };
             let drain_timeout = options.shutdown_timeout;
             let runner = Runner::new(durable, options);
-            let ensure = js_config.create.then(|| {
-                let (js, config) = (js.clone(), config.clone());
+            // Before every reopen (after a reconnect, say): the missing
+            // objects created (`jetstream.create`), then the kept cancels
+            // loaded again, as the live subscription may have missed some.
+            let ensure = {
+                let (js, config, intake) = (js.clone(), config.clone(), intake.clone());
                 let ensure: jetstream::consume::Ensure = Arc::new(move || {
-                    let (js, config) = (js.clone(), config.clone());
+                    let (js, config, intake) = (js.clone(), config.clone(), intake.clone());
                     Box::pin(async move {
-                        setup::ensure(&js, &config)
-                            .await
-                            .map(drop)
-                            .map_err(Into::into)
+                        if config.jetstream.create {
+                            setup::ensure(&js, &config).await?;
+                        }
+                        let stream = &config.jetstream.cancel_stream;
+                        listen::load_kept(&js, stream, &intake, LOAD_BOUND).await?;
+                        Ok(())
                     })
                 });
-                ensure
-            });
+                Some(ensure)
+            };
             let on_consuming = readiness.map(|readiness| {
                 let on: jetstream::consume::OnConsuming =
                     Arc::new(move |consuming| readiness.set_consuming(consuming));
@@ -164,7 +192,11 @@ pub async fn start(
                 "consuming from JetStream"
             );
             let source = jetstream::start(puller, consumer, runner.limits().clone());
-            Ok(Worker { runner, source })
+            Ok(Worker {
+                runner,
+                source,
+                _cancels: cancels,
+            })
         }
     }
 }
@@ -230,8 +262,12 @@ async fn open_at_start(
     }
 }
 
+/// How long loading the cancels the server kept may take.
+const LOAD_BOUND: Duration = Duration::from_secs(30);
+
 /// The GEN stream as the server holds it: its duplicate window, or the
-/// configured one when it cannot be read.
+/// configured one when it cannot be read; whether it expires messages by
+/// `Nats-TTL` (said once when it does not).
 async fn gen_stream(js: &async_nats::jetstream::Context, config: &Config) -> GenStream {
     let js_config = &config.jetstream;
     let window = match js.get_stream(&js_config.gen_stream).await {
@@ -242,7 +278,24 @@ async fn gen_stream(js: &async_nats::jetstream::Context, config: &Config) -> Gen
             .map(|i| i.config.duplicate_window),
         Err(_) => None,
     };
+    let msg_ttl = setup::msg_ttl_enabled(js, &js_config.gen_stream)
+        .await
+        .unwrap_or(false);
+    if !msg_ttl {
+        let version = js.client().server_info().version;
+        let why = if setup::supports_msg_ttl(&version) {
+            "its per-message TTL is off; `prefill-handoff setup` switches it on"
+        } else {
+            "nats-server before 2.11 has no per-message TTL"
+        };
+        tracing::info!(
+            stream = %js_config.gen_stream,
+            server = %version,
+            "decode jobs past their deadline stay in the GEN stream until consumed: {why}"
+        );
+    }
     GenStream {
+        msg_ttl,
         name: js_config.gen_stream.clone(),
         duplicate_window: window
             .or_else(|| setup::duplicate_window(config).ok())

@@ -66,6 +66,16 @@ pub fn stream_mismatches(have: &stream::Config, want: &stream::Config) -> Vec<Mi
         want.max_bytes.max(-1),
         true,
     );
+    // 0 means no limit too.
+    let limit = |n: i64| if n <= 0 { -1 } else { n };
+    mismatch(
+        &mut out,
+        "max_messages",
+        limit(have.max_messages),
+        limit(want.max_messages),
+        true,
+    );
+
     // Raising replicas (1 → 3) is done in place by 2.9.10 and 2.15 alike.
     mismatch(
         &mut out,
@@ -169,12 +179,18 @@ impl fmt::Display for Change {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Report {
     pub objects: Vec<(String, Change)>,
+    /// What the server cannot do that the configuration would use, said
+    /// once (per-message TTL before nats-server 2.11).
+    pub notes: Vec<String>,
 }
 
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for (name, change) in &self.objects {
             writeln!(f, "{name}: {change}")?;
+        }
+        for note in &self.notes {
+            writeln!(f, "note: {note}")?;
         }
         Ok(())
     }

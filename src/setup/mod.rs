@@ -9,10 +9,14 @@
 //! finds no difference and sends no update.
 
 mod diff;
+mod ttl;
 mod wanted;
 
 pub use diff::{Change, Mismatch, Report, consumer_mismatches, stream_mismatches};
-pub use wanted::{Wanted, consumer, duplicate_window, gen_stream, prefill_stream};
+pub use ttl::msg_ttl_enabled;
+pub use wanted::{
+    Wanted, cancel_stream, consumer, duplicate_window, gen_stream, prefill_stream, supports_msg_ttl,
+};
 
 use crate::config::{Config, ConfigError};
 use async_nats::jetstream::{
@@ -59,20 +63,50 @@ fn manages_gen(config: &Config) -> bool {
 /// change in place. A difference it cannot change (retention, storage, ack
 /// policy, ...) is an error that names the object, the field and the way out;
 /// nothing is deleted.
+///
+/// Where the server supports it (nats-server 2.11+, from the connection's
+/// server info), the GEN stream expires messages by their `Nats-TTL`
+/// header, so that a decode job with a deadline leaves at its deadline;
+/// on an older server the report notes that it cannot.
 pub async fn ensure(js: &jetstream::Context, config: &Config) -> Result<Report, JetStreamError> {
     let wanted = Wanted::from_config(config)?;
     let mut objects = Vec::new();
+    let mut notes = Vec::new();
     let label = |kind: &str, name: &str| format!("{kind} {name}");
     let change = ensure_stream(js, &wanted.prefill).await?;
     objects.push((label("stream", &wanted.prefill.name), change));
     if manages_gen(config) {
-        let change = ensure_stream(js, &wanted.gen_jobs).await?;
-        objects.push((label("stream", &wanted.gen_jobs.name), change));
+        let name = &wanted.gen_jobs.name;
+        let mut change = ensure_stream(js, &wanted.gen_jobs).await?;
+        let version = js.client().server_info().version;
+        if !supports_msg_ttl(&version) {
+            notes.push(format!(
+                "nats-server {version} has no per-message TTL (2.11 and later): decode jobs past their deadline stay in stream {name} until consumed"
+            ));
+        } else if ttl::ensure_msg_ttl(js, name).await? {
+            let switched = Mismatch {
+                field: "allow_msg_ttl",
+                have: "false".into(),
+                want: "true".into(),
+                updatable: true,
+            };
+            change = match change {
+                Change::Updated(mut fields) => {
+                    fields.push(switched);
+                    Change::Updated(fields)
+                }
+                Change::Unchanged => Change::Updated(vec![switched]),
+                created => created,
+            };
+        }
+        objects.push((label("stream", name), change));
     }
+    let change = ensure_stream(js, &wanted.cancels).await?;
+    objects.push((label("stream", &wanted.cancels.name), change));
     let change = ensure_consumer(js, &wanted.prefill.name, &wanted.consumer).await?;
     let name = wanted.consumer.durable_name.clone().unwrap_or_default();
     objects.push((format!("consumer {}/{name}", wanted.prefill.name), change));
-    Ok(Report { objects })
+    Ok(Report { objects, notes })
 }
 
 fn api_error(what: String, e: impl fmt::Display) -> JetStreamError {
@@ -130,6 +164,7 @@ async fn ensure_stream(
     update.discard = want.discard;
     update.max_age = want.max_age;
     update.max_bytes = want.max_bytes;
+    update.max_messages = want.max_messages;
     if want.duplicate_window != Duration::ZERO {
         update.duplicate_window = want.duplicate_window;
     }

@@ -11,11 +11,12 @@ use async_nats::jetstream::{
 };
 use std::time::Duration;
 
-/// The three JetStream objects `setup` manages.
+/// The JetStream objects `setup` manages.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Wanted {
     pub prefill: stream::Config,
     pub gen_jobs: stream::Config,
+    pub cancels: stream::Config,
     pub consumer: pull::Config,
 }
 
@@ -25,9 +26,44 @@ impl Wanted {
         Ok(Wanted {
             prefill: prefill_stream(config)?,
             gen_jobs: gen_stream(config)?,
+            cancels: cancel_stream(config)?,
             consumer: consumer(config)?,
         })
     }
+}
+
+/// Whether a nats-server of `version` (its INFO's `version`, e.g. "2.11.3")
+/// expires messages by their `Nats-TTL` header: 2.11 and later.
+pub fn supports_msg_ttl(version: &str) -> bool {
+    let mut parts = version.split(['.', '-']).map(|p| p.parse::<u64>().ok());
+    match (parts.next().flatten(), parts.next().flatten()) {
+        (Some(major), Some(minor)) => (major, minor) >= (2, 11),
+        _ => false,
+    }
+}
+
+/// The cancels kept for workers that start later (contract 10): every
+/// cancel published on the cancel subject, for `cancel.retention_secs`, at
+/// most `cancel.max_entries` of them (a worker holds no more), each at most
+/// a cancel message's size. Retention `limits`, discard `old`.
+pub fn cancel_stream(config: &Config) -> Result<stream::Config, ConfigError> {
+    let js = &config.jetstream;
+    check_name("jetstream.cancel_stream", &js.cancel_stream)?;
+    Ok(stream::Config {
+        name: js.cancel_stream.clone(),
+        subjects: vec![config.subjects.cancel.clone()],
+        retention: RetentionPolicy::Limits,
+        discard: DiscardPolicy::Old,
+        storage: storage(config)?,
+        max_age: Duration::from_secs(config.cancel.retention_secs),
+        max_bytes: -1,
+        max_messages: i64::try_from(config.cancel.max_entries).unwrap_or(i64::MAX),
+        max_messages_per_subject: -1,
+        max_message_size: crate::cancel::MAX_CANCEL_BYTES as i32,
+        max_consumers: -1,
+        num_replicas: js.replicas,
+        ..Default::default()
+    })
 }
 
 fn storage(config: &Config) -> Result<StorageType, ConfigError> {
@@ -203,6 +239,27 @@ mod tests {
         assert_eq!(w.consumer.ack_wait, Duration::from_secs(30));
         assert_eq!(w.consumer.max_deliver, 20);
         assert!(w.consumer.filter_subject.is_empty());
+        assert_eq!(w.cancels.name, "LLM_CANCEL");
+        assert_eq!(w.cancels.subjects, vec!["llm.handoff.cancel".to_string()]);
+        assert_eq!(w.cancels.max_age, Duration::from_secs(600));
+        assert_eq!(w.cancels.max_messages, 50_000);
+        assert_eq!(w.cancels.retention, RetentionPolicy::Limits);
+    }
+
+    #[test]
+    fn per_message_ttl_comes_with_nats_server_2_11() {
+        for (version, ttl) in [
+            ("2.9.10", false),
+            ("2.10.24", false),
+            ("2.11.0", true),
+            ("2.11.0-RC.1", true),
+            ("2.15.1", true),
+            ("3.0.0", true),
+            ("", false),
+            ("v2.11", false),
+        ] {
+            assert_eq!(supports_msg_ttl(version), ttl, "{version}");
+        }
     }
 
     #[test]
