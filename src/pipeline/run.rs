@@ -29,11 +29,12 @@ use crate::metrics::RateLimitedLog;
 use crate::transport::{Admission, Admitted, Held, Limits, Source, core_sink};
 use std::collections::VecDeque;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::task::JoinSet;
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 
 /// How the runner behaves; fixed for the worker's lifetime.
 #[derive(Debug, Clone)]
@@ -72,6 +73,36 @@ pub struct Report {
 /// task (and one wake-up). At a moderate rate batches hold one result.
 const BATCH: usize = 32;
 
+/// The runner's input while it runs: the source, what was taken from it
+/// while no slot was free, and the shutdown that ends the taking.
+struct Inbound<'s, S> {
+    source: Source,
+    /// Taken from the source while no slot was free, in arrival order:
+    /// first in the next batches. Bounded by the byte budget each holds.
+    waiting: VecDeque<Admitted>,
+    /// The source has ended: nothing more comes out of it.
+    closed: bool,
+    shutdown: Pin<&'s mut S>,
+    /// Fires at `deadline` once draining started.
+    drain_timer: Pin<&'s mut Sleep>,
+    /// Set when draining starts: the instant by which in-flight work must end.
+    deadline: Option<Instant>,
+}
+
+/// How one turn of waiting on the input ended ([`Runner::turn`]).
+enum Turn<T> {
+    /// What was waited for is there.
+    Done(T),
+    /// Something else happened (a delivery arrived or was refused, the
+    /// source ended, the drain started): look again.
+    Again,
+    /// The drain's deadline passed: take nothing more.
+    PastDeadline,
+}
+
+/// The drain's deadline passed before the batch had its slots.
+struct PastDeadline;
+
 pub struct Runner {
     pipeline: Arc<Pipeline>,
     options: Options,
@@ -105,20 +136,24 @@ impl Runner {
     /// Handles deliveries from `source` until `shutdown` completes (or the
     /// source closes), then drains: stops taking input, finishes every
     /// delivery already taken (bounded by the shutdown timeout) and flushes.
-    pub async fn run(self, mut source: Source, shutdown: impl Future<Output = ()>) -> Report {
-        let timeout = self.options.shutdown_timeout;
+    ///
+    /// Each turn: the batch's first delivery ([`Runner::first`]), the
+    /// slots for the batch ([`Runner::slots_for`]), the batch filled
+    /// ([`Runner::fill`]) and run in a task ([`Runner::spawn`]). Every wait
+    /// on the input goes through [`Runner::turn`], which also starts the
+    /// drain.
+    pub async fn run(self, source: Source, shutdown: impl Future<Output = ()>) -> Report {
         let mut tasks = JoinSet::new();
-        let mut shutdown = std::pin::pin!(shutdown);
         // Armed when draining starts; built once, not per message.
-        let drain_deadline = tokio::time::sleep(Duration::from_secs(365 * 24 * 3600));
-        let mut drain_deadline = std::pin::pin!(drain_deadline);
-        let mut deadline: Option<Instant> = None;
-
-        // Taken from the source while no slot was free, in arrival order:
-        // first in the next batches. Bounded by the byte budget each holds.
-        let mut waiting: VecDeque<Admitted> = VecDeque::new();
-        // The source has ended: nothing more comes out of it.
-        let mut closed = false;
+        let drain_timer = tokio::time::sleep(Duration::from_secs(365 * 24 * 3600));
+        let mut inbound = Inbound {
+            source,
+            waiting: VecDeque::new(),
+            closed: false,
+            shutdown: std::pin::pin!(shutdown),
+            drain_timer: std::pin::pin!(drain_timer),
+            deadline: None,
+        };
         loop {
             // Finished batches are collected a batch's worth at a time:
             // looked for on every turn, that cost about 500 instructions
@@ -126,179 +161,222 @@ impl Runner {
             if tasks.len() >= BATCH {
                 while tasks.try_join_next().is_some() {}
             }
-            let first = match waiting.pop_front() {
-                Some(admitted) => admitted,
-                None if closed => {
-                    source_ended(deadline.is_some());
-                    break;
-                }
-                None => {
-                    let draining = deadline.is_some();
-                    let next = tokio::select! {
-                        biased;
-                        () = &mut shutdown, if !draining => {
-                            let until = begin_drain(&mut source, timeout).await;
-                            drain_deadline.as_mut().reset(until);
-                            deadline = Some(until);
-                            continue;
-                        }
-                        () = &mut drain_deadline, if draining => break,
-                        next = source.next() => next,
-                    };
-                    match next {
-                        Some(Admission::Admitted(admitted)) => admitted,
-                        Some(Admission::OverBudget { delivery, bytes }) => {
-                            self.refuse(delivery, bytes).await;
-                            continue;
-                        }
-                        None => {
-                            source_ended(draining);
-                            break;
-                        }
-                    }
-                }
+            let Some(first) = self.first(&mut inbound).await else {
+                break;
             };
             // What the source already holds joins `waiting` first, so the
-            // wait below knows how many slots a full batch would use.
-            let room = (BATCH - 1).saturating_sub(waiting.len());
-            self.take_ready(&mut source, &mut waiting, room).await;
-            // Slots for the batch: its first result's, and as many more as
-            // wait behind it (up to a batch). Waiting for them all at once
-            // wakes this loop once per batch when every slot is taken (a
-            // burst), not once per finished result: a wake-up per result
-            // cost about a tenth of the worker's CPU in bursts.
-            let mut slots = if first.slot.is_some() {
-                None
-            } else {
-                // Only the batch's worth is looked at: `waiting` can hold a
-                // whole burst.
-                let behind = waiting.iter().take(BATCH - 1);
-                let want = (1 + behind.filter(|a| a.slot.is_none()).count())
-                    .min(self.options.max_in_flight);
-                let want = u32::try_from(want).unwrap_or(1);
-                // One wait, kept across the loop: its place in the queue for
-                // slots is not lost while deliveries arrive.
-                let acquire = Arc::clone(&self.limits.slots).acquire_many_owned(want);
-                let mut acquire = std::pin::pin!(acquire);
-                let slots = loop {
-                    tokio::select! {
-                        biased;
-                        () = &mut shutdown, if deadline.is_none() => {
-                            let until = begin_drain(&mut source, timeout).await;
-                            drain_deadline.as_mut().reset(until);
-                            deadline = Some(until);
-                        }
-                        () = &mut drain_deadline, if deadline.is_some() => break None,
-                        slots = &mut acquire => break slots.ok(),
-                        // Reading goes on while every slot is taken: what
-                        // arrives waits here, counted in the byte budget
-                        // (or refused by it), not in the NATS client's
-                        // buffer, which only a count of messages bounds.
-                        next = source.next(), if !closed => match next {
-                            Some(Admission::Admitted(admitted)) => {
-                                waiting.push_back(admitted);
-                                // And what else the source already holds, up
-                                // to a batch, without a turn of this
-                                // `select!` (and its shutdown check) each.
-                                self.take_ready(&mut source, &mut waiting, BATCH - 1).await;
-                            }
-                            Some(Admission::OverBudget { delivery, bytes }) => {
-                                self.refuse(delivery, bytes).await;
-                            }
-                            None => closed = true,
-                        },
-                    }
-                };
-                // Past the drain deadline: not taken, it gets no output here.
-                let Some(slots) = slots else { break };
-                Some(slots)
+            // wait for slots knows how many a full batch would use.
+            let room = (BATCH - 1).saturating_sub(inbound.waiting.len());
+            self.take_ready(&mut inbound, room).await;
+            // Past the drain deadline: not taken, it gets no output here.
+            let Ok(slots) = self.slots_for(&first, &mut inbound).await else {
+                break;
             };
-            // Room for a whole batch at once: grown one push at a time, it
-            // moved its results 1, 2, 4, 8 and 16 at a time in a burst.
-            let mut batch = Vec::with_capacity(BATCH);
-            batch.push(with_slot(first, &mut slots));
-            // What waits, then whatever the source already holds, joins the
-            // batch, as long as there are slots for it.
-            while batch.len() < BATCH {
-                let admitted = match waiting.pop_front() {
-                    Some(admitted) => admitted,
-                    None => match source.ready() {
-                        Some(Admission::Admitted(admitted)) => admitted,
-                        Some(Admission::OverBudget { delivery, bytes }) => {
-                            self.refuse(delivery, bytes).await;
-                            continue;
-                        }
-                        None => break,
-                    },
-                };
-                if admitted.slot.is_some() || slots.is_some() {
-                    batch.push(with_slot(admitted, &mut slots));
-                    continue;
-                }
-                match Arc::clone(&self.limits.slots).try_acquire_owned() {
-                    Ok(slot) => batch.push(with_slot(admitted, &mut Some(slot))),
-                    Err(_) => {
-                        waiting.push_front(admitted);
-                        break;
-                    }
-                }
-            }
-            // Slots waited for but not used go back now.
-            drop(slots);
+            let batch = self.fill(first, slots, &mut inbound).await;
             self.stats.received(batch.len());
-            let pipeline = Arc::clone(&self.pipeline);
-            let stats = Arc::clone(&self.stats);
-            if self.pipeline.sink.confirms() {
-                // Each result's slot and bytes go back as soon as it is
-                // settled: a slow confirmation holds up no other.
-                tasks.spawn(async move {
-                    let handle = batch
-                        .into_iter()
-                        .map(|admitted| handle(&pipeline, &stats, admitted));
-                    futures::future::join_all(handle).await;
-                });
-            } else {
-                // Publishing only enqueues: one after the other costs no
-                // waiting, and spares a future set per batch. The batch's
-                // slots and bytes go back together at its end (one release
-                // instead of two per result; a batch is a few microseconds).
-                // Their outputs go to the NATS client in one command at the
-                // batch's end (`transport::core_sink::gather`).
-                let outputs = batch.len();
-                // Boxed: the task's future is moved on spawning and again
-                // as the task changes stage; inline, each move copied its
-                // 2 KB.
-                tasks.spawn(Box::pin(async move {
-                    let each = async {
-                        let mut slots: Option<OwnedSemaphorePermit> = None;
-                        let mut bytes = Held::default();
-                        for admitted in batch {
-                            let Admitted {
-                                delivery,
-                                held,
-                                slot,
-                            } = admitted;
-                            bytes.merge(held);
-                            match (&mut slots, slot) {
-                                (Some(all), Some(slot)) => all.merge(slot),
-                                (all, slot) => *all = all.take().or(slot),
-                            }
-                            stats.handled(&pipeline.handle(delivery).await);
-                        }
-                        (bytes, slots)
-                    };
-                    let mut each = std::pin::pin!(core_sink::gather(each, outputs));
-                    let held = each.as_mut().await;
-                    let kept = core_sink::kept(each.as_mut());
-                    if let Err(lost) = pipeline.sink.send_kept(kept).await {
-                        lost_with_the_client(&pipeline, lost);
+            self.spawn(&mut tasks, batch);
+        }
+        self.wind_down(tasks, inbound.deadline).await
+    }
+
+    /// One turn of waiting for `until`, the one place the runner waits on
+    /// its input. Meanwhile a shutdown starts the drain, and what the source
+    /// delivers joins `waiting` (or is refused by the byte budget): reading
+    /// goes on while every slot is taken, so what arrives waits here,
+    /// counted in the byte budget, not in the NATS client's buffer, which
+    /// only a count of messages bounds.
+    async fn turn<S: Future<Output = ()>, T>(
+        &self,
+        inbound: &mut Inbound<'_, S>,
+        until: Pin<&mut impl Future<Output = T>>,
+    ) -> Turn<T> {
+        let draining = inbound.deadline.is_some();
+        tokio::select! {
+            biased;
+            () = inbound.shutdown.as_mut(), if !draining => {
+                let timeout = self.options.shutdown_timeout;
+                let deadline = begin_drain(&mut inbound.source, timeout).await;
+                inbound.drain_timer.as_mut().reset(deadline);
+                inbound.deadline = Some(deadline);
+                Turn::Again
+            }
+            () = inbound.drain_timer.as_mut(), if draining => Turn::PastDeadline,
+            done = until => Turn::Done(done),
+            next = inbound.source.next(), if !inbound.closed => {
+                match next {
+                    Some(Admission::Admitted(admitted)) => {
+                        inbound.waiting.push_back(admitted);
+                        // And what else the source already holds, up to a
+                        // batch, without a turn of this `select!` (and its
+                        // shutdown check) each.
+                        self.take_ready(inbound, BATCH - 1).await;
                     }
-                    // Released once the outputs are out.
-                    drop(held);
-                }));
+                    Some(Admission::OverBudget { delivery, bytes }) => {
+                        self.refuse(delivery, bytes).await;
+                    }
+                    None => inbound.closed = true,
+                }
+                Turn::Again
             }
         }
+    }
 
+    /// The next batch's first delivery: the first waiting, else the next the
+    /// source delivers. `None` when no more comes: the source has ended, or
+    /// the drain's deadline passed.
+    async fn first<S: Future<Output = ()>>(
+        &self,
+        inbound: &mut Inbound<'_, S>,
+    ) -> Option<Admitted> {
+        loop {
+            if let Some(admitted) = inbound.waiting.pop_front() {
+                return Some(admitted);
+            }
+            if inbound.closed {
+                source_ended(inbound.deadline.is_some());
+                return None;
+            }
+            let arrival = std::pin::pin!(std::future::pending::<()>());
+            if let Turn::PastDeadline = self.turn(inbound, arrival).await {
+                return None;
+            }
+        }
+    }
+
+    /// Slots for the batch `first` opens, when it holds none of its own: its
+    /// first result's, and as many more as wait behind it (up to a batch).
+    /// Waiting for them all at once wakes the runner once per batch when
+    /// every slot is taken (a burst), not once per finished result: a
+    /// wake-up per result cost about a tenth of the worker's CPU in bursts.
+    /// `Err` when the drain's deadline passed first.
+    async fn slots_for<S: Future<Output = ()>>(
+        &self,
+        first: &Admitted,
+        inbound: &mut Inbound<'_, S>,
+    ) -> Result<Option<OwnedSemaphorePermit>, PastDeadline> {
+        if first.slot.is_some() {
+            return Ok(None);
+        }
+        // Only the batch's worth is looked at: `waiting` can hold a whole
+        // burst.
+        let behind = inbound.waiting.iter().take(BATCH - 1);
+        let want =
+            (1 + behind.filter(|a| a.slot.is_none()).count()).min(self.options.max_in_flight);
+        let want = u32::try_from(want).unwrap_or(1);
+        // One wait, kept across turns: its place in the queue for slots is
+        // not lost while deliveries arrive.
+        let acquire = Arc::clone(&self.limits.slots).acquire_many_owned(want);
+        let mut acquire = std::pin::pin!(acquire);
+        loop {
+            match self.turn(inbound, acquire.as_mut()).await {
+                // The slots are never closed.
+                Turn::Done(slots) => return slots.map(Some).map_err(|_| PastDeadline),
+                Turn::Again => {}
+                Turn::PastDeadline => return Err(PastDeadline),
+            }
+        }
+    }
+
+    /// The batch `first` opens: it, then what waits, then whatever the
+    /// source already holds, as long as there are slots for them (`slots`,
+    /// else free ones). Slots in `slots` not used go back.
+    async fn fill<S: Future<Output = ()>>(
+        &self,
+        first: Admitted,
+        mut slots: Option<OwnedSemaphorePermit>,
+        inbound: &mut Inbound<'_, S>,
+    ) -> Vec<Admitted> {
+        // Room for a whole batch at once: grown one push at a time, it
+        // moved its results 1, 2, 4, 8 and 16 at a time in a burst.
+        let mut batch = Vec::with_capacity(BATCH);
+        batch.push(with_slot(first, &mut slots));
+        while batch.len() < BATCH {
+            let admitted = match inbound.waiting.pop_front() {
+                Some(admitted) => admitted,
+                None => match inbound.source.ready() {
+                    Some(Admission::Admitted(admitted)) => admitted,
+                    Some(Admission::OverBudget { delivery, bytes }) => {
+                        self.refuse(delivery, bytes).await;
+                        continue;
+                    }
+                    None => break,
+                },
+            };
+            if admitted.slot.is_some() || slots.is_some() {
+                batch.push(with_slot(admitted, &mut slots));
+                continue;
+            }
+            match Arc::clone(&self.limits.slots).try_acquire_owned() {
+                Ok(slot) => batch.push(with_slot(admitted, &mut Some(slot))),
+                Err(_) => {
+                    inbound.waiting.push_front(admitted);
+                    break;
+                }
+            }
+        }
+        batch
+    }
+
+    /// Runs a batch in a task of its own.
+    fn spawn(&self, tasks: &mut JoinSet<()>, batch: Vec<Admitted>) {
+        let pipeline = Arc::clone(&self.pipeline);
+        let stats = Arc::clone(&self.stats);
+        if self.pipeline.sink.confirms() {
+            // Each result's slot and bytes go back as soon as it is
+            // settled: a slow confirmation holds up no other.
+            tasks.spawn(async move {
+                let handle = batch
+                    .into_iter()
+                    .map(|admitted| handle(&pipeline, &stats, admitted));
+                futures::future::join_all(handle).await;
+            });
+        } else {
+            // Publishing only enqueues: one after the other costs no
+            // waiting, and spares a future set per batch. The batch's
+            // slots and bytes go back together at its end (one release
+            // instead of two per result; a batch is a few microseconds).
+            // Their outputs go to the NATS client in one command at the
+            // batch's end (`transport::core_sink::gather`).
+            let outputs = batch.len();
+            // Boxed: the task's future is moved on spawning and again
+            // as the task changes stage; inline, each move copied its
+            // 2 KB.
+            tasks.spawn(Box::pin(async move {
+                let each = async {
+                    let mut slots: Option<OwnedSemaphorePermit> = None;
+                    let mut bytes = Held::default();
+                    for admitted in batch {
+                        let Admitted {
+                            delivery,
+                            held,
+                            slot,
+                        } = admitted;
+                        bytes.merge(held);
+                        match (&mut slots, slot) {
+                            (Some(all), Some(slot)) => all.merge(slot),
+                            (all, slot) => *all = all.take().or(slot),
+                        }
+                        stats.handled(&pipeline.handle(delivery).await);
+                    }
+                    (bytes, slots)
+                };
+                let mut each = std::pin::pin!(core_sink::gather(each, outputs));
+                let held = each.as_mut().await;
+                let kept = core_sink::kept(each.as_mut());
+                if let Err(lost) = pipeline.sink.send_kept(kept).await {
+                    lost_with_the_client(&pipeline, lost);
+                }
+                // Released once the outputs are out.
+                drop(held);
+            }));
+        }
+    }
+
+    /// After the last batch: finishes the tasks in flight until the drain's
+    /// `deadline` (the shutdown timeout from now when the source closed by
+    /// itself), flushes, and reports.
+    async fn wind_down(&self, mut tasks: JoinSet<()>, deadline: Option<Instant>) -> Report {
+        let timeout = self.options.shutdown_timeout;
         let deadline = deadline.unwrap_or_else(|| Instant::now() + timeout);
         let unfinished = finish(&mut tasks, deadline, &self.stats).await;
         if unfinished > 0 {
@@ -333,10 +411,10 @@ impl Runner {
 
     /// Moves up to `most` admissions the source already holds into
     /// `waiting` (answering those the byte budget refused); never waits.
-    async fn take_ready(&self, source: &mut Source, waiting: &mut VecDeque<Admitted>, most: usize) {
+    async fn take_ready<S>(&self, inbound: &mut Inbound<'_, S>, most: usize) {
         for _ in 0..most {
-            match source.ready() {
-                Some(Admission::Admitted(admitted)) => waiting.push_back(admitted),
+            match inbound.source.ready() {
+                Some(Admission::Admitted(admitted)) => inbound.waiting.push_back(admitted),
                 Some(Admission::OverBudget { delivery, bytes }) => {
                     self.refuse(delivery, bytes).await;
                 }
