@@ -78,7 +78,7 @@ def blank(text):
                     j += 1
             wipe(i, j)
             i = j
-        elif c == "r" and re.match(r'r#*"', text[i:i + 260]) and not _ident_before(text, i):
+        elif c == "r" and re.match(r'r#*"', text[i:i + 260]) and _raw_prefix(text, i):
             m = re.match(r'r(#*)"', text[i:])
             close = '"' + m.group(1)
             j = text.find(close, i + m.end())
@@ -106,6 +106,13 @@ def blank(text):
 
 def _ident_before(text, i):
     return i > 0 and (text[i - 1].isalnum() or text[i - 1] == "_")
+
+
+def _raw_prefix(text, i):
+    """Whether the `r` at `i` opens a raw string (`r"`, `br"`), not ends a name."""
+    if text[i - 1 : i] == "b":
+        i -= 1
+    return not _ident_before(text, i)
 
 
 def matching_brace(code, open_at):
