@@ -156,8 +156,8 @@ impl Runner {
         };
         loop {
             // Finished batches are collected a batch's worth at a time:
-            // looked for on every turn, that cost about 500 instructions
-            // per result at a moderate rate, where a batch is one result.
+            // looked for on every turn, they would cost every result that
+            // search at a moderate rate, where a batch is one result.
             if tasks.len() >= BATCH {
                 while tasks.try_join_next().is_some() {}
             }
@@ -247,7 +247,8 @@ impl Runner {
     /// first result's, and as many more as wait behind it (up to a batch).
     /// Waiting for them all at once wakes the runner once per batch when
     /// every slot is taken (a burst), not once per finished result: a
-    /// wake-up per result cost about a tenth of the worker's CPU in bursts.
+    /// wake-up per finished result would be a noticeable share of the
+    /// worker's CPU in bursts.
     /// `Err` when the drain's deadline passed first.
     async fn slots_for<S: Future<Output = ()>>(
         &self,
