@@ -33,12 +33,13 @@ pub use stats::{Counts, Stats};
 use crate::decision::{self, DeadLetterCode, Decision, Input, Outcome, Rules, TraceHeaders};
 use crate::identity::Identity;
 use crate::metrics::{Metrics, NakReason};
+use crate::redelivery::Redelivery;
 use crate::telemetry::{Arrival, ResultSpan, Telemetry};
 use crate::transport::{self, Delivery, Outbox, PublishError, Settle, Sink, Target};
 use crate::wire::Encoding;
 use async_nats::HeaderMap;
 use bytes::Bytes;
-use settle::{Plan, Redelivery};
+use settle::Plan;
 use std::time::Duration;
 use tracing::Instrument as _;
 

@@ -2,11 +2,11 @@
 //! configured mode, the redelivery rules, and the runner. The only place
 //! that tells the two modes apart by name.
 
-use super::settle::Redelivery;
 use super::{GenStream, Pipeline, Report, Runner, Stats};
 use crate::config::{Config, ConfigError, Mode};
 use crate::identity::Identity;
 use crate::metrics::{Metrics, Readiness};
+use crate::redelivery::Redelivery;
 use crate::setup::{self, JetStreamError};
 use crate::telemetry::Telemetry;
 use crate::transport::jetstream::{self, Puller, confirm::Confirmer, publish::Publisher};
