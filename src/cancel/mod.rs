@@ -9,10 +9,11 @@
 //! - here: [`Cancellations`], all three behind one handle shared by the
 //!   cancel intake and every decision, and the decision's view of it
 //!   ([`crate::decision::Cancels`]).
-//! - [`listen`]: the NATS side: the subscription every worker holds on the
-//!   cancel subject, and the cancels a JetStream stream kept.
+//!
+//! Its NATS side (the subscription every worker holds on the cancel
+//! subject, the cancels a JetStream stream kept) is the pipeline's
+//! (`crate::pipeline::cancels`), beside the transports.
 
-pub mod listen;
 pub mod message;
 mod recent;
 mod set;

@@ -13,10 +13,15 @@
 //!   go out (too large, invalid subject) and for a result the byte budget
 //!   refused.
 //! - `log.rs`: the one outcome log.
+//! - `side.rs`: what goes out beside the one output: the KV release notice
+//!   of a refused handoff, `Nats-TTL` on a decode job with a deadline.
+//! - [`cancels`]: the cancel subject every worker listens on, and the
+//!   cancels a JetStream stream kept, into the set the decision asks.
 //! - [`run`]: the runner: bounded in-flight work and drain, for both modes.
 //! - [`serve`]: wires a configuration to a source, a sink and the runner.
 //! - [`shutdown`], [`stats`]: SIGTERM/SIGINT, and counts for the report.
 
+pub mod cancels;
 pub mod decide;
 mod fallback;
 pub mod headers;
@@ -35,12 +40,13 @@ use crate::cancel::Cancellations;
 use crate::decision::{self, DeadLetterCode, Decision, Input, Outcome, Rules, TraceHeaders};
 use crate::identity::Identity;
 use crate::metrics::{Metrics, NakReason};
+use crate::redelivery::Redelivery;
 use crate::telemetry::{Arrival, ResultSpan, Telemetry};
 use crate::transport::{self, Delivery, Outbox, PublishError, Settle, Sink, Target};
 use crate::wire::Encoding;
 use async_nats::HeaderMap;
 use bytes::Bytes;
-use settle::{Plan, Redelivery};
+use settle::Plan;
 use std::sync::Arc;
 use std::time::Duration;
 use tracing::Instrument as _;
@@ -62,7 +68,8 @@ pub enum Handled {
     Queued(Queued),
 }
 
-/// A result whose output waits in an outbox: what its count needs.
+/// A result whose output waits in an outbox: what its count needs. A
+/// result published at once is counted through it too, as gone out.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Queued {
     pub outcome: Outcome,
@@ -174,27 +181,9 @@ impl Pipeline {
         if attempt > 1 {
             self.metrics.redelivered();
         }
-        let incoming: Option<&HeaderMap> = delivery.headers.as_ref();
         let now_ms = crate::clock::unix_ms();
-        let input = Input {
-            payload: &delivery.payload,
-            encoding: Encoding::from_content_type(transport::first_header(
-                incoming,
-                "content-type",
-            )),
-            subject: &delivery.subject,
-            nats_reply: delivery.reply.as_deref(),
-            deadline_header: transport::first_header(incoming, decision::DEADLINE_HEADER),
-            now_ms,
-            cancels: &*self.cancellations,
-        };
-        let mut decision = decide::decide(input, incoming, &self.rules, &mut &self.identity).await;
+        let mut decision = self.decision_for(&delivery, now_ms).await;
         span.decided(&decision);
-        if let Some(deadline) = decision.deadline_ms {
-            let left = Duration::from_millis(deadline.saturating_sub(now_ms));
-            self.metrics.deadline_remaining(left);
-        }
-
         let redelivery = if delivery.redeliverable() {
             self.redelivery
         } else {
@@ -202,16 +191,7 @@ impl Pipeline {
         };
         let done = match settle::plan(&decision.outcome, attempt, &redelivery) {
             Plan::Retry(delay) => {
-                tracing::debug!(
-                    request_id = decision.request_id.as_deref(),
-                    attempt,
-                    delay_ms = delay.as_millis() as u64,
-                    "no machine-ID slot to mint with; asking for redelivery"
-                );
-                self.metrics.nacked(NakReason::IdentityUnavailable);
-                delivery.settle(Settle::Nak(delay)).await;
-                span.not_published(&decision.outcome, "no slot held: redelivery asked for");
-                span.settled("nak");
+                self.defer(&delivery, &decision, delay, span).await;
                 return Handled::Deferred(decision.outcome);
             }
             Plan::Publish(done) => done,
@@ -234,11 +214,7 @@ impl Pipeline {
         let (outcome, done) = match delivery.while_pending(publish).await {
             Ok(()) => {
                 span.published(&decision.outcome, &decision.subject, output_size);
-                if let (Outcome::Decode { .. }, Some(id)) =
-                    (&decision.outcome, &decision.request_id)
-                {
-                    self.cancellations.job_sent(id);
-                }
+                self.job_left(&decision);
                 if let Some(release) = release {
                     Box::pin(self.publish_release(*release, &decision, &trace)).await;
                 }
@@ -269,19 +245,62 @@ impl Pipeline {
         log::outcome(&outcome, &decision, &delivery.subject, attempt);
         delivery.settle(done).await;
         settled(span, &delivery, done);
+        let out = Queued {
+            outcome,
+            trailing_frames: decision.trailing_frames,
+            received_at: delivery.received_at,
+        };
         if queued {
-            return Handled::Queued(Queued {
-                outcome,
-                trailing_frames: decision.trailing_frames,
-                received_at: delivery.received_at,
-            });
+            // Counted once the outbox is sent.
+            return Handled::Queued(out);
         }
-        self.metrics.record(
-            &outcome,
-            decision.trailing_frames,
-            delivery.received_at.elapsed(),
+        out.count(&self.metrics, true)
+    }
+
+    /// The decision for a delivery: its encoding from its `content-type`,
+    /// its header block checked, then the decision ([`decide::decide`]).
+    async fn decision_for(&self, delivery: &Delivery, now_ms: u64) -> Decision {
+        let incoming: Option<&HeaderMap> = delivery.headers.as_ref();
+        let input = Input {
+            payload: &delivery.payload,
+            encoding: Encoding::from_content_type(transport::first_header(
+                incoming,
+                "content-type",
+            )),
+            subject: &delivery.subject,
+            nats_reply: delivery.reply.as_deref(),
+            deadline_header: transport::first_header(incoming, decision::DEADLINE_HEADER),
+            now_ms,
+            cancels: &*self.cancellations,
+        };
+        let decision = decide::decide(input, incoming, &self.rules, &mut &self.identity).await;
+        if let Some(deadline) = decision.deadline_ms {
+            let left = Duration::from_millis(deadline.saturating_sub(now_ms));
+            self.metrics.deadline_remaining(left);
+        }
+        decision
+    }
+
+    /// A result that needs a request ID while no slot is held, and may be
+    /// delivered again: nothing is published, redelivery is asked for after
+    /// `delay`.
+    async fn defer(
+        &self,
+        delivery: &Delivery,
+        decision: &Decision,
+        delay: Duration,
+        span: &mut ResultSpan,
+    ) {
+        tracing::debug!(
+            request_id = decision.request_id.as_deref(),
+            attempt = delivery.attempt.number,
+            delay_ms = delay.as_millis() as u64,
+            "no machine-ID slot to mint with; asking for redelivery"
         );
-        Handled::Published(outcome)
+        self.metrics.nacked(NakReason::IdentityUnavailable);
+        delivery.settle(Settle::Nak(delay)).await;
+        span.not_published(&decision.outcome, "no slot held: redelivery asked for");
+        span.settled("nak");
     }
 
     /// Publishes the decision's output: decode jobs into the GEN stream when

@@ -37,6 +37,14 @@ impl Pipeline {
         }
     }
 
+    /// Remembers that a decode job left, so that a cancel of its request
+    /// coming now counts as late.
+    pub(super) fn job_left(&self, decision: &Decision) {
+        if let (Outcome::Decode { .. }, Some(id)) = (&decision.outcome, &decision.request_id) {
+            self.cancellations.job_sent(id);
+        }
+    }
+
     /// Publishes a refused handoff's KV release notice, after its error
     /// response went out: a side output, counted, whose failure is logged
     /// and leaves the result's one output as it is (the engine's own

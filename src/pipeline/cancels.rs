@@ -3,9 +3,9 @@
 //! JetStream mode the cancels the server kept, loaded before the worker
 //! pulls.
 
-use super::{Cancellations, Taken};
+use super::decide::header_block_error;
+use crate::cancel::{CancelError, Cancellations, Taken};
 use crate::metrics::{CancelEvent, Metrics, RateLimitedLog};
-use crate::pipeline::decide::header_block_error;
 use crate::transport::first_header;
 use crate::wire::Encoding;
 use async_nats::{Client, HeaderMap};
@@ -35,7 +35,7 @@ impl Intake {
     /// what it did.
     pub fn take(&self, payload: &[u8], headers: Option<&HeaderMap>, at_ms: u64) {
         let taken = match header_block_error(headers) {
-            Some(what) => Taken::Malformed(super::CancelError::Undecodable {
+            Some(what) => Taken::Malformed(CancelError::Undecodable {
                 encoding: "a NATS message",
                 why: format!("its header block could not be parsed: {what}"),
             }),
