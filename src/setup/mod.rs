@@ -169,9 +169,16 @@ async fn ensure_stream(
         update.duplicate_window = want.duplicate_window;
     }
     update.num_replicas = want.num_replicas;
-    js.update_stream(update)
-        .await
-        .map_err(|e| replicas_error(format!("updating stream {name}"), want, e))?;
+    let what = || format!("updating stream {name}");
+    if ttl::msg_ttl_enabled(js, name).await? {
+        ttl::update_keeping_msg_ttl(js, &update)
+            .await
+            .map_err(|e| replicas_error(what(), want, e))?;
+    } else {
+        js.update_stream(update)
+            .await
+            .map_err(|e| replicas_error(what(), want, e))?;
+    }
     Ok(Change::Updated(mismatches))
 }
 

@@ -64,6 +64,24 @@ pub(super) async fn ensure_msg_ttl(
     Ok(true)
 }
 
+/// Updates a stream whose per-message TTL is on to `update`, keeping it
+/// on: the client's typed update would send it as off, which the server
+/// refuses ("message TTL status can not be disabled").
+pub(super) async fn update_keeping_msg_ttl(
+    js: &jetstream::Context,
+    update: &async_nats::jetstream::stream::Config,
+) -> Result<(), String> {
+    let mut body = serde_json::to_value(update).map_err(|e| e.to_string())?;
+    if let Some(fields) = body.as_object_mut() {
+        fields.insert("allow_msg_ttl".into(), Value::Bool(true));
+    }
+    let answer: Value = js
+        .request(format!("STREAM.UPDATE.{}", update.name), &body)
+        .await
+        .map_err(|e| e.to_string())?;
+    api_ok(answer).map(drop)
+}
+
 /// The answer, or the API error it carries.
 fn api_ok(answer: Value) -> Result<Value, String> {
     match answer.get("error") {

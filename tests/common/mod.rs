@@ -319,6 +319,22 @@ impl Nats {
         std::fs::read_to_string(self.dir.path().join("nats.log")).unwrap_or_default()
     }
 
+    /// The server's version, from the `INFO` it greets a client with
+    /// ("2.9.10"). Blocking.
+    pub fn version(&self) -> String {
+        use std::io::BufRead;
+        let stream = std::net::TcpStream::connect(("127.0.0.1", self.port)).expect("connect");
+        let mut line = String::new();
+        std::io::BufReader::new(stream)
+            .read_line(&mut line)
+            .expect("INFO line");
+        let info: serde_json::Value = line
+            .strip_prefix("INFO ")
+            .and_then(|json| serde_json::from_str(json.trim()).ok())
+            .unwrap_or_else(|| panic!("not an INFO line: {line:?}"));
+        info["version"].as_str().expect("a version").to_string()
+    }
+
     /// Publishes one message with exactly this header block, as a hostile
     /// publisher could: a raw TCP connection, `CONNECT` with headers, `HPUB`,
     /// then `PING` and waits for the `PONG`, so the server has routed the

@@ -19,6 +19,14 @@ fn stdout(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// The lines naming objects, and the notes after them.
+fn objects_and_notes(out: &str) -> (String, Vec<&str>) {
+    let (notes, objects): (Vec<&str>, Vec<&str>) =
+        out.lines().partition(|line| line.starts_with("note: "));
+    let objects = objects.iter().map(|line| format!("{line}\n")).collect();
+    (objects, notes)
+}
+
 fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
@@ -29,15 +37,20 @@ fn jetstream_setup_command_creates_then_changes_nothing() {
     let url = nats.url();
     let first = setup(&["--nats-url", &url]);
     assert_eq!(first.status.code(), Some(0), "{}", stderr(&first));
+    let printed = stdout(&first);
+    let (objects, notes) = objects_and_notes(&printed);
     assert_eq!(
-        stdout(&first),
-        "stream LLM_PREFILL: created\nstream LLM_GEN: created\nconsumer LLM_PREFILL/handoff: created\n"
+        objects,
+        "stream LLM_PREFILL: created\nstream LLM_GEN: created\nstream LLM_CANCEL: created\nconsumer LLM_PREFILL/handoff: created\n"
     );
+    // Before nats-server 2.11 setup says once that GEN cannot expire jobs.
+    let old_server = !prefill_handoff::setup::supports_msg_ttl(&nats.version());
+    assert_eq!(notes.len(), usize::from(old_server), "{notes:?}");
     let second = setup(&["--nats-url", &url]);
     assert_eq!(second.status.code(), Some(0), "{}", stderr(&second));
     assert_eq!(
-        stdout(&second),
-        "stream LLM_PREFILL: unchanged\nstream LLM_GEN: unchanged\nconsumer LLM_PREFILL/handoff: unchanged\n"
+        objects_and_notes(&stdout(&second)).0,
+        "stream LLM_PREFILL: unchanged\nstream LLM_GEN: unchanged\nstream LLM_CANCEL: unchanged\nconsumer LLM_PREFILL/handoff: unchanged\n"
     );
     let changed = setup(&["--nats-url", &url, "--set", "jetstream.ack_wait_secs=45"]);
     assert_eq!(changed.status.code(), Some(0), "{}", stderr(&changed));

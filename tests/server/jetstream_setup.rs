@@ -48,6 +48,7 @@ async fn jetstream_setup_creates_streams_and_consumer_as_configured() {
         vec![
             ("stream LLM_PREFILL".to_string(), Change::Created),
             ("stream LLM_GEN".to_string(), Change::Created),
+            ("stream LLM_CANCEL".to_string(), Change::Created),
             ("consumer LLM_PREFILL/handoff".to_string(), Change::Created),
         ]
     );
@@ -255,6 +256,7 @@ async fn jetstream_setup_memory_storage_and_custom_namespace() {
         vec![
             "stream TENANT-A_PREFILL",
             "stream TENANT-A_GEN",
+            "stream TENANT-A_CANCEL",
             "consumer TENANT-A_PREFILL/handoff"
         ]
     );
