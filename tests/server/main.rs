@@ -12,6 +12,7 @@ mod common;
 
 mod client_bytes;
 mod core_sink;
+mod deadlines;
 mod harness;
 mod hostile_publisher;
 mod id_service;
