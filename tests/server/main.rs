@@ -10,6 +10,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod cancel_flood;
 mod client_bytes;
 mod core_sink;
 mod deadlines;
