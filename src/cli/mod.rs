@@ -3,6 +3,7 @@
 //!
 //! Exit codes: 0 success, 2 usage or config error, 1 anything else.
 
+mod cancel;
 mod explain;
 mod ids;
 pub mod logging;
@@ -42,6 +43,8 @@ pub enum Command {
     DecodeId(ids::DecodeArgs),
     /// List claimed machine-ID slots and live instances from etcd.
     Slots(slots::SlotsArgs),
+    /// Cancel requests: every worker refuses their handoff from then on.
+    Cancel(cancel::CancelArgs),
 }
 
 /// Flags that override configuration keys; every key can also be set in the
@@ -159,5 +162,6 @@ pub fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::MintId(args) => ids::mint(args),
         Command::DecodeId(args) => ids::decode(args),
         Command::Slots(args) => slots::run(args),
+        Command::Cancel(args) => cancel::run(args),
     }
 }

@@ -15,7 +15,7 @@ pub fn run(args: ConfigArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     let report = runtime.block_on(async {
-        let client = connect(&config).await?;
+        let client = connect(&config, "setup").await?;
         let js = async_nats::jetstream::new(client.clone());
         let report = setup::ensure(&js, &config).await.map_err(|e| match e {
             // Exit code 2: the configuration asks for something impossible.
@@ -29,12 +29,12 @@ pub fn run(args: ConfigArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Connects once, failing fast: `setup` is run by hand or by a deploy step
-/// that should learn at once that NATS is unreachable.
-async fn connect(config: &Config) -> anyhow::Result<async_nats::Client> {
+/// Connects once, failing fast: `setup` (and `cancel`) is run by hand or by
+/// a deploy step that should learn at once that NATS is unreachable.
+pub(super) async fn connect(config: &Config, command: &str) -> anyhow::Result<async_nats::Client> {
     let nats = &config.nats;
     let options = async_nats::ConnectOptions::new()
-        .name(format!("{} setup", nats.name))
+        .name(format!("{} {command}", nats.name))
         .connection_timeout(Duration::from_secs(nats.connect_timeout_secs));
     let servers = crate::config::nats_url::parse(&nats.url)?;
     let options = auth_options(options, nats, servers.credentials).await?;

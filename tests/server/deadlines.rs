@@ -594,3 +594,59 @@ async fn jetstream_an_unconsumed_job_leaves_gen_at_its_deadline_on_2_11_and_late
     assert_eq!(ids, ["lasting"], "the expired job left GEN");
     worker.stop().await.expect("stop");
 }
+
+/// `prefill-handoff cancel` as an operator runs it.
+fn cancel_command(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_prefill-handoff"))
+        .arg("cancel")
+        .args(args)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run prefill-handoff cancel")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn core_the_cancel_command_cancels_for_every_worker() {
+    let nats = Nats::start();
+    let config = worker_support::config(&nats.url());
+    let worker = InProcess::start(&config, fixed_identity(10)).await;
+    let test = worker_support::client(&nats.url()).await;
+    let watch = Watch::start(&test).await;
+    let url = nats.url();
+    let out = tokio::task::block_in_place(|| {
+        cancel_command(&["--nats-url", &url, "--reason", "operator", "--json", "op-1"])
+    });
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "cancelled op-1\n");
+    assert!(until(|| cancels_counted(&worker, "recorded") == 1.0).await);
+    test.publish(PREFILL, msgpack(&result("op-1", "vllm", false)).into())
+        .await
+        .expect("publish");
+    watch.wait(2).await;
+    assert_eq!(
+        watch.replies().get("op-1"),
+        Some(&vec!["cancelled".to_string()])
+    );
+    assert_eq!(watch.releases().get("op-1").map(Vec::len), Some(1));
+    // A request ID the contract cannot hold is a usage error.
+    let long = "x".repeat(257);
+    let out = tokio::task::block_in_place(|| cancel_command(&["--nats-url", &url, &long]));
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    worker.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn jetstream_the_cancel_command_stores_its_cancels() {
+    let nats = Nats::start();
+    let config = js_config(&nats);
+    let test = worker_support::client(&nats.url()).await;
+    let js = async_nats::jetstream::new(test.clone());
+    jetstream_support::setup(&js, &config).await;
+    let url = nats.url();
+    let out = tokio::task::block_in_place(|| {
+        cancel_command(&["--nats-url", &url, "--mode", "jetstream", "op-1", "op-2"])
+    });
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let mut kept = js.get_stream("LLM_CANCEL").await.expect("cancel stream");
+    assert_eq!(kept.info().await.expect("info").state.messages, 2);
+}
