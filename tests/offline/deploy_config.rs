@@ -41,12 +41,17 @@ fn base_config() -> Config {
     Config::load_from(Some(&path), &[], &[]).expect("the base's handoff.toml loads")
 }
 
-/// Seconds from SIGTERM to a revoked lease at the most: the drain deadline,
-/// the last OTLP export and the etcd request that revokes the lease.
+/// Seconds from SIGTERM to exit at the most (docs/operations.md, "Shutdown
+/// timing"): the drain deadline, the NATS flush (1 s at least), the last
+/// OTLP export, the ID floor write and lease revoke (2 etcd requests + 1 s),
+/// and 1 s to stop.
 fn shutdown_bound_secs(config: &Config) -> u64 {
     config.shutdown_timeout_secs
+        + 1
         + config.otel.export_timeout_ms.div_ceil(1000)
-        + config.etcd.request_timeout_ms.div_ceil(1000)
+        + 2 * config.etcd.request_timeout_ms.div_ceil(1000)
+        + 1
+        + 1
 }
 
 /// Every `HANDOFF_*` name in `text` (env `- name:` entries, `Environment=`).
