@@ -14,7 +14,9 @@
 #      ExecStart is the built binary: verify wants it to exist); any warning
 #      fails
 #   5. a live worker in core and in JetStream mode (nats-server and etcd on
-#      free loopback ports): `promtool check metrics` on its /metrics, and
+#      free loopback ports; JetStream after `setup`, with
+#      jetstream.create = false, as the Kubernetes base runs it):
+#      `promtool check metrics` on its /metrics, and
 #      every metric and label value the rules and the dashboard name must be
 #      in those scrapes (scripts/deploy/metric_names.py)
 # Needs what scripts/install-deps.sh installs (promtool, kubernetes-validate,
@@ -90,11 +92,16 @@ ETCD=$(command -v etcd)
 start_nats jetstream
 start_etcd check-deploy
 
+# JetStream as the Kubernetes base runs it: `setup` (the Job) creates the
+# streams, then the worker runs with jetstream.create = false.
+"$bin" setup --nats-url "$NATS_URL" --mode jetstream --namespace deployjetstream \
+    >"$TMP/setup.log" 2>&1 || { cat "$TMP/setup.log" >&2; die "prefill-handoff setup"; }
 scrapes=()
 for mode in core jetstream; do
     port=$(free_port)
     "$bin" run --nats-url "$NATS_URL" --etcd-endpoints "$ETCD_URL" --mode "$mode" \
-        --metrics-addr "127.0.0.1:$port" --namespace "deploy$mode" >"$TMP/worker-$mode.log" 2>&1 &
+        --metrics-addr "127.0.0.1:$port" --namespace "deploy$mode" \
+        --set jetstream.create=false >"$TMP/worker-$mode.log" 2>&1 &
     worker=$!
     PIDS+=("$worker")
     ready=0

@@ -79,7 +79,10 @@ fn the_base_config_loads_and_fits_its_probes_and_grace_period() {
     assert!(DAEMONSET.contains(&format!("containerPort: {port}")));
     let grace = number_after(DAEMONSET, "terminationGracePeriodSeconds:");
     let bound = shutdown_bound_secs(&config);
-    assert!(grace > bound, "{grace} s grace, shutdown takes up to {bound} s");
+    assert!(
+        grace > bound,
+        "{grace} s grace, shutdown takes up to {bound} s"
+    );
     for manifest in [DAEMONSET, SETUP_JOB] {
         assert!(manifest.contains(&format!(
             "mountPath: {}",
@@ -95,7 +98,14 @@ fn the_base_config_loads_and_fits_its_probes_and_grace_period() {
 
 #[test]
 fn every_handoff_variable_of_the_kit_names_a_configuration_key() {
-    let texts = [DAEMONSET, SETUP_JOB, TLS_PATCHES[0], TLS_PATCHES[1], UNIT, UNIT_TLS];
+    let texts = [
+        DAEMONSET,
+        SETUP_JOB,
+        TLS_PATCHES[0],
+        TLS_PATCHES[1],
+        UNIT,
+        UNIT_TLS,
+    ];
     let names: Vec<String> = texts.iter().flat_map(|t| env_names(t)).collect();
     assert!(names.len() >= 8, "{names:?}");
     for name in names {
@@ -111,7 +121,10 @@ fn every_handoff_variable_of_the_kit_names_a_configuration_key() {
     }
     let unknown = [("HANDOFF_NATS__TLS__KEYFILE".to_owned(), "x".to_owned())];
     let err = Config::load_from(None, &unknown, &[]).expect_err("an unknown name is refused");
-    assert!(err.to_string().contains("unknown configuration key"), "{err}");
+    assert!(
+        err.to_string().contains("unknown configuration key"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -137,7 +150,10 @@ fn the_systemd_unit_restarts_through_a_slow_boot_and_outlasts_the_shutdown() {
 fn the_units_key_material_comes_from_credentials_and_its_documentation_exists() {
     assert!(UNIT.contains("DynamicUser=yes"));
     for line in UNIT_TLS.lines().filter(|l| l.starts_with("Environment=")) {
-        assert!(line.contains("=%d/"), "not from $CREDENTIALS_DIRECTORY: {line}");
+        assert!(
+            line.contains("=%d/"),
+            "not from $CREDENTIALS_DIRECTORY: {line}"
+        );
         let file = line.rsplit('/').next().unwrap_or_default();
         assert!(
             UNIT_TLS.contains(&format!("LoadCredential={file}:")),
@@ -147,7 +163,10 @@ fn the_units_key_material_comes_from_credentials_and_its_documentation_exists() 
     // Each Documentation= file is installed from the repository by the
     // unit's install lines.
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    for doc in UNIT.lines().filter_map(|l| l.strip_prefix("Documentation=file://")) {
+    for doc in UNIT
+        .lines()
+        .filter_map(|l| l.strip_prefix("Documentation=file://"))
+    {
         let line = UNIT
             .lines()
             .find(|l| l.starts_with("#   install") && l.ends_with(doc))
