@@ -236,6 +236,11 @@ if [ "${#apt_missing[@]}" -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
     "${SUDO[@]}" apt-get update -qq
     "${SUDO[@]}" apt-get install -y -qq --no-install-recommends "${apt_missing[@]}" >/dev/null
+    # Only promtool is wanted from the prometheus package: on a machine run
+    # by systemd, the server its installation starts is stopped and disabled.
+    if [[ " ${apt_missing[*]} " == *" prometheus "* ]] && [ -d /run/systemd/system ]; then
+        "${SUDO[@]}" systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+    fi
 fi
 
 # --- pip -------------------------------------------------------------------
