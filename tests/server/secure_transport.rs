@@ -337,11 +337,30 @@ async fn least_privilege_hands_off(mode: Mode) {
         ),
         ("HANDOFF_NATS__PASSWORD".to_string(), "pw".to_string()),
     ];
-    let mut worker = spawn_worker(&nats, &etcd, mode, &env);
     let client = ConnectOptions::with_user_and_password("test".into(), "test".into())
         .connect(nats.url())
         .await
         .expect("test client");
+    if mode == Mode::Jetstream {
+        // A cancel kept by the server, which the worker loads at start.
+        let mut config = prefill_handoff::config::Config::default();
+        config.mode = prefill_handoff::config::Mode::Jetstream;
+        let config = config.resolve().expect("config");
+        let js = async_nats::jetstream::new(client.clone());
+        prefill_handoff::setup::ensure(&js, &config)
+            .await
+            .expect("setup");
+        let cancel = b"\x81\xaarequest_id\xa1x".to_vec();
+        js.publish("llm.handoff.cancel", cancel.into())
+            .await
+            .expect("publish")
+            .await
+            .expect("stored");
+    }
+    let mut worker = spawn_worker(&nats, &etcd, mode, &env);
+    if mode == Mode::Jetstream {
+        assert!(worker.log().contains("loaded=1"), "{}", worker.log());
+    }
     hands_off(&client, &etcd, "least").await;
     worker.sigterm();
     let code = block_in_place(|| worker.wait_exit(Duration::from_secs(30)));
