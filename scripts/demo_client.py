@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The demo's client: publishes prefill results and prints where each went.
 
-    demo_client.py NATS_URL mixed|fenced|recovered
+    demo_client.py NATS_URL mixed|fenced|recovered|deadlines
 
 It listens on every subject (">") while it publishes, matches each output to
 the input that caused it (decode jobs by request_id, replies by their unique
@@ -20,6 +20,8 @@ import nats
 PREFILL = "llm.prefill.results"
 GEN = "llm.gen.jobs"
 DEAD = "llm.handoff.dead"
+CANCEL = "llm.handoff.cancel"
+RELEASE = "llm.kv.release"
 
 
 def frame(finish_reason=None, params=None, **extra):
@@ -40,10 +42,13 @@ def trt(**kw):
 
 class Case:
     def __init__(self, label, frames=None, body=None, raw=None, json_in=False,
-                 nats_reply=False, no_reply_to=False, reply_to=None):
+                 nats_reply=False, no_reply_to=False, reply_to=None, deadline_ms=None,
+                 notice=False):
         """nats_reply: no reply_to in the body; the reply subject rides on the
-        NATS message instead. no_reply_to: no reply subject at all."""
+        NATS message instead. no_reply_to: no reply subject at all.
+        notice: a KV release notice is expected beside the reply."""
         self.label = label
+        self.outputs = 2 if notice else 1
         self.slug = label.split(":")[0].strip().replace(" ", "-")
         self.request_id = "demo-" + self.slug
         self.reply = "llm.replies.demo." + self.slug
@@ -57,6 +62,8 @@ class Case:
                     "request": {"model": "llama-3-8b", "max_tokens": 64}}
             if not (nats_reply or no_reply_to):
                 body["reply_to"] = reply_to or self.reply
+            if deadline_ms is not None:
+                body["deadline_ms"] = deadline_ms
         self.payload = json.dumps(body).encode() if json_in else msgpack.packb(body)
 
 
@@ -96,6 +103,22 @@ def fenced_cases():
     ]
 
 
+def deadline_cases():
+    now = int(time.time() * 1000)
+    sglang = {"bootstrap_host": "10.0.0.7", "bootstrap_port": 8998, "bootstrap_room": 8}
+    return [
+        Case("cancelled-by-client: cancelled (prefill-handoff cancel) before its result",
+             [frame(None, trt())], notice=True),
+        Case("expired: deadline passed 5 s before the handoff", [frame(None, sglang)],
+             deadline_ms=now - 5000, notice=True),
+        Case("in-time: deadline 30 s ahead, carried by the job", [frame(None, trt())],
+             deadline_ms=now + 30000),
+        Case("expired-eos: deadline passed, but finished at prefill", [frame("eos")],
+             deadline_ms=now - 5000),
+        Case("bad-deadline: deadline_ms 1.5", [frame(None, trt())], deadline_ms=1.5),
+    ]
+
+
 def recovered_cases():
     return [Case("recovered-mint: TensorRT-LLM handoff needing an ID", [frame(None, trt())])]
 
@@ -108,11 +131,16 @@ def describe(case, msg):
     json_out = hdrs.get("Content-Type") == "application/json"
     out = json.loads(msg.data) if json_out else msgpack.unpackb(msg.data, raw=False)
     enc = "json" if json_out else "msgpack"
+    if subject == RELEASE:
+        return (f"KV release    reason={out.get('reason')} backend={out.get('backend')} "
+                f"handoff keys={sorted(out.get('handoff', {}))}")
     if subject == GEN:
         worker = out.get("worker", {})
         extra = ""
         if out.get("disagg_request_id") is not None:
             extra = f" disagg_request_id={out['disagg_request_id']}"
+        if out.get("deadline_ms") is not None:
+            extra += f" deadline_ms={out['deadline_ms']}"
         return (f"decode job    backend={out.get('backend')}{extra} "
                 f"by machine_id={worker.get('machine_id')} ({enc})")
     if out.get("kind") == "terminal":
@@ -124,12 +152,13 @@ def describe(case, msg):
 
 
 async def main(url, mode):
-    cases = {"mixed": mixed_cases, "fenced": fenced_cases, "recovered": recovered_cases}[mode]()
+    cases = {"mixed": mixed_cases, "fenced": fenced_cases, "recovered": recovered_cases,
+             "deadlines": deadline_cases}[mode]()
     nc = await nats.connect(url, max_reconnect_attempts=3)
     seen = []
 
     async def on_msg(msg):
-        if msg.subject != PREFILL:
+        if msg.subject not in (PREFILL, CANCEL):
             seen.append(msg)
 
     await nc.subscribe(">", cb=on_msg)
@@ -140,7 +169,7 @@ async def main(url, mode):
         await nc.publish(PREFILL, case.payload, reply=reply, headers=headers)
     await nc.flush()
     deadline = time.monotonic() + 10
-    while len(seen) < len(cases) and time.monotonic() < deadline:
+    while len(seen) < sum(c.outputs for c in cases) and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     await asyncio.sleep(0.3)  # let any duplicate show
     await nc.drain()
@@ -151,7 +180,7 @@ async def main(url, mode):
                 return case
             if msg.subject == case.reply:
                 return case
-        if msg.subject == GEN:
+        if msg.subject in (GEN, RELEASE):
             rid = (json.loads(msg.data) if (msg.headers or {}).get("Content-Type") == "application/json"
                    else msgpack.unpackb(msg.data, raw=False)).get("request_id")
             for case in cases:
@@ -172,20 +201,23 @@ async def main(url, mode):
     machines = {}
     for case in cases:
         got = outputs.get(case.slug, [])
-        if len(got) != 1:
+        if len(got) != case.outputs:
             ok = False
             print(f"  {case.label:<{width}}  !! {len(got)} outputs")
             continue
+        for i, msg in enumerate(got):
+            label = case.label if i == 0 else ""
+            print(f"  {label:<{width}}  -> {msg.subject:<36} {describe(case, msg)}")
         msg = got[0]
-        print(f"  {case.label:<{width}}  -> {msg.subject:<36} {describe(case, msg)}")
         if msg.subject == GEN:
             m = msgpack.unpackb(msg.data, raw=False) if not case.json_in else json.loads(msg.data)
             machines[m["worker"]["machine_id"]] = machines.get(m["worker"]["machine_id"], 0) + 1
     for msg in strays:
         ok = False
         print(f"  !! unexpected message on {msg.subject}")
-    print(f"\n  {len(cases)} results in, {sum(len(v) for v in outputs.values())} outputs, "
-          f"{len(strays)} stray; decode jobs by machine_id: {machines}")
+    notices = sum(1 for v in outputs.values() for m in v if m.subject == RELEASE)
+    print(f"\n  {len(cases)} results in, {sum(len(v) for v in outputs.values()) - notices} outputs, "
+          f"{notices} KV release notices, {len(strays)} stray; decode jobs by machine_id: {machines}")
     print("  every result got exactly one output" if ok else "  !! NOT every result got exactly one output")
     return 0 if ok else 1
 
