@@ -140,10 +140,15 @@ fn input<'a>(payload: &'a [u8], encoding: Encoding, nats_reply: Option<&'a str>)
         subject: SOURCE,
         nats_reply,
         deadline_header: None,
-        now_ms: 0,
+        // A time near the deadlines a generated result carries, so both
+        // sides of the compare are reached.
+        now_ms: NOW_MS,
         cancels: prefill_handoff::decision::NO_CANCELS,
     }
 }
+
+/// The decisions' wall-clock time, Unix ms.
+const NOW_MS: u64 = 1_767_225_600_000;
 
 /// The decision's invariants ([`invariants::check`]: one output, on an
 /// allowed subject, no CR or LF in a header, a body the worker can read
@@ -248,8 +253,11 @@ pub fn nats_headers(data: &[u8]) {
                 encoding,
                 subject: &subject,
                 nats_reply: reply.as_deref(),
-                deadline_header: None,
-                now_ms: 0,
+                deadline_header: transport::first_header(
+                    headers.as_ref(),
+                    prefill_handoff::decision::DEADLINE_HEADER,
+                ),
+                now_ms: NOW_MS,
                 cancels: prefill_handoff::decision::NO_CANCELS,
             };
             let headers = headers.as_ref();
