@@ -256,6 +256,30 @@ fn against_the_core_worker_every_kind_gets_its_contract_output() {
     assert_every_kind_answered(&report);
 }
 
+/// A tenth of the results cancelled before the run (the benchmark's
+/// cancelled run): each of those gets error `cancelled`, the rest their job.
+#[test]
+fn against_the_core_worker_cancelled_results_get_cancelled() {
+    let nats = Nats::start();
+    let etcd = Etcd::start();
+    let worker = spawn_worker(&nats, &etcd, "core");
+    let (code, report, stderr) = loadgen(
+        &nats,
+        &[
+            "--count",
+            "1000",
+            "--mix",
+            "trtllm=9,cancelled=1",
+            "--timeout",
+            "20",
+        ],
+    );
+    assert_eq!(code, Some(0), "{report:#}\n{stderr}\n{}", worker.log());
+    assert_eq!(report["wrong_kind"], 0, "{report:#}");
+    assert_eq!(report["received"]["decode"], 900, "{report:#}");
+    assert_eq!(report["received"]["error"], 100, "{report:#}");
+}
+
 #[test]
 fn against_the_jetstream_worker_every_acked_message_gets_its_contract_output() {
     let nats = Nats::start();

@@ -71,6 +71,22 @@ pub async fn run(opts: &Options) -> Result<Report, LoadgenError> {
     };
     let warmup = encode_all(Tag::Warmup, opts.warmup);
     let measured = encode_all(Tag::Measured, opts.count);
+    // The request IDs whose results are to be cancelled, from both schedules.
+    let cancelled: Vec<String> = [
+        (Tag::Warmup as fn(usize) -> Tag, opts.warmup),
+        (Tag::Measured, opts.count),
+    ]
+    .into_iter()
+    .flat_map(|(tag, n)| {
+        let ids = &ids;
+        opts.mix
+            .schedule(n)
+            .into_iter()
+            .enumerate()
+            .filter(|(_, kind)| *kind == super::mix::Kind::Cancelled)
+            .map(move |(seq, _)| ids.request_id(tag(seq)))
+    })
+    .collect();
     drop(kinds);
 
     let progress = Arc::new(Progress::default());
@@ -114,6 +130,7 @@ pub async fn run(opts: &Options) -> Result<Report, LoadgenError> {
         .then(|| tokio::spawn(print_progress(progress.clone(), opts.count)));
 
     let publisher = Publisher::new(pub_client.clone(), opts)?;
+    cancel_first(&pub_client, &opts.cancel_subject, &cancelled).await?;
     if !warmup.is_empty() {
         let mut scratch = Vec::new();
         publisher
@@ -154,6 +171,39 @@ pub async fn run(opts: &Options) -> Result<Report, LoadgenError> {
             slow_consumer_events: progress.slow_consumer.load(Ordering::Relaxed),
         },
     ))
+}
+
+/// Publishes a cancel for each of `request_ids` before the run, and gives
+/// the workers time to take them: a cancel and its result travel on
+/// different subscriptions of a worker, so a result sent right after its
+/// cancel could overtake it and go to decode. One second, plus one per
+/// 20,000 cancels (a debug-build worker takes that many in well under a
+/// second).
+async fn cancel_first(
+    client: &Client,
+    subject: &str,
+    request_ids: &[String],
+) -> Result<(), LoadgenError> {
+    if request_ids.is_empty() {
+        return Ok(());
+    }
+    for id in request_ids {
+        let body = payload::to_msgpack(&payload::from_pairs([(
+            "request_id",
+            rmpv::Value::from(id.as_str()),
+        )]));
+        client
+            .publish(subject.to_string(), Bytes::from(body))
+            .await
+            .map_err(|e| LoadgenError::Nats(format!("publish a cancel on {subject}: {e}")))?;
+    }
+    client
+        .flush()
+        .await
+        .map_err(|e| LoadgenError::Nats(format!("flush: {e}")))?;
+    let settle = Duration::from_secs(1) + Duration::from_secs(request_ids.len() as u64 / 20_000);
+    tokio::time::sleep(settle).await;
+    Ok(())
 }
 
 async fn connect(

@@ -62,6 +62,8 @@ pub struct Options {
     pub prefill_subject: String,
     pub gen_subject: String,
     pub dead_letter_subject: String,
+    /// Where the cancels of [`mix::Kind::Cancelled`] results go.
+    pub cancel_subject: String,
     /// Where terminal and error responses come back: an allowed reply subject.
     pub reply_subject: String,
     /// A `reply_to` the worker must refuse, for dead-letter messages.
@@ -97,6 +99,7 @@ impl Options {
             prefill_subject: format!("{ns}.prefill.results"),
             gen_subject: format!("{ns}.gen.jobs"),
             dead_letter_subject: format!("{ns}.handoff.dead"),
+            cancel_subject: format!("{ns}.handoff.cancel"),
             reply_subject: format!("{ns}.replies.loadgen.{run_id}"),
             refused_reply_to: format!("$SYS.loadgen.{run_id}"),
             run_id: run_id.to_string(),

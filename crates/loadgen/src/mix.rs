@@ -23,10 +23,13 @@ pub enum Kind {
     Error,
     /// A result whose `reply_to` is not allowed: it must be dead-lettered.
     Dead,
+    /// A TensorRT-LLM handoff whose request is cancelled (on the cancel
+    /// subject, before the run): the worker answers error `cancelled`.
+    Cancelled,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 7] = [
+    pub const ALL: [Kind; 8] = [
         Kind::Trtllm,
         Kind::Sglang,
         Kind::Vllm,
@@ -34,6 +37,7 @@ impl Kind {
         Kind::Terminal,
         Kind::Error,
         Kind::Dead,
+        Kind::Cancelled,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -45,6 +49,7 @@ impl Kind {
             Kind::Terminal => "terminal",
             Kind::Error => "error",
             Kind::Dead => "dead",
+            Kind::Cancelled => "cancelled",
         }
     }
 
@@ -53,7 +58,7 @@ impl Kind {
         match self {
             Kind::Trtllm | Kind::Sglang | Kind::Vllm | Kind::Opaque => OutputKind::Decode,
             Kind::Terminal => OutputKind::Terminal,
-            Kind::Error => OutputKind::Error,
+            Kind::Error | Kind::Cancelled => OutputKind::Error,
             Kind::Dead => OutputKind::DeadLetter,
         }
     }

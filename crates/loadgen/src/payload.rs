@@ -101,7 +101,9 @@ fn build(template: &Template, kind: Kind, request_id: &str, seq: u64, nth: u64) 
         _ => template.reply_to.as_str(),
     };
     let (finish_reason, error, params) = match kind {
-        Kind::Trtllm | Kind::Dead => (Value::Nil, None, trtllm_params(template, seq, true)),
+        Kind::Trtllm | Kind::Dead | Kind::Cancelled => {
+            (Value::Nil, None, trtllm_params(template, seq, true))
+        }
         Kind::Sglang => (Value::Nil, None, sglang_params(seq)),
         Kind::Vllm => (Value::Nil, None, vllm_params(seq)),
         Kind::Opaque => (
