@@ -25,5 +25,4 @@ mod decision_malformed;
 mod deploy_config;
 mod fuzz_corpus;
 mod ids;
-mod nats_parser;
 mod wire;
