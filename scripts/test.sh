@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Every check of the project, as CI runs it (.ci/run):
 #   1. install what is missing (scripts/install-deps.sh)
-#   2. cargo fmt --check, and vendor/async-nats is the release with
-#      vendor/patches/ applied (scripts/vendor-async-nats.sh --check)
+#   2. cargo fmt --check, no import cycle between the modules of src/
+#      (scripts/check-modules.sh; the cycles still being removed are listed
+#      in scripts/module-cycles.allow), and vendor/async-nats is the release
+#      with vendor/patches/ applied (scripts/vendor-async-nats.sh --check)
 #   3. clippy's lints as `cargo clippy --all-targets -- -D warnings` has them,
 #      applied while every target is built (see the step for why)
 #   4. doc tests (cargo test --doc)
@@ -13,6 +15,8 @@
 #      15 s each, coverage-guided, built on what step 3 compiled); it runs
 #      in the background at the lowest CPU priority during steps 5 and 6,
 #      which mostly wait on servers, and its output follows theirs
+#   8. the deployment kit's checks (scripts/check-deploy.sh: manifests,
+#      alert rules and their tests, the systemd unit, live workers' metrics)
 # Exits non-zero on the first failure and says which step it was.
 #
 # HANDOFF_TEST_THREADS: tests run at once (default: 3 per CPU, at most 12).
@@ -67,6 +71,9 @@ begin "cargo fmt --check"
 cargo fmt --check
 begin "vendor/async-nats is async-nats with vendor/patches/ (scripts/vendor-async-nats.sh --check)"
 bash scripts/vendor-async-nats.sh --check
+
+begin "import cycles between modules (scripts/check-modules.sh)"
+bash scripts/check-modules.sh --quiet
 
 # Clippy and the build in one compilation. `cargo clippy` is `cargo check`
 # with RUSTC_WORKSPACE_WRAPPER pointing at clippy-driver and the lint flags
@@ -176,6 +183,14 @@ if [ -n "$other" ]; then
         -E '(!kind(test) & test(/jetstream/)) | (kind(test) & test(/jetstream[^:]*$/)) | (binary(server) & test(/^(hostile_publisher::|nats_parser::|core_sink::|supervision::|worker_bounds::a_burst_of_2000)/))'
     second="ran with $version"
 fi
+
+# --- Deployment kit ------------------------------------------------------------
+# Manifests (kubernetes-validate), alert rules (promtool check/test rules),
+# the systemd unit (systemd-analyze verify) and a live worker's /metrics in
+# both modes (promtool check metrics; every metric the rules and the
+# dashboard name is exported), on the binary step 3 built.
+begin "deployment kit (scripts/check-deploy.sh)"
+bash scripts/check-deploy.sh
 
 # --- Fuzz smoke: its end --------------------------------------------------------
 begin "fuzz smoke: the rest of it after the tests (scripts/fuzz.sh)"

@@ -38,21 +38,19 @@
 //! [`AFTER_FAILURE`]) while earlier ones still wait, each bounded by
 //! `etcd.request_timeout_ms` (2 s), and takes the first answer. Once a new
 //! leader is elected, a renewal gets through within about 0.4 s plus one
-//! commit (the old schedule waited out a 2 s timeout, then 0.5 s, per try,
-//! and ran out 330 ms short in such an election). Budget: an election of up
+//! commit (waiting out one request's 2 s timeout, then retrying, would run
+//! out of reservation in such an election). Budget: an election of up
 //! to about 3.33 - 0.5 = 2.8 s after the kill costs clients nothing at TTL
 //! 5 s; at the default TTL of 10 s, 6.67 - 0.5 = 6.1 s. Every try of one
 //! renewal writes the same value, so their order in etcd does not matter.
 //!
-//! Measured with slower elections (the cluster test's etcd run with
-//! `ETCD_ELECTION_TIMEOUT=1500 ETCD_HEARTBEAT_INTERVAL=150`): the former
-//! schedule failed 2 of 4 runs (67 and 16 `identity_unavailable`); this one
-//! passed 4 of 4, its slowest renewal getting through 2.4 s (10 tries) after
-//! it started.
+//! With slower elections (the cluster test's etcd run with
+//! `ETCD_ELECTION_TIMEOUT=1500 ETCD_HEARTBEAT_INTERVAL=150`) this schedule
+//! keeps every client's ID (`docs/performance.md`).
 
-use super::claim::{Claimed, Settings};
+use super::etcd::{LeaseError, Settings};
 use super::registry::Keys;
-use super::{Identity, LeaseError, Reservation};
+use super::{Identity, Reservation};
 use crate::ids::MachineId;
 use crate::wire::messages::instance_id;
 use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp, TxnOpResponse, TxnResponse};
@@ -281,52 +279,30 @@ pub(super) async fn renew(settings: &Settings, holder: Holder<'_>, identity: &Id
 /// On shutdown, after the identity is fenced: lowers the floor to the last
 /// millisecond minted, so the next holder starts right above it. Without a
 /// known last millisecond the reservation stays (safe, only later).
-pub(super) async fn settle(settings: &Settings, claimed: &Claimed, identity: &Identity) {
+pub(super) async fn settle(settings: &Settings, holder: Holder<'_>, identity: &Identity) {
     let Some(last_ms) = identity.high_water_ms() else {
         return;
     };
     match write(
         settings,
-        &claimed.client,
-        claimed.lease_id,
-        claimed.machine_id,
+        holder.client,
+        holder.lease_id,
+        holder.machine_id,
         last_ms,
     )
     .await
     {
         Ok(()) => info!(
-            machine_id = claimed.machine_id.get(),
+            machine_id = holder.machine_id.get(),
             floor_ms = last_ms,
             "ID floor set to the last minted millisecond"
         ),
         Err(e) => warn!(
-            machine_id = claimed.machine_id.get(),
+            machine_id = holder.machine_id.get(),
             error = %e,
             "cannot lower the ID floor; the next holder starts above the reservation"
         ),
     }
-}
-
-/// One floor write as `lease_id`, exactly as a holder renews its
-/// reservation: for the test that a former holder's late write is refused
-/// once the slot moved (the rule every reservation's safety rests on).
-#[doc(hidden)]
-pub async fn write_as(
-    config: &crate::config::Config,
-    lease_id: i64,
-    machine_id: MachineId,
-    floor_ms: u64,
-) -> Result<(), LeaseError> {
-    let settings = Settings {
-        etcd: config.etcd.clone(),
-        keys: Keys::new(&config.namespace),
-        ttl_secs: 1,
-        record: super::registry::InstanceRecord::default(),
-    };
-    let client = super::claim::connect(&settings).await?;
-    write(&settings, &client, lease_id, machine_id, floor_ms)
-        .await
-        .map_err(LeaseError::from)
 }
 
 /// The floor write: put the floor, provided the slot key is still attached
@@ -348,7 +324,7 @@ fn floor_txn(keys: &Keys, lease_id: i64, machine_id: MachineId, floor_ms: u64) -
 /// Puts the floor, provided the slot key is still attached to `lease_id`;
 /// sent again at once to another member when a try fails
 /// (`Settings::failing_over`).
-async fn write(
+pub(super) async fn write(
     settings: &Settings,
     client: &Client,
     lease_id: i64,

@@ -5,7 +5,8 @@
 //! [`Lease::shutdown`] revokes the lease so the slot frees at once.
 
 use super::Identity;
-use super::claim::{self, Claimed, Settings};
+use super::claim::{self, Claimed};
+use super::etcd::{LeaseError, Settings};
 use super::floor;
 use super::registry::{InstanceRecord, Keys, rfc3339};
 use super::session::{self, Ended};
@@ -23,18 +24,6 @@ use tracing::{info, warn};
 pub struct Registration {
     /// The subjects this worker consumes and publishes.
     pub subjects: Vec<String>,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum LeaseError {
-    #[error("{0}")]
-    Etcd(String),
-    #[error(
-        "all 1021 machine-ID slots under {prefix} are held by live leases; stop a worker or use another namespace"
-    )]
-    SlotsExhausted { prefix: String },
-    #[error(transparent)]
-    Config(#[from] ConfigError),
 }
 
 /// How many times the identity recovered from a lost lease; clonable, for
@@ -172,7 +161,7 @@ async fn supervise(
         let loss = match session::hold(&settings, &mut claimed, &identity, &mut stop).await {
             Ended::Shutdown => {
                 identity.fence();
-                floor::settle(&settings, &claimed, &identity).await;
+                floor::settle(&settings, claimed.holder(), &identity).await;
                 claim::revoke(&settings, &claimed.client, claimed.lease_id).await;
                 return;
             }

@@ -4,7 +4,7 @@
 //! consumer, no `filter_subjects`.
 
 use crate::config::{Config, ConfigError};
-use crate::pipeline::settle::Redelivery;
+use crate::redelivery::Redelivery;
 use async_nats::jetstream::{
     consumer::{AckPolicy, DeliverPolicy, pull},
     stream::{self, DiscardPolicy, RetentionPolicy, StorageType},
