@@ -174,10 +174,10 @@ async fn serve(config: Config, id_service: IdService) -> anyhow::Result<()> {
     let Started {
         worker,
         client,
+        closed,
         id_service,
     } = started;
     supervise::debug_fault(&client);
-    let watched = client.clone();
     let work = async {
         let report = worker.run(shutdown).await;
         tracing::info!(
@@ -197,7 +197,7 @@ async fn serve(config: Config, id_service: IdService) -> anyhow::Result<()> {
             }
             result => result,
         },
-        () = watched.closed() => Err(stopped(&readiness, Stopped::ConnectionEnded)),
+        () = closed.wait() => Err(stopped(&readiness, Stopped::ConnectionEnded)),
     };
     id_service.abort();
     signal_task.abort();
@@ -247,6 +247,7 @@ async fn until_signal<T>(signals: &mut Signals, startup: impl Future<Output = T>
 struct Started {
     worker: Worker,
     client: async_nats::Client,
+    closed: crate::connect::Closed,
     id_service: tokio::task::JoinHandle<()>,
 }
 
@@ -268,13 +269,8 @@ async fn start(
         },
     )
     .await?;
-    let client = crate::connect::connect(
-        &config.nats,
-        config.subscription_bytes(),
-        metrics.clone(),
-        readiness.clone(),
-    )
-    .await?;
+    let (client, closed) =
+        crate::connect::connect_watched(&config.nats, metrics.clone(), readiness.clone()).await?;
     let id_service = id_service::serve(
         client.clone(),
         id_service,
@@ -296,6 +292,7 @@ async fn start(
     Ok(Started {
         worker,
         client,
+        closed,
         id_service,
     })
 }

@@ -36,7 +36,6 @@ pub(crate) const KEYS: &[(&str, Kind)] = &[
     ("nats.credentials_file", Kind::OptStr),
     ("nats.name", Kind::Str),
     ("nats.subscription_capacity", Kind::UInt),
-    ("nats.subscription_bytes", Kind::UInt),
     ("nats.connect_timeout_secs", Kind::UInt),
     ("nats.nkey_seed_file", Kind::OptStr),
     ("nats.tls.ca_file", Kind::OptStr),

@@ -83,10 +83,6 @@ pub struct NatsConfig {
     /// Messages the client buffers per subscription while the worker is
     /// behind; beyond it, core NATS drops them (slow consumer).
     pub subscription_capacity: usize,
-    /// Bytes the client buffers for all subscriptions together; at this
-    /// bound it stops reading, and the server holds what follows (up to its
-    /// `max_pending`).
-    pub subscription_bytes: usize,
     /// `run` exits 1 when no server of `url` answers within this at start.
     pub connect_timeout_secs: u64,
     /// File holding an NKey user seed (`SU...`).
@@ -337,7 +333,6 @@ impl Default for NatsConfig {
             credentials_file: None,
             name: "prefill-handoff".into(),
             subscription_capacity: 262_144,
-            subscription_bytes: 8 * 1024 * 1024,
             connect_timeout_secs: 10,
             nkey_seed_file: None,
             tls: NatsTls::default(),
@@ -387,18 +382,6 @@ impl Default for JetStreamConfig {
 pub struct ConfigError(pub String);
 
 impl Config {
-    /// The NATS client's bound in bytes on its subscriptions' buffers:
-    /// `nats.subscription_bytes` in core mode. None in JetStream mode, whose
-    /// pulls ask for at most the free part of `max_in_flight_bytes`
-    /// already: there a bound would only make the acknowledgements' and
-    /// publish acknowledgements' replies wait behind pulled results.
-    pub fn subscription_bytes(&self) -> Option<usize> {
-        match self.mode {
-            Mode::Core => Some(self.nats.subscription_bytes),
-            Mode::Jetstream => None,
-        }
-    }
-
     /// Loads defaults, then `file`, then `HANDOFF_*` variables from the
     /// process environment, then `overrides` (`key=value` pairs from flags),
     /// and resolves the namespace-derived names.

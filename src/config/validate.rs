@@ -366,12 +366,6 @@ fn limits(c: &Config) -> Result<(), ConfigError> {
             "the client needs room for at least one message",
         ),
         (
-            "nats.subscription_bytes",
-            c.nats.subscription_bytes as u64,
-            1,
-            "0 would stop the client from reading anything",
-        ),
-        (
             "nats.connect_timeout_secs",
             c.nats.connect_timeout_secs,
             1,

@@ -11,7 +11,6 @@
 mod common;
 
 mod cancel_flood;
-mod client_bytes;
 mod core_sink;
 mod deadlines;
 mod harness;
@@ -28,6 +27,7 @@ mod jetstream_setup;
 mod jetstream_slow;
 mod loadgen;
 mod metrics;
+mod nats_parser;
 mod secure_transport;
 mod supervision;
 mod telemetry;
