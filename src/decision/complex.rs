@@ -9,7 +9,8 @@
 //! names a usable reply subject, else as a dead letter.
 
 use super::request::{self, MAX_REQUEST_ID_BYTES};
-use super::{DeadLetterCode, Decision, ErrorCode, Input, Reply, Rules, dead_letter};
+use super::tree::Reply;
+use super::{DeadLetterCode, Decision, ErrorCode, Input, Rules, dead_letter};
 use crate::wire::{map, shallow};
 use rmpv::Value;
 

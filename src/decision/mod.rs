@@ -3,6 +3,12 @@
 //! [`decide`] is pure. It reads nothing but its arguments; the only effect it
 //! may cause is asking the [`IdSource`] for a fresh request ID. `explain` is
 //! this function plus printing; `run` is this function plus transports.
+//!
+//! - `tree.rs`: the value-tree path, the reference; `fast.rs`: the same
+//!   decision on the input's bytes in place, held to it by a differential
+//!   property test.
+//! - [`deadline`]: deadlines and cancels, the one statement of their rules
+//!   for both paths.
 
 pub mod codes;
 mod complex;
@@ -14,6 +20,7 @@ mod known;
 pub mod reply;
 mod request;
 mod trace;
+mod tree;
 
 pub use crate::wire::messages::{Backend, InstanceId};
 pub use codes::{DeadLetterCode, ErrorCode, FinishReason};
@@ -30,11 +37,11 @@ pub use trace::{
     MAX_TRACESTATE_BYTES, TRACEPARENT, TRACEPARENT_LEN, TRACESTATE, TraceHeader, TraceHeaders,
     trace_headers,
 };
+pub use tree::decide_values;
 
 use crate::ids::MachineId;
-use crate::wire::{self, Encoding, map, messages};
+use crate::wire::{self, Encoding, map};
 use headers::{push_content_type, truncate};
-use request::Request;
 use rmpv::Value;
 use std::sync::Arc;
 
@@ -208,265 +215,6 @@ pub fn decide_in_place(
     ids: &mut dyn IdSource,
 ) -> Option<Decision> {
     fast::decide(input, rules, ids)
-}
-
-/// [`decide`] through value trees only: the reference the in-place path is
-/// tested against.
-pub fn decide_values(input: Input<'_>, rules: &Rules, ids: &mut dyn IdSource) -> Decision {
-    if input.payload.len() > rules.max_payload_bytes {
-        let why = format!(
-            "the message is {} bytes; at most {} are accepted (max_payload_bytes)",
-            input.payload.len(),
-            rules.max_payload_bytes
-        );
-        return dead_letter(input, rules, DeadLetterCode::TooLarge, why);
-    }
-    let top = match wire::decode(input.payload, input.encoding) {
-        Ok(Value::Map(top)) => top,
-        Ok(other) => {
-            let why = format!(
-                "the body is {}; a prefill result is a map with request_id, reply_to and frames",
-                describe(&other)
-            );
-            return dead_letter(input, rules, DeadLetterCode::Malformed, why);
-        }
-        Err(e) => {
-            let why = format!("{e} (decoded as {})", input.encoding.as_str());
-            return dead_letter(input, rules, DeadLetterCode::Malformed, why);
-        }
-    };
-    let reply_to = match request::reply_subject(&top, input, rules) {
-        Ok(subject) => subject,
-        Err((code, why)) => return dead_letter(input, rules, code, why),
-    };
-    let mut reply = Reply {
-        encoding: input.encoding,
-        subject: reply_to,
-        request_id: None,
-        size_hint: input.payload.len(),
-        deadline_ms: None,
-    };
-    match request::check(top) {
-        Err(malformed) => {
-            reply.request_id = malformed.request_id;
-            reply.error(ErrorCode::Malformed, malformed.why, 0)
-        }
-        Ok(request) => decide_request(request, reply, input, rules, ids),
-    }
-}
-
-/// Where answers for a request go, once its reply subject is known.
-struct Reply {
-    encoding: Encoding,
-    subject: String,
-    request_id: Option<String>,
-    /// The input's size: outputs are about as large.
-    size_hint: usize,
-    /// The result's effective deadline, once read.
-    deadline_ms: Option<u64>,
-}
-
-impl Reply {
-    fn error(self, code: ErrorCode, message: String, trailing_frames: usize) -> Decision {
-        let body = messages::error_response(self.request_id.as_deref(), code.as_str(), &message);
-        Decision {
-            outcome: Outcome::Error { code },
-            payload: wire::encode(&body, self.encoding),
-            headers: content_type(self.encoding),
-            request_id: self.request_id,
-            subject: self.subject.into(),
-            trailing_frames,
-            detail: Some(message),
-            deadline_ms: self.deadline_ms,
-            release: None,
-        }
-    }
-
-    /// The error response for a handoff refused as cancelled or past its
-    /// deadline, with its KV release notice.
-    fn refused(
-        self,
-        (code, message): (ErrorCode, String),
-        handoff: Handoff<'_>,
-        rules: &Rules,
-        trailing_frames: usize,
-    ) -> Decision {
-        let notice = messages::release_notice(
-            handoff.request_id,
-            code.as_str(),
-            handoff.backend,
-            Value::Map(handoff.params),
-            handoff.ids.instance_id(),
-            handoff.ids.machine_id(),
-        );
-        let mut headers = content_type(self.encoding);
-        headers.push("Nats-Msg-Id", &release_msg_id(handoff.request_id));
-        let release = Release {
-            subject: rules.release_subject.clone(),
-            headers,
-            payload: wire::encode(&notice, self.encoding),
-        };
-        Decision {
-            release: Some(Box::new(release)),
-            ..self.error(code, message, trailing_frames)
-        }
-    }
-}
-
-/// A refused handoff, as its release notice names it.
-struct Handoff<'a> {
-    request_id: &'a str,
-    backend: Backend,
-    /// The engine's params as received.
-    params: Vec<(Value, Value)>,
-    ids: &'a dyn IdSource,
-}
-
-/// Rules 1 to 5 for a result whose envelope is well formed. Long: the
-/// contract's rules in their order, each a few lines, read best as one.
-fn decide_request(
-    request: Request,
-    mut reply: Reply,
-    input: Input<'_>,
-    rules: &Rules,
-    ids: &mut dyn IdSource,
-) -> Decision {
-    let Request {
-        request_id,
-        frames,
-        request,
-        mut rest,
-    } = request;
-    reply.request_id = Some(request_id.clone());
-    // The deadline (contract 10): the job carries the effective one in its
-    // own field, so the input's is not passed on as it came.
-    let field = map::take(&mut rest, "deadline_ms");
-    match deadline::effective(deadline::Field::of(field.as_ref()), input.deadline_header) {
-        Ok(ms) => reply.deadline_ms = ms,
-        Err(why) => return reply.error(ErrorCode::InvalidDeadline, why, 0),
-    }
-    let trailing = frames.len().saturating_sub(1);
-    // Rule 1. Only the first frame is ever looked at again; the rest are
-    // counted (trailing) and dropped here.
-    let Some(Value::Map(mut first)) = frames.into_iter().next() else {
-        return reply.error(
-            ErrorCode::NoOutput,
-            "frames is empty; the prefill produced no output to decide on".into(),
-            0,
-        );
-    };
-    if let Some(key) = map::duplicate_key(&first) {
-        let why = format!(
-            "the first frame holds the key {key:?} more than once; each key must appear once"
-        );
-        return reply.error(ErrorCode::Malformed, why, trailing);
-    }
-    // Rule 2.
-    if let Some(err) = map::get_non_nil(&first, "error") {
-        let why = prefill_failed(&error_text(err));
-        return reply.error(ErrorCode::PrefillFailed, why, trailing);
-    }
-    // The params never leave in a terminal response or a prefill_output.
-    let params = map::take(&mut first, "disaggregated_params");
-    // Rule 3.
-    if let Some(reason) = map::get_non_nil(&first, "finish_reason")
-        && !matches!(reason.as_str(), Some("length" | "not_finished"))
-    {
-        let finish_reason = match reason {
-            Value::String(s) => FinishReason::from_label(s.as_str().unwrap_or("")),
-            Value::Map(m) if map::has(m, "error") => FinishReason::Error,
-            _ => FinishReason::Other,
-        };
-        let body = messages::terminal_response(&request_id, Value::Map(first));
-        return Decision {
-            outcome: Outcome::Terminal { finish_reason },
-            payload: wire::encode_with_capacity(&body, reply.encoding, reply.size_hint),
-            headers: content_type(reply.encoding),
-            request_id: reply.request_id,
-            subject: reply.subject.into(),
-            trailing_frames: trailing,
-            detail: None,
-            deadline_ms: reply.deadline_ms,
-            release: None,
-        };
-    }
-    // Rule 4.
-    let params = match params {
-        Some(Value::Map(params)) => params,
-        other => {
-            let why = format!(
-                "the first frame needs decode (finish_reason {}) but disaggregated_params is {}; a decode handoff needs the engine's params map",
-                map::get_non_nil(&first, "finish_reason").map_or_else(|| "absent".into(), describe),
-                other.as_ref().map_or_else(|| "missing".into(), describe),
-            );
-            return reply.error(ErrorCode::NoDisaggregatedParams, why, trailing);
-        }
-    };
-    let backend = match handoff::check(&params) {
-        Ok(backend) => backend,
-        Err((code, why)) => return reply.error(code, why, trailing),
-    };
-    if let Some(refusal) = deadline::refusal(
-        &request_id,
-        reply.deadline_ms,
-        input.now_ms,
-        rules.deadline_skew_ms,
-        input.cancels,
-    ) {
-        let handoff = Handoff {
-            request_id: &request_id,
-            backend,
-            params,
-            ids,
-        };
-        return reply.refused(refusal, handoff, rules, trailing);
-    }
-    let handoff = match handoff::complete(params, backend, ids) {
-        Ok(h) => h,
-        Err((code, why)) => return reply.error(code, why, trailing),
-    };
-    // Rule 5.
-    let outcome = Outcome::Decode {
-        backend: handoff.backend,
-        minted: handoff.minted.is_some(),
-    };
-    let (machine_id, instance_id) = match handoff.minted {
-        Some(minted) => (minted.machine_id, minted.instance_id),
-        None => (ids.machine_id(), ids.instance_id()),
-    };
-    let job = messages::DecodeJob {
-        request_id: &request_id,
-        reply_to: &reply.subject,
-        backend: handoff.backend,
-        disagg_request_id: handoff.disagg_request_id,
-        handoff: handoff.params,
-        prefill_output: first,
-        request,
-        instance_id,
-        machine_id,
-        deadline_ms: reply.deadline_ms,
-        extra: rest,
-    };
-    let mut headers = content_type(reply.encoding);
-    headers.push("Nats-Msg-Id", &msg_id(&request_id));
-    if let Some(ms) = reply.deadline_ms {
-        headers.push(DEADLINE_HEADER, &ms.to_string());
-    }
-    Decision {
-        outcome,
-        payload: wire::encode_with_capacity(
-            &job.into_value(),
-            reply.encoding,
-            reply.size_hint + 128,
-        ),
-        headers,
-        request_id: reply.request_id,
-        subject: rules.gen_subject.clone(),
-        trailing_frames: trailing,
-        detail: None,
-        deadline_ms: reply.deadline_ms,
-        release: None,
-    }
 }
 
 /// The original bytes, unchanged, to the dead-letter subject. A JSON input
