@@ -1,0 +1,390 @@
+//! Shared pieces of the deadline and cancel tests (`tests/server/deadlines.rs`):
+//! prefill results with deadlines for the three engine shapes, cancel
+//! messages, and a watch on the reply, GEN and KV release subjects.
+
+#![allow(dead_code)]
+
+use crate::common::worker_support::InProcess;
+use async_nats::{Client, HeaderMap, Message};
+use futures::StreamExt;
+use serde_json::{Value as Json, json};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+pub const GEN: &str = "llm.gen.jobs";
+pub const RELEASE: &str = "llm.kv.release";
+pub const CANCEL: &str = "llm.handoff.cancel";
+pub const PREFILL: &str = "llm.prefill.results";
+pub const WAIT: Duration = Duration::from_secs(30);
+
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_millis() as u64
+}
+
+/// Engine params of the three shapes, as a prefill engine returns them.
+pub fn params(backend: &str) -> Json {
+    match backend {
+        "trtllm" => {
+            json!({"ctx_request_id": 7, "request_type": "context_only", "opaque_state": [1, 2]})
+        }
+        "sglang" => {
+            json!({"bootstrap_host": "10.0.0.5", "bootstrap_port": 8998, "bootstrap_room": 42})
+        }
+        _ => {
+            json!({"remote_engine_id": "engine-a", "remote_block_ids": [3, 4], "remote_port": 5600})
+        }
+    }
+}
+
+/// A prefill result for `id`, answered on `llm.replies.{id}`: decode-bound
+/// with `backend`'s params, or terminal (`stop`).
+pub fn result(id: &str, backend: &str, terminal: bool) -> Json {
+    let mut frame =
+        json!({"token_ids": [42], "text": "Hi", "disaggregated_params": params(backend)});
+    frame["finish_reason"] = if terminal {
+        json!("stop")
+    } else {
+        json!("length")
+    };
+    json!({"request_id": id, "reply_to": format!("llm.replies.{id}"), "frames": [frame]})
+}
+
+pub fn with_deadline(mut result: Json, deadline: Json) -> Json {
+    result["deadline_ms"] = deadline;
+    result
+}
+
+pub fn msgpack(value: &Json) -> Vec<u8> {
+    rmp_serde::to_vec_named(value).expect("encode")
+}
+
+pub fn deadline_header(ms: &str) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    headers.insert("Handoff-Deadline", ms);
+    headers
+}
+
+pub fn json_headers() -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    headers.insert("Content-Type", "application/json");
+    headers
+}
+
+/// What a test publishes: a body and its headers.
+pub struct Publish {
+    pub body: Vec<u8>,
+    pub headers: HeaderMap,
+}
+
+pub fn plain(body: &Json) -> Publish {
+    Publish {
+        body: msgpack(body),
+        headers: HeaderMap::new(),
+    }
+}
+
+/// The outputs a worker publishes, by subject kind, as JSON.
+#[derive(Default)]
+pub struct Seen {
+    pub replies: Vec<Json>,
+    pub jobs: Vec<(Json, Option<String>)>,
+    pub releases: Vec<(Json, Option<String>)>,
+}
+
+/// Everything on the reply, GEN and release subjects, in arrival order.
+pub struct Watch {
+    pub seen: Arc<Mutex<Seen>>,
+    pub _task: tokio::task::JoinHandle<()>,
+}
+
+pub fn decode(message: &Message) -> Json {
+    let json = message
+        .headers
+        .as_ref()
+        .and_then(|h| h.get("Content-Type"))
+        .is_some_and(|v| v.as_str() == "application/json");
+    if json {
+        serde_json::from_slice(&message.payload).expect("JSON output")
+    } else {
+        rmp_serde::from_slice(&message.payload).expect("MessagePack output")
+    }
+}
+
+pub fn header(message: &Message, name: &str) -> Option<String> {
+    Some(message.headers.as_ref()?.get(name)?.as_str().to_string())
+}
+
+impl Watch {
+    pub async fn start(client: &Client) -> Watch {
+        let mut subs = futures::stream::SelectAll::new();
+        for subject in ["llm.replies.>", GEN, RELEASE] {
+            subs.push(client.subscribe(subject).await.expect("subscribe"));
+        }
+        client.flush().await.expect("flush");
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let sink = seen.clone();
+        let task = tokio::spawn(async move {
+            while let Some(message) = subs.next().await {
+                let body = decode(&message);
+                let mut seen = sink.lock().unwrap();
+                match message.subject.as_str() {
+                    GEN => seen.jobs.push((body, header(&message, "Handoff-Deadline"))),
+                    RELEASE => seen.releases.push((body, header(&message, "Nats-Msg-Id"))),
+                    _ => seen.replies.push(body),
+                }
+            }
+        });
+        Watch { seen, _task: task }
+    }
+
+    pub fn count(&self) -> usize {
+        let seen = self.seen.lock().unwrap();
+        seen.replies.len() + seen.jobs.len() + seen.releases.len()
+    }
+
+    /// Waits for `n` outputs in all, then a little longer so that extra
+    /// ones would show.
+    pub async fn wait(&self, n: usize) {
+        let deadline = Instant::now() + WAIT;
+        while self.count() < n && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+
+    /// The error code of each reply, or "terminal", by request ID.
+    pub fn replies(&self) -> BTreeMap<String, Vec<String>> {
+        let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for reply in &self.seen.lock().unwrap().replies {
+            let id = reply["request_id"].as_str().unwrap_or_default().to_string();
+            let what = match reply["kind"].as_str() {
+                Some("error") => reply["error"]["code"].as_str().unwrap_or("?").to_string(),
+                other => other.unwrap_or("?").to_string(),
+            };
+            out.entry(id).or_default().push(what);
+        }
+        out
+    }
+
+    pub fn jobs(&self) -> BTreeMap<String, Vec<(Json, Option<String>)>> {
+        let mut out: BTreeMap<String, Vec<_>> = BTreeMap::new();
+        for (job, header) in &self.seen.lock().unwrap().jobs {
+            let id = job["request_id"].as_str().unwrap_or_default().to_string();
+            out.entry(id)
+                .or_default()
+                .push((job.clone(), header.clone()));
+        }
+        out
+    }
+
+    pub fn releases(&self) -> BTreeMap<String, Vec<(Json, Option<String>)>> {
+        let mut out: BTreeMap<String, Vec<_>> = BTreeMap::new();
+        for (notice, msg_id) in &self.seen.lock().unwrap().releases {
+            let id = notice["request_id"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            out.entry(id)
+                .or_default()
+                .push((notice.clone(), msg_id.clone()));
+        }
+        out
+    }
+}
+
+/// The deadline cases: (request ID, what to publish, the reply expected
+/// or "job", whether a release notice is expected).
+pub fn deadline_cases(now: u64) -> Vec<(String, Publish, &'static str, bool)> {
+    let past = json!(now - 60_000);
+    let future = now + 600_000;
+    let id = |s: &str| s.to_string();
+    vec![
+        (
+            id("body-past"),
+            plain(&with_deadline(
+                result("body-past", "trtllm", false),
+                past.clone(),
+            )),
+            "deadline_exceeded",
+            true,
+        ),
+        (
+            id("header-past"),
+            Publish {
+                body: msgpack(&result("header-past", "sglang", false)),
+                headers: deadline_header(&(now - 60_000).to_string()),
+            },
+            "deadline_exceeded",
+            true,
+        ),
+        (
+            id("body-past-header-future"),
+            Publish {
+                body: msgpack(&with_deadline(
+                    result("body-past-header-future", "vllm", false),
+                    past.clone(),
+                )),
+                headers: deadline_header(&future.to_string()),
+            },
+            "deadline_exceeded",
+            true,
+        ),
+        (
+            id("body-future-header-past"),
+            Publish {
+                body: msgpack(&with_deadline(
+                    result("body-future-header-past", "trtllm", false),
+                    json!(future),
+                )),
+                headers: deadline_header(&(now - 60_000).to_string()),
+            },
+            "deadline_exceeded",
+            true,
+        ),
+        (
+            id("future"),
+            Publish {
+                body: msgpack(&with_deadline(
+                    result("future", "trtllm", false),
+                    json!(future + 5),
+                )),
+                headers: deadline_header(&future.to_string()),
+            },
+            "job",
+            false,
+        ),
+        (
+            id("terminal-past"),
+            plain(&with_deadline(
+                result("terminal-past", "trtllm", true),
+                past,
+            )),
+            "terminal",
+            false,
+        ),
+        (
+            id("float"),
+            plain(&with_deadline(result("float", "trtllm", false), json!(1.5))),
+            "invalid_deadline",
+            false,
+        ),
+        (
+            id("header-words"),
+            Publish {
+                body: msgpack(&result("header-words", "trtllm", false)),
+                headers: deadline_header("tomorrow"),
+            },
+            "invalid_deadline",
+            false,
+        ),
+    ]
+}
+
+/// Checks the outputs of [`deadline_cases`]: one output each, of the
+/// expected kind, one release notice where expected, and the future
+/// deadline carried by its job.
+pub fn check_deadline_cases(watch: &Watch, cases: &[(String, Publish, &str, bool)], future: u64) {
+    let (replies, jobs, releases) = (watch.replies(), watch.jobs(), watch.releases());
+    for (id, _, want, notice) in cases {
+        if *want == "job" {
+            let job = jobs.get(id).unwrap_or_else(|| panic!("{id}: a decode job"));
+            assert_eq!(job.len(), 1, "{id}: one job");
+            assert!(!replies.contains_key(id), "{id}: no reply");
+            let (body, header) = &job[0];
+            assert_eq!(
+                body["deadline_ms"],
+                json!(future),
+                "{id}: the earlier deadline"
+            );
+            assert_eq!(header.as_deref(), Some(future.to_string().as_str()), "{id}");
+        } else {
+            assert_eq!(replies.get(id), Some(&vec![want.to_string()]), "{id}");
+            assert!(!jobs.contains_key(id), "{id}: no decode job");
+        }
+        let got = releases.get(id).map_or(0, Vec::len);
+        assert_eq!(got, usize::from(*notice), "{id}: release notices");
+        if let Some(notice) = releases.get(id) {
+            let (body, msg_id) = &notice[0];
+            assert_eq!(body["reason"], "deadline_exceeded", "{id}");
+            assert_eq!(msg_id.as_deref(), Some(format!("release-{id}").as_str()));
+        }
+    }
+}
+
+/// A cancel message for `id`: MessagePack, or JSON with its content type.
+pub fn cancel(id: &str, json_encoded: bool) -> Publish {
+    let body = json!({"request_id": id, "reason": "client disconnected"});
+    if json_encoded {
+        Publish {
+            body: serde_json::to_vec(&body).expect("json"),
+            headers: json_headers(),
+        }
+    } else {
+        plain(&body)
+    }
+}
+
+/// The cancelled requests of the cancel tests: (request ID, backend, JSON
+/// cancel), and one request never cancelled.
+pub const CANCELLED: [(&str, &str, bool); 3] = [
+    ("cancel-trt", "trtllm", false),
+    ("cancel-sgl", "sglang", true),
+    ("cancel-vllm", "vllm", false),
+];
+pub const KEPT: &str = "not-cancelled";
+
+/// The cancelled requests get `cancelled` and one release notice naming
+/// their backend and carrying their params as sent; the other one a job.
+pub fn check_cancels(watch: &Watch) {
+    let (replies, jobs, releases) = (watch.replies(), watch.jobs(), watch.releases());
+    for (id, backend, _) in CANCELLED {
+        assert_eq!(
+            replies.get(id),
+            Some(&vec!["cancelled".to_string()]),
+            "{id}"
+        );
+        assert!(!jobs.contains_key(id), "{id}: no decode job");
+        let notices = releases.get(id).unwrap_or_else(|| panic!("{id}: a notice"));
+        assert_eq!(notices.len(), 1, "{id}: one notice");
+        let (notice, msg_id) = &notices[0];
+        assert_eq!(notice["reason"], "cancelled");
+        assert_eq!(notice["backend"], backend);
+        assert_eq!(
+            notice["handoff"],
+            params(backend),
+            "{id}: params as received"
+        );
+        assert!(notice["worker"]["instance_id"].is_string());
+        assert_eq!(msg_id.as_deref(), Some(format!("release-{id}").as_str()));
+    }
+    assert_eq!(
+        jobs.get(KEPT).map(Vec::len),
+        Some(1),
+        "another request is unaffected"
+    );
+    assert!(!replies.contains_key(KEPT) && !releases.contains_key(KEPT));
+}
+
+/// Waits until `check` holds, for up to [`WAIT`].
+pub async fn until(mut check: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + WAIT;
+    while !check() {
+        if Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    true
+}
+
+pub fn cancels_counted(worker: &InProcess, event: &str) -> f64 {
+    let samples = super::prometheus_samples(&worker.metrics.encode());
+    samples
+        .get(&format!("handoff_cancels_total{{event=\"{event}\"}}"))
+        .copied()
+        .unwrap_or(0.0)
+}
