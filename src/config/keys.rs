@@ -7,9 +7,23 @@
 use super::ConfigError;
 use toml::Value;
 
+/// One configuration key: its dotted name, the kind of value it takes, the
+/// range that value must lie in, and what it means. The rows are in
+/// `table.rs`.
+#[derive(Debug, Clone, Copy)]
+pub struct Key {
+    pub name: &'static str,
+    pub kind: Kind,
+    pub range: Range,
+    /// Why the range is what it is; empty when the range says it all.
+    pub why: &'static str,
+    /// One or two sentences for the reference.
+    pub meaning: &'static str,
+}
+
 /// What a key accepts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kind {
+pub enum Kind {
     Str,
     /// An optional string; the empty string means unset.
     OptStr,
@@ -27,82 +41,34 @@ pub(crate) enum Kind {
     Enum(&'static [&'static str]),
 }
 
-/// Every key, in the order of `config/handoff.toml`.
-pub(crate) const KEYS: &[(&str, Kind)] = &[
-    ("nats.url", Kind::Str),
-    ("nats.user", Kind::OptStr),
-    ("nats.password", Kind::Secret),
-    ("nats.token", Kind::Secret),
-    ("nats.credentials_file", Kind::OptStr),
-    ("nats.name", Kind::Str),
-    ("nats.subscription_capacity", Kind::UInt),
-    ("nats.subscription_bytes", Kind::UInt),
-    ("nats.connect_timeout_secs", Kind::UInt),
-    ("nats.nkey_seed_file", Kind::OptStr),
-    ("nats.tls.ca_file", Kind::OptStr),
-    ("nats.tls.cert_file", Kind::OptStr),
-    ("nats.tls.key_file", Kind::OptStr),
-    ("nats.tls.required", Kind::Bool),
-    ("nats.tls.first", Kind::Bool),
-    ("etcd.endpoints", Kind::Str),
-    ("etcd.user", Kind::OptStr),
-    ("etcd.password", Kind::Secret),
-    ("etcd.connect_timeout_ms", Kind::UInt),
-    ("etcd.request_timeout_ms", Kind::UInt),
-    ("etcd.tls.ca_file", Kind::OptStr),
-    ("etcd.tls.cert_file", Kind::OptStr),
-    ("etcd.tls.key_file", Kind::OptStr),
-    ("mode", Kind::Enum(&["core", "jetstream"])),
-    ("metrics_addr", Kind::Str),
-    ("shutdown_timeout_secs", Kind::UInt),
-    ("namespace", Kind::Str),
-    ("subjects.prefill_results", Kind::Str),
-    ("subjects.gen", Kind::Str),
-    ("subjects.dead_letter", Kind::Str),
-    ("subjects.ids", Kind::Str),
-    ("queue_group", Kind::Str),
-    ("jetstream.prefill_stream", Kind::Str),
-    ("jetstream.gen_stream", Kind::Str),
-    ("jetstream.consumer", Kind::Str),
-    ("jetstream.create", Kind::Bool),
-    ("jetstream.gen_is_stream", Kind::Bool),
-    ("jetstream.ack_wait_secs", Kind::UInt),
-    ("jetstream.max_deliver", Kind::Int),
-    ("jetstream.max_ack_pending", Kind::Int),
-    ("jetstream.nak_delay_ms", Kind::UInt),
-    ("jetstream.duplicate_window_secs", Kind::UInt),
-    ("jetstream.max_age_secs", Kind::UInt),
-    ("jetstream.max_bytes", Kind::Int),
-    ("jetstream.storage", Kind::Enum(&["file", "memory"])),
-    ("jetstream.batch", Kind::UInt),
-    ("jetstream.replicas", Kind::UInt),
-    ("id_service.ids_per_sec", Kind::UInt),
-    ("id_service.max_count", Kind::UInt),
-    ("allowed_reply_subjects", Kind::List),
-    ("lease_ttl_secs", Kind::UInt),
-    ("id_layout", Kind::Enum(&["rc21", "rc22"])),
-    ("id_epoch", Kind::Str),
-    ("max_payload_bytes", Kind::UInt),
-    ("max_in_flight", Kind::UInt),
-    ("max_in_flight_bytes", Kind::UInt),
-    ("log_format", Kind::Enum(&["text", "json"])),
-    ("otel.endpoint", Kind::OptStr),
-    ("otel.protocol", Kind::OptStr),
-    ("otel.sampling_ratio", Kind::Float),
-    ("otel.queue_spans", Kind::UInt),
-    ("otel.export_timeout_ms", Kind::UInt),
-];
+/// The values a key's kind allows that it also accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Range {
+    /// Every value of the kind.
+    Any,
+    /// An integer of at least this.
+    AtLeast(u64),
+    /// An integer from the first to the second, both included.
+    Between(u64, u64),
+    /// -1 (no limit) or a positive integer.
+    MinusOneOrPositive,
+    /// A number from 0 to 1.
+    Fraction,
+}
 
-/// The known key and its kind.
-pub(crate) fn lookup(key: &str) -> Option<(&'static str, Kind)> {
-    KEYS.iter().copied().find(|(k, _)| *k == key)
+pub(crate) use super::table::KEYS;
+
+/// The known key.
+pub(crate) fn lookup(key: &str) -> Option<&'static Key> {
+    KEYS.iter().find(|k| k.name == key)
 }
 
 /// The tables of the file (`nats`, `nats.tls`, `etcd`, `etcd.tls`,
 /// `subjects`, `jetstream`): every proper dotted prefix of a key.
 pub(crate) fn is_section(name: &str) -> bool {
-    KEYS.iter().any(|(k, _)| {
-        k.strip_prefix(name)
+    KEYS.iter().any(|k| {
+        k.name
+            .strip_prefix(name)
             .is_some_and(|rest| rest.starts_with('.'))
     })
 }
@@ -124,7 +90,7 @@ pub(crate) fn unknown(key: &str, how: impl Fn(&str) -> String) -> String {
 
 fn nearest(key: &str) -> Option<&'static str> {
     KEYS.iter()
-        .map(|(k, _)| (strsim::levenshtein(key, k), *k))
+        .map(|k| (strsim::levenshtein(key, k.name), k.name))
         .filter(|(d, k)| {
             let close = *d <= (k.len().max(key.len()) / 3).max(2);
             let prefix = key.len() >= 4 && (k.starts_with(key) || key.starts_with(k));
@@ -134,8 +100,8 @@ fn nearest(key: &str) -> Option<&'static str> {
         .map(|(_, k)| k)
 }
 
-/// The kind's expectation, for messages.
-fn expected(kind: Kind) -> String {
+/// The kind's expectation, for messages and the reference.
+pub(crate) fn expected(kind: Kind) -> String {
     match kind {
         Kind::Str => "a string".into(),
         Kind::OptStr | Kind::Secret => "a string (empty means unset)".into(),
@@ -157,7 +123,7 @@ fn bad(key: &str, kind: Kind, shown: &str, origin: &str) -> ConfigError {
     } else {
         shown
     };
-    ConfigError(format!(
+    ConfigError::new(format!(
         "{key}{origin}: expected {}, got {shown}",
         expected(kind)
     ))
@@ -310,7 +276,7 @@ mod tests {
         }
         let mut found = Vec::new();
         walk("", root, &mut found);
-        let mut known: Vec<String> = KEYS.iter().map(|(k, _)| k.to_string()).collect();
+        let mut known: Vec<String> = KEYS.iter().map(|k| k.name.to_string()).collect();
         found.sort();
         known.sort();
         assert_eq!(found, known);

@@ -1,12 +1,21 @@
 //! Configuration: defaults, then the TOML file (`--config`), then `HANDOFF_*`
 //! environment variables, then command-line flags (contract 2).
 //!
-//! Every key, its default and its meaning is documented in
-//! `config/handoff.toml`.
+//! This module holds the merged values and their syntax and range checks,
+//! and imports nothing of the crate above `ids`: what a section means to the
+//! subsystem it configures is checked there, by `security::TlsSettings`,
+//! `telemetry::Settings`, `decision::Rules`, `setup::Wanted` and
+//! `id_service::IdService` (`from_config` each, called once at load by the
+//! CLI, `cli::load`). Every key is in the key table, which also generates
+//! the reference, `docs/configuration.md`; `config/handoff.toml` is the
+//! annotated example.
 //!
-//! - `keys`: the table of every key and the kind of value it takes.
+//! - `table`: every key: kind, range, meaning.
+//! - `keys`: what a kind and a range are, and converting values by kind.
 //! - `load`: the layers (file, environment, flags) over that table.
 //! - `validate`: the checks `resolve()` makes after the names are derived.
+//! - `reference`: the table as Markdown.
+//! - [`subject`]: NATS subject syntax.
 //! - `epoch`: the RFC 3339 parser for `id_epoch`.
 //! - `nats_url`: `nats.url` as server addresses and the credentials in it.
 //! - `redact`: `Debug` without secrets.
@@ -16,10 +25,14 @@ mod keys;
 mod load;
 pub mod nats_url;
 mod redact;
+mod reference;
+pub mod subject;
+mod table;
 mod validate;
 
-pub use keys::env_name;
+pub use keys::{Key, Kind, Range, env_name};
 pub use redact::redact_urls;
+pub use reference::reference_markdown;
 
 use crate::ids::IdLayout;
 use serde::{Deserialize, Serialize};
@@ -336,10 +349,18 @@ impl Default for JetStreamConfig {
     }
 }
 
-/// A configuration that cannot be used: exit code 2. The message names the key.
+/// A configuration that cannot be used: exit code 2. The message names the
+/// key. Made only here: a subsystem that refuses its section has an error
+/// type of its own.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
-pub struct ConfigError(pub String);
+pub struct ConfigError(String);
+
+impl ConfigError {
+    pub(crate) fn new(message: String) -> ConfigError {
+        ConfigError(message)
+    }
+}
 
 impl Config {
     /// The NATS client's bound in bytes on its subscriptions' buffers:
@@ -377,7 +398,12 @@ impl Config {
 
     /// Every configuration key, dotted (`nats.url`), in file order.
     pub fn keys() -> impl Iterator<Item = &'static str> {
-        keys::KEYS.iter().map(|(k, _)| *k)
+        keys::KEYS.iter().map(|k| k.name)
+    }
+
+    /// The key table's row for a dotted key.
+    pub fn key(name: &str) -> Option<&'static Key> {
+        keys::lookup(name)
     }
 
     /// Fills every empty name with its namespace-derived default and checks
@@ -428,20 +454,6 @@ impl Config {
         own.push(self.subjects.dead_letter.clone());
         own.push(self.subjects.ids.clone());
         own
-    }
-
-    /// The decision rules this configuration implies.
-    pub fn rules(&self) -> Result<crate::decision::Rules, ConfigError> {
-        let reply_policy =
-            crate::decision::ReplyPolicy::new(&self.allowed_reply_subjects, &self.own_subjects())
-                .map_err(|e| ConfigError(format!("allowed_reply_subjects or subjects.*: {e}")))?;
-        Ok(crate::decision::Rules {
-            gen_subject: self.subjects.gen_jobs.as_str().into(),
-            dead_letter_subject: self.subjects.dead_letter.as_str().into(),
-            reply_policy,
-            max_payload_bytes: self.max_payload_bytes,
-            use_nats_reply: self.mode == Mode::Core,
-        })
     }
 
     /// `id_epoch` in Unix milliseconds.

@@ -1,8 +1,9 @@
 //! Secure transport material: TLS files for NATS and etcd, and the NATS
 //! NKey seed.
 //!
-//! Every file is read and parsed when the configuration is checked, before
-//! anything touches the network, and again (the same code) when a
+//! Every file is read and parsed when the configuration is loaded
+//! ([`TlsSettings::from_config`]), before anything touches the network, and
+//! again (the same code) when a
 //! connection is built, so a file that cannot work is a config error (exit 2)
 //! naming its key and path. Certificates, keys and seeds are never logged and
 //! never quoted in an error: messages name the file, not its content.
@@ -11,6 +12,7 @@
 //!   [`pem::Material`], and from it the rustls config for NATS and the
 //!   tonic TLS options for etcd.
 //! - [`nkey`]: the NKey user seed file.
+//! - `settings.rs`: [`TlsSettings::from_config`], all of it checked at load.
 //! - [`probe`]: one handshake on its own, when a client library hides why
 //!   the server refused it.
 //! - [`reason`]: a failed TLS handshake as one line that says why (unknown
@@ -20,6 +22,9 @@ pub mod nkey;
 pub mod pem;
 pub mod probe;
 pub mod reason;
+mod settings;
+
+pub use settings::TlsSettings;
 
 use std::path::Path;
 
@@ -64,6 +69,14 @@ pub enum SecurityError {
     },
     #[error("nats.nkey_seed_file: {path} {reason}")]
     NkeySeed { path: String, reason: String },
+    #[error(
+        "nats.tls.first: applies to nats:// and tls:// URLs only; a websocket URL negotiates TLS itself"
+    )]
+    FirstOverWebsocket,
+    #[error(
+        "etcd.endpoints: {endpoint:?} is http:// while etcd TLS is in use (an https:// endpoint or an etcd.tls.* file); use https:// for every endpoint"
+    )]
+    PlainEtcdEndpoint { endpoint: String },
     #[error(
         "no system root certificates were found to check the {what} server's certificate; set {key} to the CA that signs it"
     )]
