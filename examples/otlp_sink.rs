@@ -1,6 +1,6 @@
 //! A minimal OTLP/gRPC trace collector that counts the spans it is sent and
 //! keeps none: the live receiver for measuring tracing's cost
-//! (`scripts/bench.sh` with `HANDOFF_OTEL__ENDPOINT` set, README "Traces").
+//! (`scripts/bench.sh` with `HANDOFF_OTEL__ENDPOINT` set, docs/performance.md "Tracing").
 //!
 //! ```text
 //! cargo run --release --example otlp_sink -- --listen 127.0.0.1:4317

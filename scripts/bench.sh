@@ -358,8 +358,7 @@ rss_mb = f"{max(rss):.1f}" if rss else "n/a"
 paced = [rows[n].get("rss_paced_mb") for n in ("core", "js") if rows[n].get("rss_paced_mb")]
 paced_mb = f"{max(paced):.1f}" if paced else "n/a"
 print()
-# The targets are issue 13's (an earlier benchmark issue asked 0.8, 0.8
-# and 1.5 of the first three).
+# The targets are those of docs/performance.md.
 print(f"core / raw relay throughput      {core_vs_relay}  (target >= 0.85)")
 print(f"jetstream / raw JS relay         {js_vs_relay}  (target >= 0.9)")
 print(f"core / python throughput         {vs_python}  (target >= 10; the raw relay's: {ratio('relay', 'python', 'peak')})")

@@ -27,8 +27,8 @@
 # at info, at most 20 lines a second, and under callgrind a burst lasts
 # seconds instead of a fraction of one, so those lines cost 100-200
 # instructions per result there, varying from run to run, against a few
-# in a real burst; `info` counts them). The method and the
-# figures so far are in docs/benchmark.md.
+# in a real burst; `info` counts them). The method and the current
+# figures are in docs/performance.md.
 
 set -euo pipefail
 

@@ -1,11 +1,10 @@
 //! The process's allocator: mimalloc, called the way the system allocator
 //! is. The `mimalloc` crate's `MiMalloc` passes every allocation through
-//! `mi_malloc_aligned`, whose checks for the alignment cost about 30
-//! instructions more than `mi_malloc` per call; the worker makes about nine
-//! allocations per result, so that was ~270 instructions per result in
-//! bursts (callgrind). Here, as Rust's system allocator does with `malloc`,
-//! an alignment `mi_malloc` already guarantees goes to `mi_malloc`, and only
-//! larger ones to the aligned entry points.
+//! `mi_malloc_aligned`, whose alignment checks cost more than `mi_malloc`
+//! on each of the several allocations a result makes. Here, as Rust's
+//! system allocator does with `malloc`, an alignment `mi_malloc` already
+//! guarantees goes to `mi_malloc`, and only larger ones to the aligned entry
+//! points (the figure: `docs/performance.md`).
 //!
 //! It also decides how long memory freed after a burst is kept for the next
 //! one ([`keep_freed_memory`], [`give_back_freed_memory`]).
@@ -94,11 +93,10 @@ const PURGE_DELAY: mi::mi_option_t = 15;
 /// 1 KiB each, most of it their bytes in the client's read buffer); once
 /// they are published that memory is free again. Given back a second
 /// later, the next burst takes every page of it again as a fresh page
-/// fault, zeroed by the kernel. Measured with three 50,000-result bursts
-/// 12 s apart (2026-12-03, two runs each): 24,400-27,900 page faults and
-/// 55-56 CPU ticks at mimalloc's second, 12,400-13,400 and 43-48 at a
-/// minute. What it costs: up to a burst's peak of memory stays with the
-/// worker for a minute after the burst (the peak itself does not change).
+/// fault, zeroed by the kernel; kept a minute, it is reused without one
+/// (page faults per burst: `docs/performance.md`). What it costs: up to a
+/// burst's peak of memory stays with the worker for a minute after the
+/// burst (the peak itself does not change).
 /// `MIMALLOC_PURGE_DELAY`, when set, decides instead.
 pub const KEEP_FREED_MS: std::ffi::c_long = 60_000;
 

@@ -4,9 +4,8 @@
 ///
 /// `clock_gettime` itself, not `SystemTime::now().duration_since(UNIX_EPOCH)`:
 /// every minted ID reads the clock, and std's checked subtraction of two
-/// timespecs and the `Duration` built from it cost 53 instructions of a
-/// minted handoff (callgrind, `DECIDE_CASE=trtllm_decode_minted_msgpack`:
-/// 5,887 -> 5,834). Same answer: whole seconds times 1000 plus the
+/// timespecs and the `Duration` built from it are work the decision's hot
+/// path does not need. Same answer: whole seconds times 1000 plus the
 /// milliseconds of the nanoseconds, and 0 before 1970.
 pub fn unix_ms() -> u64 {
     let mut now = libc::timespec {

@@ -10,8 +10,8 @@ use prefill_handoff::connect::auth_options;
 use prefill_handoff_loadgen::{Connect, cli::CliError, cli::LoadgenArgs};
 
 // mimalloc: the worker allocates and frees a few buffers per message on every
-// runtime thread; measured faster and with a lower peak RSS than the system
-// allocator (see the benchmark notes in the README).
+// runtime thread; it is faster and keeps a lower peak RSS than the system
+// allocator for that pattern (src/alloc.rs says how it is tuned).
 #[global_allocator]
 static ALLOCATOR: prefill_handoff::alloc::MiMalloc = prefill_handoff::alloc::MiMalloc;
 
@@ -34,20 +34,17 @@ fn main() {
     // Freed memory is kept a minute for the next burst, not mimalloc's
     // second (`alloc::KEEP_FREED_MS` says what it saves and costs; `run`
     // asks mimalloc to give it back after that). MIMALLOC_PURGE_DELAY, when
-    // set, decides instead. A delay of 0, which gave freed memory back at
-    // once, cost 20-25% more CPU per message in 50,000-result bursts (page
-    // faults and TLB shootdowns in `perf`), and since results are read in
-    // place by the runner it no longer lowers the peak of the 2,000 x 1 MiB
-    // hostile burst (tests/server/worker_bounds.rs: 42-45 MiB at 0, 54-68
-    // MiB at 10 ms, against a 256 MiB limit).
+    // set, decides instead. A delay of 0, giving freed memory back at once,
+    // costs much more CPU per message in bursts (page faults and TLB
+    // shootdowns) and, with results read in place, does not lower the peak
+    // of a hostile burst of large results either.
     prefill_handoff::alloc::keep_freed_memory();
     // No transparent huge pages for this process, whatever the host's
     // setting. mimalloc's `no_thp` feature (Cargo.toml) only stops it asking
     // for them (MADV_HUGEPAGE); on a host set to THP "always" the kernel
     // would still back its large regions with 2 MiB pages, each zeroed on
-    // its first touch: 13-24% of the worker's CPU in a 50,000-message burst
-    // (perf, clear_page_erms) and peak RSS rounded up (97 -> 56 MB with THP
-    // off). mimalloc does the same prctl itself only when its allow_thp
+    // its first touch: a large share of the worker's CPU in a burst and a
+    // peak RSS rounded up to those pages (`docs/performance.md`). mimalloc does the same prctl itself only when its allow_thp
     // option is off before it initializes, which is before main.
     // SAFETY: prctl with PR_SET_THP_DISABLE takes integer arguments only;
     // a kernel without it returns an error, which changes nothing.

@@ -49,13 +49,9 @@ pub fn run(args: ConfigArgs) -> anyhow::Result<()> {
 /// goes from the socket to the decision and back to the connection without
 /// crossing a thread: no futex wake-up and no context switch per hand-off.
 ///
-/// Measured in core-mode bursts of 50,000 results (one `scripts/bench.sh`
-/// run, both layouts side by side): 3.2 µs of CPU per result against
-/// 3.9-4.3 µs for the previous layout (the worker loop on `block_on`'s
-/// thread beside a pool of one thread fewer than the CPUs), whose 0.15
-/// futex calls and 0.16 context switches per result (`perf stat`) dropped
-/// to 0.00 and 0.01; peak throughput rose from 0.72-0.85 to 0.95 of the
-/// raw relay's.
+/// The alternative, the worker loop on a thread of its own beside the pool,
+/// costs a futex wake-up or a context switch for a good share of results
+/// and more CPU per result (`docs/performance.md`).
 ///
 /// One thread decides ~200,000 typical results per second, far beyond what
 /// a node's prefill workers produce. Large results (`pipeline::decide`) are
@@ -190,9 +186,9 @@ async fn consume(
     let requested = Arc::new(AtomicBool::new(false));
     let asked = requested.clone();
     // The signals are awaited in a task of their own, and the worker loop
-    // waits on a oneshot: polled on every turn of the runner's loop (once or
-    // twice per result at a moderate rate), the two signal streams would
-    // cost more than the rest of the loop's turn.
+    // waits on a oneshot: the runner's loop polls its shutdown future once
+    // or twice per result at a moderate rate, and the two signal streams
+    // with their `Notify` cost far more per poll than a oneshot's flag.
     let (requested_tx, requested_rx) = oneshot::channel::<()>();
     let signal_task = tokio::spawn(async move {
         let name = signals.recv().await;

@@ -15,11 +15,10 @@
 //! [`WIDE`] — it returns `None` before any side effect (no ID is minted) and
 //! the caller takes the value-tree path.
 //!
-//! Cost: a typical 600-byte TensorRT-LLM handoff took 17,200 instructions
-//! when the body was walked once to validate and again for each map read
-//! (the first frame three times); one pass, spans compared as raw bytes and
-//! the output copied in contiguous runs bring it to the figure in
-//! `docs/benchmark.md`.
+//! Why: walking the body once to validate and again for each map read (the
+//! first frame three times) costs several times this one pass, in which
+//! spans are compared as raw bytes and the output is copied in contiguous
+//! runs. The current cost per decision is in `docs/performance.md`.
 
 use super::handoff::MISSING_CTX_REQUEST_ID;
 use super::known::{self, Key, Kind, NOT_PASSED_ON, Set, TRTLLM, VLLM, fixstr, fixstrs};
@@ -39,8 +38,8 @@ const MAX_I63: u64 = (1 << 63) - 1;
 type Span<'a> = &'a [u8];
 
 /// A UTF-8 string value. Request IDs and subjects are ASCII: checked a word
-/// at a time, they cost a fifth of `from_utf8`'s general check. Inlined
-/// (with `write_map_len`, about 140 instructions fewer per handoff).
+/// at a time, they cost a fraction of `from_utf8`'s general check. Inlined,
+/// like `write_map_len`: both run several times per handoff.
 #[inline]
 fn utf8(raw: Span<'_>) -> Option<&str> {
     let bytes = scan::str_bytes(raw)?;
@@ -57,8 +56,8 @@ fn utf8(raw: Span<'_>) -> Option<&str> {
 /// span), and which kinds are there.
 ///
 /// The slots past `len` are left uninitialized: a decision builds three of
-/// these (1.5 KiB), and filling them with empty spans first cost about 400
-/// instructions of a 7,700-instruction decision.
+/// these (1.5 KiB), and filling them with empty spans first would be a
+/// noticeable share of the whole decision.
 struct Fields<'a> {
     /// `entries[..len]` are initialized: only [`Fields::push_kind`] writes
     /// them.
@@ -350,10 +349,9 @@ pub(super) fn decide(input: Input<'_>, rules: &Rules, ids: &mut dyn IdSource) ->
 /// The output: bytes written here, and spans of the input copied as they
 /// are, entries read one after the other from one map in one piece.
 ///
-/// Spans that happen to follow each other in the input used to be gathered
-/// into one pending run, copied when something else came: that saved a copy
-/// now and then, but the bookkeeping on every write cost more (callgrind,
-/// minted handoff: `Answer::handoff` 930 -> 728 instructions per decision).
+/// Spans are written as they come. Gathering spans that happen to follow
+/// each other in the input into one pending run would save a copy now and
+/// then, but its bookkeeping on every write costs more than it saves.
 struct Out<'a> {
     buf: Vec<u8>,
     input: &'a [u8],
@@ -378,8 +376,8 @@ impl<'a> Out<'a> {
     }
 
     /// Appends entries read one after the other from one map: one piece of
-    /// the input, from the first key to the last value (a span per key and
-    /// value cost about 20 instructions an entry).
+    /// the input, from the first key to the last value (one copy instead
+    /// of a span per key and value).
     fn entries(&mut self, entries: &[Entry<'a>]) {
         let (Some(first), Some(last)) = (entries.first(), entries.last()) else {
             return;
@@ -564,8 +562,8 @@ impl<'a> Answer<'a, '_> {
         // `"request_id": …, "reply_to": …`. A value's key is the name it
         // was recognized by, byte for byte, just before it: when the input
         // has these two entries one after the other (as dispatchers write
-        // them), they are one piece of it, keys included (4 copies cost
-        // about 50 instructions more than one).
+        // them), they are one piece of it, keys included: one copy
+        // instead of four.
         let request_id_key = fixstr!("request_id");
         let reply_to_key = fixstr!("reply_to");
         let id = out.offset(self.request_id_raw);

@@ -77,10 +77,9 @@ pub trait IdSource {
     /// A fresh request ID and who minted it, as a decode job names them. The
     /// default asks [`IdSource::machine_id`] and [`IdSource::instance_id`]
     /// right after [`IdSource::mint`]; a source whose slot or lease can
-    /// change between the calls should read all three under one lock. (For
-    /// [`crate::identity::Identity`], one lock instead of two also saved 37
-    /// instructions per minted handoff: callgrind,
-    /// `DECIDE_CASE=trtllm_decode_minted_msgpack`, 5,924 -> 5,887.)
+    /// change between the calls should read all three under one lock
+    /// ([`crate::identity::Identity`] does, which also takes one lock per
+    /// minted handoff instead of two).
     fn mint_for_job(&mut self) -> Result<Minted, IdentityUnavailable> {
         let id = self.mint()?;
         Ok(Minted {

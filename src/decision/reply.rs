@@ -334,9 +334,8 @@ fn matches_split(pattern: &Pattern, subject: &[&[u8]]) -> bool {
 
 /// The dot-separated tokens of a subject (`a..b` has an empty one), like
 /// `split(|b| *b == b'.')`. Written out because these run several times per
-/// message (the reply subject against every own and allowed pattern) and the
-/// generic splitter cost ~1,000 instructions of a ~10,000-instruction
-/// decision.
+/// message (the reply subject against every own and allowed pattern), where
+/// the generic splitter's overhead was a tenth of a whole result's work.
 fn tokens(bytes: &[u8]) -> impl Iterator<Item = &[u8]> {
     let mut rest = Some(bytes);
     std::iter::from_fn(move || {

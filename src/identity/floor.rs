@@ -38,17 +38,15 @@
 //! [`AFTER_FAILURE`]) while earlier ones still wait, each bounded by
 //! `etcd.request_timeout_ms` (2 s), and takes the first answer. Once a new
 //! leader is elected, a renewal gets through within about 0.4 s plus one
-//! commit (the old schedule waited out a 2 s timeout, then 0.5 s, per try,
-//! and ran out 330 ms short in such an election). Budget: an election of up
+//! commit (waiting out one request's 2 s timeout, then retrying, would run
+//! out of reservation in such an election). Budget: an election of up
 //! to about 3.33 - 0.5 = 2.8 s after the kill costs clients nothing at TTL
 //! 5 s; at the default TTL of 10 s, 6.67 - 0.5 = 6.1 s. Every try of one
 //! renewal writes the same value, so their order in etcd does not matter.
 //!
-//! Measured with slower elections (the cluster test's etcd run with
-//! `ETCD_ELECTION_TIMEOUT=1500 ETCD_HEARTBEAT_INTERVAL=150`): the former
-//! schedule failed 2 of 4 runs (67 and 16 `identity_unavailable`); this one
-//! passed 4 of 4, its slowest renewal getting through 2.4 s (10 tries) after
-//! it started.
+//! With slower elections (the cluster test's etcd run with
+//! `ETCD_ELECTION_TIMEOUT=1500 ETCD_HEARTBEAT_INTERVAL=150`) this schedule
+//! keeps every client's ID (`docs/performance.md`).
 
 use super::claim::{Claimed, Settings};
 use super::registry::Keys;

@@ -365,7 +365,7 @@ impl Identity {
             }
             // Never waits: minting runs under a std Mutex on a runtime
             // thread, where waiting for the clock would stall every task on
-            // that thread (it used to spin up to 50 ms). When the counter is
+            // that thread. When the counter is
             // used up in the generator's millisecond, the next millisecond is
             // taken at once, as long as it is within the reservation: still
             // unique and increasing, and the ID service's budget

@@ -132,7 +132,7 @@ pub fn on_nats_event(
 const SLOW_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Counts events and says when a summary line is due. Also used for what
-/// the byte budget refuses (`transport::core_intake`).
+/// the byte budget refuses (`transport::core::intake`).
 #[derive(Default)]
 pub struct RateLimitedLog {
     /// (events not yet logged, when the last line was written)

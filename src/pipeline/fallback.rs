@@ -4,7 +4,7 @@
 use super::{Handled, Pipeline, headers};
 use crate::decision::{self, DeadLetterCode, Decision, Outcome, TraceHeaders};
 use crate::metrics::RateLimitedLog;
-use crate::transport::{Delivery, PublishError, Target};
+use crate::transport::{Delivery, Outbox, PublishError, Target};
 use bytes::Bytes;
 use std::time::Instant;
 
@@ -19,6 +19,7 @@ impl Pipeline {
         decision: &Decision,
         code: DeadLetterCode,
         error: &PublishError,
+        mut outbox: Option<&mut Outbox>,
     ) -> Result<(), PublishError> {
         tracing::warn!(
             kind = decision.outcome.kind(),
@@ -32,7 +33,7 @@ impl Pipeline {
             decision.outcome.kind()
         );
         let set = decision::dead_letter_headers(code, &why, &delivery.subject);
-        let whole = self.dead_letter(&set, trace, delivery.payload.clone());
+        let whole = self.dead_letter(&set, trace, delivery.payload.clone(), outbox.as_deref_mut());
         match delivery.while_pending(whole).await {
             Err(PublishError::TooLarge(why)) => {
                 // The input fits the server, but not with the dead letter's
@@ -45,7 +46,7 @@ impl Pipeline {
                     "the dead letter with the input's bytes does not fit either; dead-lettering without them"
                 );
                 let set = decision::without_payload(&set, delivery.payload.len());
-                let bare = self.dead_letter(&set, trace, Bytes::new());
+                let bare = self.dead_letter(&set, trace, Bytes::new(), outbox);
                 delivery.while_pending(bare).await?;
             }
             other => other?,
@@ -58,6 +59,7 @@ impl Pipeline {
         set: &decision::Headers,
         trace: &TraceHeaders,
         payload: Bytes,
+        outbox: Option<&mut Outbox>,
     ) -> Result<(), PublishError> {
         let headers = headers::output_headers(set, trace);
         self.sink
@@ -66,6 +68,7 @@ impl Pipeline {
                 headers,
                 payload,
                 Target::Subject,
+                outbox,
             )
             .await
     }
@@ -92,7 +95,7 @@ impl Pipeline {
         let trace = headers::trace_headers(delivery.headers.as_ref());
         self.metrics.trace_headers_dropped(&trace.dropped);
         let outcome = Outcome::DeadLetter { code };
-        let published = self.dead_letter(&set, &trace, Bytes::new());
+        let published = self.dead_letter(&set, &trace, Bytes::new(), None);
         let handled = match delivery.while_pending(published).await {
             Ok(()) => {
                 self.metrics

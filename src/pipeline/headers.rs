@@ -27,9 +27,9 @@ pub fn trace_headers(headers: Option<&HeaderMap>) -> TraceHeaders {
 ///
 /// Built for every output, so built as the bytes that go on the wire
 /// ([`header_block`], handed to the client as they are): a map of the
-/// headers (a hash map, a vector and a string per header) cost about 8% of
-/// the worker's CPU in bursts, built, measured and serialized again by the
-/// client for each publish. Its headers are therefore not visible through
+/// headers (a hash map, a vector and a string per header) would be built,
+/// measured and serialized again by the client for each publish, a large
+/// share of the worker's CPU in bursts (`docs/performance.md`). Its headers are therefore not visible through
 /// [`HeaderMap::get`]; read them from `set` and `trace`.
 pub fn output_headers(set: &Headers, trace: &TraceHeaders) -> HeaderMap {
     wire(header_block(set, trace))

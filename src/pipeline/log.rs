@@ -6,9 +6,9 @@
 //! bad input, so their info and warn lines are limited: at most
 //! [`LINES_PER_SEC`] of each kind per second. The rest go out at debug, and
 //! the next line at the higher level says how many did (`not_logged`). The
-//! metrics count every one. Measured: at 5% error responses, a line for
-//! each cost about 5% of the worker's CPU in bursts, and a flood of bad
-//! input would have become a flood of log lines.
+//! metrics count every one. A line for each would cost the worker CPU in
+//! proportion to the bad input (`docs/performance.md`), and a flood of bad
+//! input would become a flood of log lines.
 
 use crate::decision::{Decision, Outcome};
 use std::sync::{Mutex, PoisonError};

@@ -34,7 +34,7 @@ use crate::decision::{self, DeadLetterCode, Decision, Input, Outcome, Rules, Tra
 use crate::identity::Identity;
 use crate::metrics::{Metrics, NakReason};
 use crate::telemetry::{Arrival, ResultSpan, Telemetry};
-use crate::transport::{self, Delivery, PublishError, Settle, Sink, Target};
+use crate::transport::{self, Delivery, Outbox, PublishError, Settle, Sink, Target};
 use crate::wire::Encoding;
 use async_nats::HeaderMap;
 use bytes::Bytes;
@@ -54,6 +54,33 @@ pub enum Handled {
     /// Its output could not be published; logged and counted (and asked
     /// for again, where the transport can redeliver).
     Failed(Outcome),
+    /// Its output is in the batch's outbox (core mode): published once the
+    /// outbox is sent, which is when it is counted ([`Queued::count`]).
+    Queued(Queued),
+}
+
+/// A result whose output waits in an outbox: what its count needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Queued {
+    pub outcome: Outcome,
+    trailing_frames: usize,
+    received_at: std::time::Instant,
+}
+
+impl Queued {
+    /// Counts the result once its output's fate is known: recorded as
+    /// published when it went out, as failed when it was lost with the
+    /// client. Returns the result as either.
+    pub fn count(self, metrics: &Metrics, went_out: bool) -> Handled {
+        if went_out {
+            let latency = self.received_at.elapsed();
+            metrics.record(&self.outcome, self.trailing_frames, latency);
+            Handled::Published(self.outcome)
+        } else {
+            metrics.publish_failed();
+            Handled::Failed(self.outcome)
+        }
+    }
 }
 
 /// Where decode jobs go when GEN is a stream (durable mode only).
@@ -100,7 +127,12 @@ impl Pipeline {
     /// span (`crate::telemetry`) starts here, at delivery, and ends after
     /// settling; the output's `traceparent` names it, and log lines inside
     /// carry its IDs.
-    pub async fn handle(&self, delivery: Box<Delivery>) -> Handled {
+    ///
+    /// Given a core-mode batch's `outbox`, the output is put in it and the
+    /// result comes back [`Handled::Queued`]: the caller sends the outbox
+    /// and counts it. Without one (JetStream mode), the output is out (or
+    /// not) when this returns, and counted.
+    pub async fn handle(&self, delivery: Box<Delivery>, outbox: Option<&mut Outbox>) -> Handled {
         let mut trace = headers::trace_headers(delivery.headers.as_ref());
         let arrival = Arrival {
             subject: &delivery.subject,
@@ -115,7 +147,7 @@ impl Pipeline {
         );
         span.propagate(&mut trace);
         let log = span.log_span();
-        self.handle_traced(delivery, trace, &mut span)
+        self.handle_traced(delivery, trace, &mut span, outbox)
             .instrument(log)
             .await
     }
@@ -125,6 +157,7 @@ impl Pipeline {
         delivery: Box<Delivery>,
         trace: TraceHeaders,
         span: &mut ResultSpan,
+        mut outbox: Option<&mut Outbox>,
     ) -> Handled {
         let _in_flight = self.metrics.in_flight();
         let attempt = delivery.attempt.number;
@@ -170,7 +203,14 @@ impl Pipeline {
         let outgoing = headers::finish_headers(std::mem::take(&mut decision.headers), &trace);
         let payload = Bytes::from(std::mem::take(&mut decision.payload));
         let output_size = payload.len();
-        let publish = self.publish(&delivery, &decision, outgoing, payload);
+        let queued = outbox.is_some();
+        let publish = self.publish(
+            &delivery,
+            &decision,
+            outgoing,
+            payload,
+            outbox.as_deref_mut(),
+        );
         let (outcome, done) = match delivery.while_pending(publish).await {
             Ok(()) => {
                 span.published(&decision.outcome, &decision.subject, output_size);
@@ -180,9 +220,9 @@ impl Pipeline {
             // every result's future.
             Err(e) => match fallback_code(&e) {
                 Some(code) => {
-                    match Box::pin(self.dead_letter_instead(&delivery, &trace, &decision, code, &e))
-                        .await
-                    {
+                    let instead =
+                        self.dead_letter_instead(&delivery, &trace, &decision, code, &e, outbox);
+                    match Box::pin(instead).await {
                         Ok(()) => {
                             let outcome = Outcome::DeadLetter { code };
                             let subject = &self.rules.dead_letter_subject;
@@ -198,14 +238,21 @@ impl Pipeline {
             },
         };
 
+        log::outcome(&outcome, &decision, &delivery.subject, attempt);
+        delivery.settle(done).await;
+        settled(span, &delivery, done);
+        if queued {
+            return Handled::Queued(Queued {
+                outcome,
+                trailing_frames: decision.trailing_frames,
+                received_at: delivery.received_at,
+            });
+        }
         self.metrics.record(
             &outcome,
             decision.trailing_frames,
             delivery.received_at.elapsed(),
         );
-        log::outcome(&outcome, &decision, &delivery.subject, attempt);
-        delivery.settle(done).await;
-        settled(span, &delivery, done);
         Handled::Published(outcome)
     }
 
@@ -217,12 +264,13 @@ impl Pipeline {
         decision: &Decision,
         headers: HeaderMap,
         payload: Bytes,
+        outbox: Option<&mut Outbox>,
     ) -> Result<(), PublishError> {
         let decode = matches!(decision.outcome, Outcome::Decode { .. });
         let Some(gen_stream) = self.gen_stream.as_ref().filter(|_| decode) else {
             return self
                 .sink
-                .publish(&decision.subject, headers, payload, Target::Subject)
+                .publish(&decision.subject, headers, payload, Target::Subject, outbox)
                 .await;
         };
         // A decode job redelivered after its first copy may have left the
@@ -257,7 +305,7 @@ impl Pipeline {
             }
         }
         self.sink
-            .publish(&decision.subject, headers, payload, Target::Stream)
+            .publish(&decision.subject, headers, payload, Target::Stream, outbox)
             .await
     }
 
@@ -316,7 +364,7 @@ fn settled(span: &mut ResultSpan, delivery: &Delivery, settle: Settle) {
 
 /// The dead letter that stands in for an output that can never be
 /// published; `None` when a later try may succeed. Both modes dead-letter
-/// an invalid reply subject (core mode used to publish nothing for it).
+/// an invalid reply subject, so that even such an input has its one output.
 fn fallback_code(e: &PublishError) -> Option<DeadLetterCode> {
     match e {
         PublishError::TooLarge(_) => Some(DeadLetterCode::TooLarge),

@@ -15,18 +15,17 @@
 //! waiting, up to `BATCH`, so a burst does not pay one spawn per result. In
 //! JetStream mode they run concurrently inside it, so a slow confirmation
 //! holds up none of the others; in core mode, where publishing only
-//! enqueues, one after the other (about 15% less CPU per result in bursts
-//! than a future set).
+//! enqueues, one after the other (cheaper per result than a future set).
 //!
 //! When every slot is taken (a burst), the runner waits for as many slots as
-//! its next batch will use, not for one: each finished result used to wake
-//! it, and those wake-ups cost 7-10% of the worker's CPU in bursts. Core
+//! its next batch will use, not for one: a wake-up per finished result
+//! would be a noticeable share of the worker's CPU in bursts. Core
 //! mode's batches give their slots and bytes back together at their end.
 
-use super::{Pipeline, Stats};
+use super::{Handled, Pipeline, Stats};
 use crate::config::Config;
 use crate::metrics::RateLimitedLog;
-use crate::transport::{Admission, Admitted, Held, Limits, Source, core_sink};
+use crate::transport::{Admission, Admitted, Held, Limits, Outbox, Source};
 use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::Arc;
@@ -121,8 +120,8 @@ impl Runner {
         let mut closed = false;
         loop {
             // Finished batches are collected a batch's worth at a time:
-            // looked for on every turn, that cost about 500 instructions
-            // per result at a moderate rate, where a batch is one result.
+            // looked for on every turn, they would cost every result that
+            // search at a moderate rate, where a batch is one result.
             if tasks.len() >= BATCH {
                 while tasks.try_join_next().is_some() {}
             }
@@ -260,42 +259,13 @@ impl Runner {
             } else {
                 // Publishing only enqueues: one after the other costs no
                 // waiting, and spares a future set per batch. The batch's
-                // slots and bytes go back together at its end (one release
-                // instead of two per result; a batch is a few microseconds).
-                // Their outputs go to the NATS client in one command at the
-                // batch's end (`transport::core_sink::gather`).
-                let outputs = batch.len();
-                // Boxed: the task's future is moved on spawning and again
-                // as the task changes stage; inline, each move copied its
-                // 2 KB.
-                tasks.spawn(Box::pin(async move {
-                    let each = async {
-                        let mut slots: Option<OwnedSemaphorePermit> = None;
-                        let mut bytes = Held::default();
-                        for admitted in batch {
-                            let Admitted {
-                                delivery,
-                                held,
-                                slot,
-                            } = admitted;
-                            bytes.merge(held);
-                            match (&mut slots, slot) {
-                                (Some(all), Some(slot)) => all.merge(slot),
-                                (all, slot) => *all = all.take().or(slot),
-                            }
-                            stats.handled(&pipeline.handle(delivery).await);
-                        }
-                        (bytes, slots)
-                    };
-                    let mut each = std::pin::pin!(core_sink::gather(each, outputs));
-                    let held = each.as_mut().await;
-                    let kept = core_sink::kept(each.as_mut());
-                    if let Err(lost) = pipeline.sink.send_kept(kept).await {
-                        lost_with_the_client(&pipeline, lost);
-                    }
-                    // Released once the outputs are out.
-                    drop(held);
-                }));
+                // outputs go into its outbox and leave together at its end;
+                // its slots and bytes go back together once they are out
+                // (one release instead of two per result; a batch is a few
+                // microseconds). Boxed: the task's future is moved on
+                // spawning and again as the task changes stage; inline,
+                // each move copied it whole.
+                tasks.spawn(Box::pin(run_core_batch(pipeline, stats, batch)));
             }
         }
 
@@ -358,17 +328,59 @@ impl Runner {
     }
 }
 
-/// A batch's outputs the NATS client would not take: its connection task
-/// has ended, and the worker stops on that (`cli/supervise.rs`). They were
-/// counted as published; this says they are not out.
-fn lost_with_the_client(pipeline: &Pipeline, lost: usize) {
-    tracing::error!(
-        lost,
-        "the NATS client has closed: a batch's outputs could not be queued; these results have none"
-    );
-    for _ in 0..lost {
-        pipeline.metrics.publish_failed();
+/// Runs a core-mode batch: each delivery through the pipeline, one after
+/// the other, their outputs into one outbox; then sends the outbox and
+/// counts each result by whether its output went out.
+async fn run_core_batch(pipeline: Arc<Pipeline>, stats: Arc<Stats>, batch: Vec<Admitted>) {
+    let mut outbox = Outbox::with_capacity(batch.len());
+    let mut results = Vec::with_capacity(batch.len());
+    let mut slots: Option<OwnedSemaphorePermit> = None;
+    let mut bytes = Held::default();
+    for admitted in batch {
+        let Admitted {
+            delivery,
+            held,
+            slot,
+        } = admitted;
+        bytes.merge(held);
+        match (&mut slots, slot) {
+            (Some(all), Some(slot)) => all.merge(slot),
+            (all, slot) => *all = all.take().or(slot),
+        }
+        results.push(pipeline.handle(delivery, Some(&mut outbox)).await);
     }
+    let queued = outbox.len();
+    let out = pipeline.sink.send(outbox).await;
+    if out < queued {
+        tracing::error!(
+            lost = queued - out,
+            "the NATS client has closed: a batch's outputs could not be queued; these results have none"
+        );
+    }
+    for handled in count_sent(results, out, &pipeline.metrics) {
+        stats.handled(&handled);
+    }
+    // Released once the outputs are out.
+    drop((bytes, slots));
+}
+
+/// A batch's results as counted once its outbox is sent: the queued ones,
+/// in order, published for the first `out` (which went out) and failed for
+/// the rest (lost with the client); each queued result put exactly one
+/// output in the outbox, in the same order.
+pub(crate) fn count_sent(
+    results: Vec<Handled>,
+    out: usize,
+    metrics: &crate::metrics::Metrics,
+) -> impl Iterator<Item = Handled> {
+    let mut nth = 0;
+    results.into_iter().map(move |handled| match handled {
+        Handled::Queued(queued) => {
+            nth += 1;
+            queued.count(metrics, nth <= out)
+        }
+        other => other,
+    })
 }
 
 /// Runs one delivery through the pipeline; its bytes and its slot count
@@ -379,7 +391,7 @@ async fn handle(pipeline: &Pipeline, stats: &Stats, admitted: Admitted) {
         held,
         slot,
     } = admitted;
-    stats.handled(&pipeline.handle(delivery).await);
+    stats.handled(&pipeline.handle(delivery, None).await);
     drop((held, slot));
 }
 
@@ -433,4 +445,71 @@ async fn begin_drain(source: &mut Source, timeout: Duration) -> Instant {
         tracing::warn!("shutdown: the transport did not accept the drain in time");
     }
     deadline
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decision::{DeadLetterCode, Outcome};
+    use crate::metrics::Metrics;
+
+    fn queued(code: DeadLetterCode) -> Handled {
+        Handled::Queued(super::super::Queued {
+            outcome: Outcome::DeadLetter { code },
+            trailing_frames: 0,
+            received_at: std::time::Instant::now(),
+        })
+    }
+
+    fn batch() -> Vec<Handled> {
+        let failed = Outcome::DeadLetter {
+            code: DeadLetterCode::TooLarge,
+        };
+        vec![
+            queued(DeadLetterCode::Malformed),
+            Handled::Failed(failed),
+            queued(DeadLetterCode::MissingReplyTo),
+            queued(DeadLetterCode::OverBudget),
+        ]
+    }
+
+    fn published(counted: &[Handled]) -> usize {
+        let published = counted
+            .iter()
+            .filter(|h| matches!(h, Handled::Published(_)));
+        published.count()
+    }
+
+    #[test]
+    fn a_batch_whose_client_is_gone_counts_nothing_as_published() {
+        let metrics = Metrics::new();
+        let counted: Vec<Handled> = count_sent(batch(), 0, &metrics).collect();
+        assert_eq!(published(&counted), 0, "{counted:?}");
+        assert!(counted.iter().all(|h| matches!(h, Handled::Failed(_))));
+        let text = metrics.encode();
+        let value = |name: &str| {
+            let line = text.lines().find(|l| l.starts_with(name));
+            line.and_then(|l| l.rsplit(' ').next()).map(str::to_string)
+        };
+        let no_output = value("handoff_dead_letters_total{code=\"malformed\"}");
+        assert_eq!(no_output.as_deref(), Some("0"), "{text}");
+        let failures = value("handoff_publish_failures_total");
+        assert_eq!(failures.as_deref(), Some("3"), "{text}");
+    }
+
+    #[test]
+    fn the_first_outputs_out_are_counted_published_in_order() {
+        let metrics = Metrics::new();
+        let counted: Vec<Handled> = count_sent(batch(), 2, &metrics).collect();
+        let kinds: Vec<&str> = counted
+            .iter()
+            .map(|h| match h {
+                Handled::Published(_) => "published",
+                Handled::Failed(_) => "failed",
+                Handled::Deferred(_) => "deferred",
+                Handled::Queued(_) => "queued",
+            })
+            .collect();
+        assert_eq!(kinds, ["published", "failed", "published", "failed"]);
+    }
 }

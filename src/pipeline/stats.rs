@@ -31,11 +31,15 @@ impl Stats {
         self.received.fetch_add(count as u64, Ordering::Relaxed);
     }
 
+    /// Counts a result whose output's fate is known. A queued one is not
+    /// counted here: it is counted once its outbox is sent
+    /// ([`super::Queued::count`]).
     pub(super) fn handled(&self, handled: &Handled) {
         let counter = match handled {
             Handled::Published(_) => &self.published,
             Handled::Failed(_) => &self.failed,
             Handled::Deferred(_) => &self.deferred,
+            Handled::Queued(_) => return,
         };
         counter.fetch_add(1, Ordering::Relaxed);
     }

@@ -1,5 +1,5 @@
 //! OpenTelemetry traces over OTLP, so the worker is a hop of the request's
-//! trace rather than a gap in it (issue 14).
+//! trace rather than a gap in it.
 //!
 //! With `otel.endpoint` (or the standard `OTEL_EXPORTER_OTLP_*ENDPOINT`)
 //! set, each result gets one span, a child of the input's `traceparent` (a

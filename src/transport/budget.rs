@@ -6,7 +6,7 @@
 //!
 //! Both delivery modes hold their results' bytes here: core mode takes a
 //! result only when its bytes fit and refuses it otherwise (see
-//! `transport::core_intake`); JetStream mode sizes each pull to the bytes free
+//! `transport::core::intake`); JetStream mode sizes each pull to the bytes free
 //! (`max_bytes`), so the server keeps what does not fit.
 
 use std::sync::Arc;

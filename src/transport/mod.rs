@@ -12,9 +12,9 @@
 //! Two implementations:
 //!
 //! - [`core`]: core NATS, a queue subscription on every prefill subject (at
-//!   most once, contract 7), read in place by the runner through
-//!   `core_intake.rs`, into the byte budget;
-//!   its outputs are only enqueued on the connection ([`core_sink`]).
+//!   most once, contract 7), read in place by the runner through its
+//!   intake, into the byte budget; its outputs are only enqueued on the
+//!   connection, a batch's together from its [`Outbox`].
 //! - [`jetstream`]: the durable mode, a work-queue stream and a shared pull
 //!   consumer; outputs are confirmed by the server before the delivery is
 //!   acked.
@@ -28,14 +28,12 @@ mod sink;
 mod source;
 
 pub mod core;
-mod core_intake;
-pub mod core_sink;
 pub mod jetstream;
 
 pub mod budget;
 
 pub use budget::Held;
-pub use core_sink::CoreSink;
+pub use core::{CoreSink, Outbox};
 pub use delivery::{Attempt, Delivery, Settle};
 pub use sink::{PublishError, Sink, Target};
 pub use source::{Admission, Admitted, Feed, Limits, Source};

@@ -1,9 +1,10 @@
 //! Where outputs go: one [`Sink`], enqueued (core NATS) or confirmed
 //! (JetStream).
 
-use super::{CoreSink, jetstream};
+use super::core::{CoreSink, Outbox};
+use super::jetstream;
 use async_nats::HeaderMap;
-use async_nats::message::OutboundMessage;
+use async_nats::client::PublishErrorKind;
 use bytes::Bytes;
 use futures::future::{BoxFuture, Either, Ready, ready};
 use std::time::Duration;
@@ -30,8 +31,8 @@ pub enum Target {
     Stream,
 }
 
-/// A publish under way ([`Sink::publish`]): done at once (kept, or
-/// refused), or waiting on the server.
+/// A publish under way ([`Sink::publish`]): done at once (put in an
+/// outbox, or refused), or waiting on the server.
 pub type Publishing<'a> =
     Either<Ready<Result<(), PublishError>>, BoxFuture<'a, Result<(), PublishError>>>;
 
@@ -52,42 +53,53 @@ impl Sink {
     }
 
     /// Publishes one output. An empty header map publishes without headers.
-    /// In core mode, inside a batch (`core_sink::gather`), it is kept (when
-    /// called, not when awaited) and goes out with the batch's other outputs
-    /// at the batch's end.
+    ///
+    /// In core mode, given a batch's `outbox`, the output is checked and put
+    /// in it (when called, not when awaited), and leaves when the runner
+    /// sends the outbox ([`Sink::send`]); without one it leaves at once.
+    /// JetStream mode publishes at once and waits for the server; it is
+    /// never given an outbox.
     ///
     /// Not an `async fn`: as one, the futures it awaits made every result's
-    /// future 3.3 KB (`-Zprint-type-sizes`), in both modes, and that future
-    /// is moved several times per result. What waits on the server is boxed
-    /// instead: allocated once per result in JetStream mode, and in core
-    /// mode only on the rare path `send_now` takes.
+    /// future much larger, in both modes, and that future is moved several
+    /// times per result. What waits on the server is boxed instead:
+    /// allocated once per result in JetStream mode, and in core mode only
+    /// for an output sent outside a batch.
     pub fn publish<'a>(
         &'a self,
         subject: &'a str,
         headers: HeaderMap,
         payload: Bytes,
         target: Target,
+        outbox: Option<&mut Outbox>,
     ) -> Publishing<'a> {
-        match self {
-            Sink::Core(sink) => match sink.keep(subject, headers, payload) {
-                Ok(None) => Either::Left(ready(Ok(()))),
-                Ok(Some(message)) => Either::Right(Box::pin(sink.send_now(subject, message))),
-                Err(e) => Either::Left(ready(Err(e))),
-            },
-            Sink::JetStream(sink) => Either::Right(match target {
+        match (self, outbox) {
+            (Sink::Core(sink), Some(outbox)) => {
+                Either::Left(ready(sink.put(outbox, subject, headers, payload)))
+            }
+            (Sink::Core(sink), None) => {
+                Either::Right(Box::pin(sink.send_one(subject, headers, payload)))
+            }
+            (Sink::JetStream(sink), _) => Either::Right(match target {
                 Target::Stream => Box::pin(sink.stored(subject, headers, payload)),
                 Target::Subject => Box::pin(sink.confirmed(subject, headers, payload)),
             }),
         }
     }
 
-    /// Sends the outputs a batch kept (`core_sink::gather`, core mode only).
-    /// `Err` with how many could not be sent.
-    pub async fn send_kept(&self, kept: Vec<OutboundMessage>) -> Result<(), usize> {
+    /// Sends a batch's outbox (core mode). Returns how many of its outputs
+    /// went out, in order: the first that many; the rest are lost.
+    pub async fn send(&self, outbox: Outbox) -> usize {
         match self {
-            Sink::Core(sink) => sink.send_kept(kept).await,
-            // Its publishes are never kept: nothing to send.
-            Sink::JetStream(_) => Ok(()),
+            Sink::Core(sink) => sink.send(outbox).await,
+            // Never given an outbox: nothing in it to send.
+            Sink::JetStream(_) => {
+                debug_assert!(
+                    outbox.is_empty(),
+                    "JetStream outputs are never put in an outbox"
+                );
+                0
+            }
         }
     }
 
@@ -109,5 +121,20 @@ impl Sink {
                 false
             }
         }
+    }
+}
+
+/// What a client publish error means for the output.
+pub(super) fn publish_error(subject: &str, e: &async_nats::PublishError) -> PublishError {
+    match e.kind() {
+        PublishErrorKind::MaxPayloadExceeded => PublishError::TooLarge(e.to_string()),
+        PublishErrorKind::InvalidSubject => PublishError::InvalidSubject {
+            subject: subject.to_string(),
+            reason: e.to_string(),
+        },
+        PublishErrorKind::Send => PublishError::Failed {
+            subject: subject.to_string(),
+            reason: e.to_string(),
+        },
     }
 }

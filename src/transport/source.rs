@@ -3,7 +3,7 @@
 
 use super::Delivery;
 use super::budget::{ByteBudget, Held};
-use super::core_intake::Intake;
+use super::core::intake::Intake;
 use std::sync::Arc;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 

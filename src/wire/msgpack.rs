@@ -264,8 +264,7 @@ pub fn write_uint(out: &mut Vec<u8>, n: u64) {
         }
         _ => {
             // One write of nine bytes, not a push and a write of eight: a
-            // minted ID is this wide, and a decode job carries it twice
-            // (callgrind, minted handoff: 5,747 -> 5,740 instructions).
+            // minted ID is this wide, and a decode job carries it twice.
             let mut encoded = [0xcf; 9];
             encoded[1..].copy_from_slice(&n.to_be_bytes());
             out.extend_from_slice(&encoded);

@@ -28,8 +28,7 @@ pub fn validate(bytes: &[u8]) -> bool {
 /// tracked, only bounded: while the value has opened fewer containers than
 /// the depth it may still nest, none of them can sit too deep. A value with
 /// more containers than that is walked again by [`skip_nested`], which knows
-/// each one's depth. The recursive walk alone cost about 35 instructions a
-/// value; this one about half.
+/// each one's depth. A recursive walk costs about twice as much per value.
 fn skip(b: &[u8], pos: usize, depth: usize) -> Option<usize> {
     let budget = MAX_DEPTH.saturating_sub(depth);
     let mut opened = 0;
@@ -38,16 +37,16 @@ fn skip(b: &[u8], pos: usize, depth: usize) -> Option<usize> {
     while left > 0 {
         left -= 1;
         let marker = *b.get(p)?;
-        // One jump on the marker's class: a chain of range tests cost
-        // about 20 instructions a value before reaching its arm.
+        // One jump on the marker's class, not a chain of range tests
+        // before reaching its arm.
         let (first, values) = match CLASS[usize::from(marker)] {
             Class::One => {
                 p += 1;
                 // A run of small non-negative integers (an array of token
-                // IDs under 128), up to 8 values a word: a value a turn cost
-                // about 9 instructions each. The run's last word counts the
-                // integers before the first byte that is not one, so the
-                // tail of a run is not walked a value a turn either.
+                // IDs under 128), up to 8 values a word rather than a value
+                // a turn: a prompt holds thousands. The run's last word
+                // counts the integers before the first byte that is not one,
+                // so the tail of a run is not walked a value a turn either.
                 while left > 0 {
                     let Some(w) = word_at(b, p) else {
                         break;
@@ -131,9 +130,8 @@ fn word_at(b: &[u8], p: usize) -> Option<u64> {
 /// (token IDs from 256 up: most of a prompt's), of at most `left` values,
 /// each counted off `left`. It stops at anything else, a form that is not
 /// the shortest, or fewer than 8 bytes left, where [`skip`] takes the value
-/// as any other. A value a turn through `skip`'s class table cost about 20
-/// instructions; this loop about 16 (callgrind, a decision on a result
-/// with a 2,048-token prompt: 53,900 -> 45,900). Two variants came out
+/// as any other. This loop is cheaper per value than a turn through
+/// `skip`'s class table, which matters for long prompts. Two variants are
 /// slower: the bound computed once before the loop, and the width chosen
 /// without branches.
 #[inline(always)]
@@ -397,8 +395,8 @@ pub fn value_end(bytes: &[u8], pos: usize, depth: usize) -> Option<usize> {
         Class::FixMap | Class::FixArray | Class::Array16 => skip(bytes, pos, depth),
         // The scalars a result's top level, frame and params hold besides
         // fixstrs (a request ID, a context request ID, an opaque state),
-        // each by its own rule: through `other_end`'s match they cost
-        // about 60 instructions each.
+        // each by its own rule, without going through `other_end`'s
+        // match.
         Class::U8 => int(bytes, pos + 1, 0xcc),
         Class::U16 => int(bytes, pos + 1, 0xcd),
         Class::U32 => int(bytes, pos + 1, 0xce),
@@ -417,7 +415,7 @@ pub fn value_end(bytes: &[u8], pos: usize, depth: usize) -> Option<usize> {
 
 /// [`value_end`] for the other markers: a scalar (a sized integer, a longer
 /// string, binary data) read by [`step`] alone, without [`skip`]'s loop,
-/// whose set-up cost about 30 instructions a value.
+/// whose set-up would cost more than the scalar itself.
 #[inline(never)]
 fn other_end(bytes: &[u8], pos: usize, depth: usize, marker: u8) -> Option<usize> {
     match step(bytes, pos + 1, marker)? {

@@ -1,6 +1,7 @@
 //! Integration tests that need no server: the decision, wire encodings,
 //! configuration, request IDs, the offline commands, the deployment examples,
-//! the fuzz seed corpus and the patched NATS parser.
+//! the documents against the code, the fuzz seed corpus and the patched NATS
+//! parser.
 //!
 //! One test binary instead of one per file: every test binary links the whole
 //! dependency tree, so fewer binaries means a smaller and faster cold build.
@@ -23,6 +24,7 @@ mod decision_hostile;
 mod decision_job;
 mod decision_malformed;
 mod deploy_config;
+mod docs;
 mod fuzz_corpus;
 mod ids;
 mod nats_parser;

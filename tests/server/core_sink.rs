@@ -1,7 +1,7 @@
-//! Core mode's sink against a real nats-server: inside a batch
-//! (`core_sink::gather`) outputs are checked at once and kept, and leave in
-//! one command, in order, when the batch sends them; outside one, each
-//! leaves at once.
+//! Core mode's sink against a real nats-server: given a batch's outbox,
+//! outputs are checked at once and put in it, and leave in order when the
+//! outbox is sent; without one, each leaves at once. An outbox sent after
+//! the client is gone reports nothing out.
 
 use crate::common;
 use crate::common::worker_support::{client, round_trip};
@@ -10,7 +10,7 @@ use async_nats::{HeaderMap, HeaderValue, Message, Subscriber};
 use bytes::Bytes;
 use common::Nats;
 use futures::{FutureExt as _, StreamExt as _};
-use prefill_handoff::transport::{CoreSink, PublishError, Sink, Target, core_sink};
+use prefill_handoff::transport::{CoreSink, Outbox, PublishError, Sink, Target};
 
 const GEN: &str = "batch.gen";
 const REPLY: &str = "batch.reply";
@@ -44,12 +44,19 @@ async fn a_batch_keeps_its_outputs_until_sent_then_they_arrive_once_in_order() {
     round_trip(&observer).await;
     let sink = Sink::Core(CoreSink::new(publisher.clone(), GEN));
 
-    let work = async {
+    let mut outbox = Outbox::with_capacity(2);
+    {
         for i in 0..7 {
             let subject = if i % 2 == 0 { GEN } else { REPLY };
             let payload = Bytes::from(format!("out-{i}"));
             let sent = sink
-                .publish(subject, headers(i), payload, Target::Subject)
+                .publish(
+                    subject,
+                    headers(i),
+                    payload,
+                    Target::Subject,
+                    Some(&mut outbox),
+                )
                 .await;
             assert!(sent.is_ok(), "output {i} is taken: {sent:?}");
         }
@@ -60,6 +67,7 @@ async fn a_batch_keeps_its_outputs_until_sent_then_they_arrive_once_in_order() {
                 HeaderMap::new(),
                 Bytes::from("x"),
                 Target::Subject,
+                Some(&mut outbox),
             )
             .await;
         assert!(
@@ -72,18 +80,15 @@ async fn a_batch_keeps_its_outputs_until_sent_then_they_arrive_once_in_order() {
                 headers(0),
                 Bytes::from(vec![b'x'; 8192]),
                 Target::Subject,
+                Some(&mut outbox),
             )
             .await;
         assert!(matches!(big, Err(PublishError::TooLarge(_))), "{big:?}");
-        "done"
-    };
-    let mut gathering = std::pin::pin!(core_sink::gather(work, 2));
-    assert_eq!(gathering.as_mut().await, "done");
-    let kept = core_sink::kept(gathering.as_mut());
+    }
     assert_eq!(
-        kept.len(),
+        outbox.len(),
         7,
-        "the seven outputs are kept, the two refusals not"
+        "the seven outputs are in the outbox, the two refusals not"
     );
 
     round_trip(&publisher).await;
@@ -93,7 +98,7 @@ async fn a_batch_keeps_its_outputs_until_sent_then_they_arrive_once_in_order() {
         "nothing leaves before the batch sends: {early:?}"
     );
 
-    assert_eq!(sink.send_kept(kept).await, Ok(()));
+    assert_eq!(sink.send(outbox).await, 7, "all seven went out");
     round_trip(&publisher).await;
     let got = received_now(&observer, &mut outputs).await;
     assert_eq!(got.len(), 7, "each output once: {got:?}");
@@ -121,7 +126,13 @@ async fn outside_a_batch_an_output_leaves_at_once() {
     let sink = Sink::Core(CoreSink::new(publisher.clone(), GEN));
 
     let sent = sink
-        .publish(REPLY, headers(1), Bytes::from("alone"), Target::Subject)
+        .publish(
+            REPLY,
+            headers(1),
+            Bytes::from("alone"),
+            Target::Subject,
+            None,
+        )
         .await;
     assert!(sent.is_ok(), "{sent:?}");
     round_trip(&publisher).await;
@@ -129,6 +140,46 @@ async fn outside_a_batch_an_output_leaves_at_once() {
     assert_eq!(got.len(), 1, "{got:?}");
     assert_eq!(got[0].payload, Bytes::from("alone"));
 
-    // An empty batch sends nothing and succeeds.
-    assert_eq!(sink.send_kept(Vec::new()).await, Ok(()));
+    // An empty outbox sends nothing.
+    assert_eq!(sink.send(Outbox::default()).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outbox_sent_after_the_client_is_gone_reports_nothing_out() {
+    let nats = Nats::start();
+    let (closed_tx, mut closed) = tokio::sync::mpsc::unbounded_channel();
+    let publisher = async_nats::ConnectOptions::new()
+        .event_callback(move |event| {
+            let closed_tx = closed_tx.clone();
+            async move {
+                if matches!(event, async_nats::Event::Closed) {
+                    let _ = closed_tx.send(());
+                }
+            }
+        })
+        .connect(nats.url())
+        .await
+        .expect("connect");
+    let observer = client(&nats.url()).await;
+    let mut outputs = observer.subscribe("batch.>").await.expect("subscribe");
+    round_trip(&observer).await;
+    let sink = Sink::Core(CoreSink::new(publisher.clone(), GEN));
+
+    let mut outbox = Outbox::default();
+    for i in 0..3 {
+        let payload = Bytes::from(format!("out-{i}"));
+        let put = sink
+            .publish(GEN, headers(i), payload, Target::Subject, Some(&mut outbox))
+            .await;
+        assert!(put.is_ok(), "{put:?}");
+    }
+    // The client's connection task ends: nothing can be sent through it.
+    publisher.drain().await.expect("drain");
+    let gone = tokio::time::timeout(std::time::Duration::from_secs(10), closed.recv());
+    assert_eq!(gone.await.expect("the drained client closes"), Some(()));
+
+    assert_eq!(sink.send(outbox).await, 0, "nothing went out");
+    round_trip(&observer).await;
+    let got = received_now(&observer, &mut outputs).await;
+    assert!(got.is_empty(), "{got:?}");
 }

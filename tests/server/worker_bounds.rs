@@ -143,7 +143,7 @@ fn vm_hwm_kib(pid: u32) -> u64 {
 ///   disconnect; 2.9.10 passed at 106 MiB.
 ///
 /// A worker slower than the publisher on 2.15 can still be cut off (the
-/// README's "What remains unbounded"); this test then fails, its counts
+/// docs/design.md, "Bounds"); this test then fails, its counts
 /// short of 2,000.
 #[tokio::test(flavor = "multi_thread", worker_threads = 3)]
 async fn a_burst_of_2000_hostile_1mib_results_stays_under_256_mib_and_all_are_counted() {

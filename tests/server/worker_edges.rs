@@ -73,7 +73,7 @@ async fn publish_two(client: &async_nats::Client, tag: &str) {
     client.flush().await.expect("flush");
 }
 
-/// Contract 9 and the README's exit codes: with etcd up and nothing listening
+/// The exit codes of docs/protocol.md: with etcd up and nothing listening
 /// on `nats.url`, `run` exits 1 within the connect timeout, with a one-line
 /// error naming the URL, its password redacted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -131,7 +131,7 @@ async fn credentials_in_the_url_authenticate() {
     assert_eq!(code, Some(1), "a wrong password: exit 1\n{}", refused.log());
 }
 
-/// README: secrets are never shown. A worker whose URL holds a password,
+/// docs/design.md: secrets are never shown. A worker whose URL holds a password,
 /// logging at debug (async-nats included), through startup, traffic and
 /// shutdown: the password is nowhere in its stdout or stderr.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,7 +8,7 @@
 
 use super::confirm::Confirmer;
 use crate::transport::PublishError;
-use crate::transport::core_sink::publish_error;
+use crate::transport::sink::publish_error;
 use async_nats::jetstream::{self, message::PublishMessage};
 use async_nats::{Client, HeaderMap};
 use bytes::Bytes;

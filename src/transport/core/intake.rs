@@ -14,14 +14,14 @@
 //! dropped at once: the pipeline still gives it its one output (a dead
 //! letter `over_budget` without the input's bytes).
 
-use super::budget::ByteBudget;
-use super::core::Subscriptions;
-use super::{Admission, Admitted, Delivery};
+use super::Subscriptions;
+use crate::transport::budget::ByteBudget;
+use crate::transport::{Admission, Admitted, Delivery};
 use bytes::Bytes;
 use futures::FutureExt;
 
 /// The queue subscriptions and the budget their results are admitted in.
-pub(super) struct Intake {
+pub(in crate::transport) struct Intake {
     subscriptions: Subscriptions,
     budget: ByteBudget,
 }
@@ -36,20 +36,20 @@ impl Intake {
 
     /// The next result, admitted or refused; `None` once the subscriptions
     /// are drained or closed. Cancel-safe.
-    pub(super) async fn next(&mut self) -> Option<Admission> {
+    pub(in crate::transport) async fn next(&mut self) -> Option<Admission> {
         let delivery = self.subscriptions.next().await?;
         Some(self.admit(delivery))
     }
 
     /// A result already received, if any; never waits.
-    pub(super) fn ready(&mut self) -> Option<Admission> {
+    pub(in crate::transport) fn ready(&mut self) -> Option<Admission> {
         // `Subscriptions::next` is cancel-safe: a pending poll loses nothing.
         let delivery = self.subscriptions.next().now_or_never()??;
         Some(self.admit(delivery))
     }
 
     /// Unsubscribes; results already received still come out of `next`.
-    pub(super) async fn drain(&mut self) {
+    pub(in crate::transport) async fn drain(&mut self) {
         self.subscriptions.drain().await;
     }
 

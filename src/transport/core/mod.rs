@@ -3,14 +3,21 @@
 //! message published while no worker listens is lost, and so is one a worker
 //! holds when it dies.
 
-use super::{Attempt, Delivery, Limits, Settler, Source, TransportError};
+pub(super) mod intake;
+mod outbox;
+mod sink;
+
+pub use outbox::Outbox;
+pub use sink::CoreSink;
+
+use crate::transport::{Attempt, Delivery, Limits, Settler, Source, TransportError};
 use async_nats::{Client, Subscriber};
 use futures::{Stream, StreamExt};
 use std::pin::Pin;
 use std::task::Poll;
 use std::time::Instant;
 
-/// The queue subscriptions, read through the intake (`core_intake.rs`).
+/// The queue subscriptions, read through the intake (`intake.rs`).
 pub(super) struct Subscriptions {
     client: Client,
     /// Polled in turn, from `next_first` on; one that ends is removed. A
@@ -29,7 +36,7 @@ pub async fn subscribe(
     limits: &Limits,
 ) -> Result<Source, TransportError> {
     let subscriptions = Subscriptions::subscribe(client, subjects, queue_group).await?;
-    let intake = super::core_intake::Intake::new(subscriptions, limits.budget.clone());
+    let intake = intake::Intake::new(subscriptions, limits.budget.clone());
     Ok(Source::core(intake))
 }
 
