@@ -29,14 +29,17 @@ pub use settings::TlsSettings;
 use std::path::Path;
 
 /// Why a TLS file or seed file cannot be used. Each message names the
-/// configuration key and the file, never the file's content.
+/// configuration key and the file, never the file's content; the reason
+/// from the file system or rustls is the error's source (shown after it by
+/// `{:#}`).
 #[derive(Debug, thiserror::Error)]
 pub enum SecurityError {
-    #[error("{key}: cannot read {path}: {reason}")]
+    #[error("{key}: cannot read {path}")]
     Unreadable {
         key: &'static str,
         path: String,
-        reason: String,
+        #[source]
+        source: std::io::Error,
     },
     #[error("{key}: {path} is not PEM: expected {expected}")]
     NotPem {
@@ -44,11 +47,14 @@ pub enum SecurityError {
         path: String,
         expected: &'static str,
     },
-    #[error("{key}: {path} holds a certificate that cannot be used: {reason}")]
+    #[error("{key}: {path} holds a certificate that cannot be used")]
     BadCertificate {
         key: &'static str,
         path: String,
-        reason: String,
+        /// Boxed: rustls' error is large, and this one travels in every
+        /// `Result` of loading and connecting.
+        #[source]
+        source: Box<rustls::Error>,
     },
     #[error(
         "{missing}: not set, but {set} is; a client certificate needs its key and the key its certificate"
@@ -58,14 +64,17 @@ pub enum SecurityError {
         set: &'static str,
     },
     #[error(
-        "{key_key}: the key in {key_path} does not belong to the certificate in {cert_path} ({cert_key}): {reason}"
+        "{key_key}: the key in {key_path} does not belong to the certificate in {cert_path} ({cert_key})"
     )]
     KeyMismatch {
         cert_key: &'static str,
         key_key: &'static str,
         cert_path: String,
         key_path: String,
-        reason: String,
+        /// Boxed: rustls' error is large, and this one travels in every
+        /// `Result` of loading and connecting.
+        #[source]
+        source: Box<rustls::Error>,
     },
     #[error("nats.nkey_seed_file: {path} {reason}")]
     NkeySeed { path: String, reason: String },
