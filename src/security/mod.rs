@@ -76,8 +76,15 @@ pub enum SecurityError {
         #[source]
         source: Box<rustls::Error>,
     },
+    #[error("nats.nkey_seed_file: {path} cannot be read")]
+    NkeyUnreadable {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// `reason` is ours: the nkeys parser's own error could quote the seed.
     #[error("nats.nkey_seed_file: {path} {reason}")]
-    NkeySeed { path: String, reason: String },
+    NkeySeed { path: String, reason: &'static str },
     #[error(
         "nats.tls.first: applies to nats:// and tls:// URLs only; a websocket URL negotiates TLS itself"
     )]
