@@ -37,8 +37,11 @@ pub enum Command {
     Run(ConfigArgs),
     /// Create the JetStream streams and consumer (idempotent).
     Setup(ConfigArgs),
-    /// Print what `run` would publish for one prefill result, with the same
-    /// configuration (`--config`, `HANDOFF_*`, flags). No network.
+    /// Print what `run` would publish for one prefill result. No network.
+    ///
+    /// The configuration is read as `run` reads it: defaults, `--config`,
+    /// `HANDOFF_*` variables, then flags; its subjects, reply allowlist,
+    /// size limit, mode and ID layout apply.
     Explain(explain::ExplainArgs),
     /// Mint request IDs for a machine ID. No network.
     MintId(ids::MintArgs),
@@ -46,8 +49,10 @@ pub enum Command {
     DecodeId(ids::DecodeArgs),
     /// List claimed machine-ID slots and live instances from etcd.
     Slots(slots::SlotsArgs),
-    /// Print the reference of every configuration key as Markdown
-    /// (docs/configuration.md is this output). No network.
+    /// Print every configuration key as Markdown (docs/configuration.md).
+    ///
+    /// Key, type, default, environment variable, range and meaning, from
+    /// the key table in the code; docs/configuration.md is this output.
     ConfigReference,
 }
 
