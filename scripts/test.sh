@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Every check of the project, as CI runs it (.ci/run):
 #   1. install what is missing (scripts/install-deps.sh)
-#   2. cargo fmt --check
+#   2. cargo fmt --check, and no import cycle between the modules of src/
+#      (scripts/check-modules.sh; the cycles still being removed are listed
+#      in scripts/module-cycles.allow)
 #   3. clippy's lints as `cargo clippy --all-targets -- -D warnings` has them,
 #      applied while every target is built (see the step for why)
 #   4. doc tests (cargo test --doc)
@@ -64,6 +66,9 @@ fi
 
 begin "cargo fmt --check"
 cargo fmt --check
+
+begin "import cycles between modules (scripts/check-modules.sh)"
+bash scripts/check-modules.sh --quiet
 
 # Clippy and the build in one compilation. `cargo clippy` is `cargo check`
 # with RUSTC_WORKSPACE_WRAPPER pointing at clippy-driver and the lint flags

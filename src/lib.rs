@@ -27,6 +27,8 @@
 //!
 //! - [`connect`]: the one NATS connection, from `nats.*`.
 //! - [`setup`]: the JetStream streams and consumer, created or checked.
+//! - [`redelivery`]: JetStream's redelivery schedule (nak delays, delivery
+//!   limit, the span they allow), for the settling rules and the setup.
 //! - [`id_service`]: the ID mint service: request IDs over NATS request/reply.
 //! - [`config`]: TOML file, `HANDOFF_*` environment and flags.
 //! - [`security`]: TLS files and NKey seeds for NATS and etcd, checked at start.
@@ -48,6 +50,7 @@ pub mod identity;
 pub mod ids;
 pub mod metrics;
 pub mod pipeline;
+pub mod redelivery;
 pub mod security;
 pub mod setup;
 pub mod telemetry;

@@ -7,56 +7,7 @@
 use super::ConfigError;
 use toml::Value;
 
-/// One configuration key: its dotted name, the kind of value it takes, the
-/// range that value must lie in, and what it means. The rows are in
-/// `table.rs`.
-#[derive(Debug, Clone, Copy)]
-pub struct Key {
-    pub name: &'static str,
-    pub kind: Kind,
-    pub range: Range,
-    /// Why the range is what it is; empty when the range says it all.
-    pub why: &'static str,
-    /// One or two sentences for the reference.
-    pub meaning: &'static str,
-}
-
-/// What a key accepts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    Str,
-    /// An optional string; the empty string means unset.
-    OptStr,
-    /// An optional string that is never shown in messages.
-    Secret,
-    /// A non-negative integer.
-    UInt,
-    Int,
-    /// A finite number (an integer is taken as a number too).
-    Float,
-    Bool,
-    /// A list of strings; from the environment or a flag, comma-separated.
-    List,
-    /// One of the listed words (matched ignoring case, stored in lower case).
-    Enum(&'static [&'static str]),
-}
-
-/// The values a key's kind allows that it also accepts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Range {
-    /// Every value of the kind.
-    Any,
-    /// An integer of at least this.
-    AtLeast(u64),
-    /// An integer from the first to the second, both included.
-    Between(u64, u64),
-    /// -1 (no limit) or a positive integer.
-    MinusOneOrPositive,
-    /// A number from 0 to 1.
-    Fraction,
-}
-
-pub(crate) use super::table::KEYS;
+use super::table::{KEYS, Key, Kind};
 
 /// The known key.
 pub(crate) fn lookup(key: &str) -> Option<&'static Key> {

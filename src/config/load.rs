@@ -6,6 +6,7 @@
 //! whichever layer it came from, and the message can say where that was.
 
 use super::keys;
+use super::table::Key;
 use super::{Config, ConfigError};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -140,7 +141,7 @@ impl Layers {
             return Ok(());
         }
         let key = rest.to_lowercase().replace("__", ".");
-        let Some(&keys::Key { name: k, kind, .. }) = keys::lookup(&key) else {
+        let Some(&Key { name: k, kind, .. }) = keys::lookup(&key) else {
             return Err(ConfigError::new(format!(
                 "environment variable {name}: {}",
                 keys::unknown(&key, keys::env_name)
@@ -158,7 +159,7 @@ impl Layers {
     }
 
     fn apply_flag(&mut self, key: &str, value: &str) -> Result<(), ConfigError> {
-        let &keys::Key { name: k, kind, .. } = keys::lookup(key).ok_or_else(|| {
+        let &Key { name: k, kind, .. } = keys::lookup(key).ok_or_else(|| {
             ConfigError::new(format!(
                 "--set {key}: {}",
                 keys::unknown(key, |k| format!("`{k}`"))

@@ -32,13 +32,14 @@ pub mod subject;
 mod table;
 mod validate;
 
-pub use keys::{Key, Kind, Range, env_name};
+pub use keys::env_name;
 pub use redact::redact_urls;
 pub use reference::reference_markdown;
 pub use sections::{
     EtcdConfig, EtcdTls, IdServiceConfig, JetStreamConfig, NatsConfig, NatsTls, OtelConfig,
     Subjects,
 };
+pub use table::{Key, Kind, Range};
 
 use crate::ids::IdLayout;
 use serde::{Deserialize, Serialize};
@@ -159,7 +160,7 @@ impl Config {
 
     /// Every configuration key, dotted (`nats.url`), in file order.
     pub fn keys() -> impl Iterator<Item = &'static str> {
-        keys::KEYS.iter().map(|k| k.name)
+        table::KEYS.iter().map(|k| k.name)
     }
 
     /// The key table's row for a dotted key.

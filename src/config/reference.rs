@@ -4,7 +4,8 @@
 //! test compares the file with this output).
 
 use super::Config;
-use super::keys::{KEYS, Key, Kind, Range, env_name};
+use super::keys::env_name;
+use super::table::{KEYS, Key, Kind, Range};
 use serde_json::Value as Json;
 use std::fmt::Write as _;
 

@@ -1,13 +1,61 @@
 //! The key table: every configuration key, what it takes, the range it must
-//! lie in and what it means. The loader, the range checks and the generated
-//! reference (`docs/configuration.md`) all read this table.
+//! lie in and what it means. The loader (`keys.rs`), the range checks
+//! (`validate.rs`) and the generated reference (`reference.rs`,
+//! `docs/configuration.md`) all read this table.
 //!
 //! To add a key: add its field (with its default) to the struct in `mod.rs`,
 //! add its row here in file order, and regenerate the reference
 //! (`prefill-handoff config-reference > docs/configuration.md`). Tests fail
 //! until all three agree.
 
-use super::keys::{Key, Kind, Range};
+/// One configuration key: its dotted name, the kind of value it takes, the
+/// range that value must lie in, and what it means. The rows are in
+/// `table.rs`.
+#[derive(Debug, Clone, Copy)]
+pub struct Key {
+    pub name: &'static str,
+    pub kind: Kind,
+    pub range: Range,
+    /// Why the range is what it is; empty when the range says it all.
+    pub why: &'static str,
+    /// One or two sentences for the reference.
+    pub meaning: &'static str,
+}
+
+/// What a key accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Str,
+    /// An optional string; the empty string means unset.
+    OptStr,
+    /// An optional string that is never shown in messages.
+    Secret,
+    /// A non-negative integer.
+    UInt,
+    Int,
+    /// A finite number (an integer is taken as a number too).
+    Float,
+    Bool,
+    /// A list of strings; from the environment or a flag, comma-separated.
+    List,
+    /// One of the listed words (matched ignoring case, stored in lower case).
+    Enum(&'static [&'static str]),
+}
+
+/// The values a key's kind allows that it also accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Range {
+    /// Every value of the kind.
+    Any,
+    /// An integer of at least this.
+    AtLeast(u64),
+    /// An integer from the first to the second, both included.
+    Between(u64, u64),
+    /// -1 (no limit) or a positive integer.
+    MinusOneOrPositive,
+    /// A number from 0 to 1.
+    Fraction,
+}
 
 const fn key(name: &'static str, kind: Kind, meaning: &'static str) -> Key {
     Key {
@@ -31,7 +79,7 @@ use Kind::{Bool, Enum, Float, Int, List, OptStr, Secret, Str, UInt};
 use Range::{AtLeast, Between, Fraction, MinusOneOrPositive};
 
 /// Every key, in the order of `config/handoff.toml`.
-pub(crate) const KEYS: &[Key] = &[
+pub const KEYS: &[Key] = &[
     key("nats.url", Str, "NATS server URL(s), comma-separated. Credentials may be written in the URL (`nats://user:password@host:4222`, `nats://token@host:4222`); they are then the one authentication method, the same in every URL, and never logged."),
     key("nats.user", OptStr, "NATS user name; with `nats.password`."),
     key("nats.password", Secret, "NATS password; with `nats.user`. Prefer the environment variable to the file."),

@@ -5,9 +5,9 @@
 //! subsystem's `from_config`. Each error names its key, says what was wrong
 //! and what is expected, and never shows a secret.
 
-use super::keys::{KEYS, Key, Kind, Range};
 use super::redact::redact_urls;
 use super::subject::{is_literal, is_pattern, is_token, matches};
+use super::table::{KEYS, Key, Kind, Range};
 use super::{Config, ConfigError, epoch};
 use serde_json::Value as Json;
 use std::net::SocketAddr;

@@ -16,6 +16,7 @@ pub use serve::{IdService, IdServiceError, serve};
 
 use crate::decision::{ErrorCode, describe};
 use crate::identity::Identity;
+use crate::metrics::IdRequestResult;
 use crate::wire::{self, Encoding, map, messages};
 use rmpv::Value;
 use std::time::Instant;
@@ -25,45 +26,6 @@ pub const MAX_COUNT: u64 = 1024;
 
 /// The largest request body read. A valid one is a few bytes.
 pub const MAX_REQUEST_BYTES: usize = 4096;
-
-/// How one request ended, for metrics and logs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum IdRequestResult {
-    /// IDs were sent.
-    Ok,
-    /// No slot is held (fenced): error `identity_unavailable` was sent.
-    IdentityUnavailable,
-    /// The body or count was invalid: error `malformed` was sent.
-    Malformed,
-    /// The request had no reply subject: nothing could be sent.
-    NoReply,
-    /// The reply subject is not an allowed reply subject: nothing was sent.
-    ReplyRefused,
-    /// Beyond the service's budget (`id_service.*`): error `rate_limited` was sent.
-    RateLimited,
-}
-
-impl IdRequestResult {
-    pub const ALL: [IdRequestResult; 6] = [
-        IdRequestResult::Ok,
-        IdRequestResult::IdentityUnavailable,
-        IdRequestResult::Malformed,
-        IdRequestResult::NoReply,
-        IdRequestResult::ReplyRefused,
-        IdRequestResult::RateLimited,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            IdRequestResult::Ok => "ok",
-            IdRequestResult::IdentityUnavailable => "identity_unavailable",
-            IdRequestResult::Malformed => "malformed",
-            IdRequestResult::NoReply => "no_reply",
-            IdRequestResult::ReplyRefused => "reply_refused",
-            IdRequestResult::RateLimited => "rate_limited",
-        }
-    }
-}
 
 /// The reply to one request.
 #[derive(Debug, Clone, PartialEq)]

@@ -11,6 +11,8 @@ fn budget() -> Budget {
     Budget::new(100_000, MAX_COUNT, Instant::now())
 }
 
+/// Not split: one table, one row per rule of the request body, and one
+/// check of every row.
 #[test]
 fn request_bodies() {
     // (name, body, encoding, Ok(count) or Err(substring of the sentence))

@@ -48,9 +48,9 @@
 //! `ETCD_ELECTION_TIMEOUT=1500 ETCD_HEARTBEAT_INTERVAL=150`) this schedule
 //! keeps every client's ID (`docs/performance.md`).
 
-use super::claim::{Claimed, Settings};
+use super::etcd::{LeaseError, Settings};
 use super::registry::Keys;
-use super::{Identity, LeaseError, Reservation};
+use super::{Identity, Reservation};
 use crate::ids::MachineId;
 use crate::wire::messages::instance_id;
 use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp, TxnOpResponse, TxnResponse};
@@ -279,52 +279,30 @@ pub(super) async fn renew(settings: &Settings, holder: Holder<'_>, identity: &Id
 /// On shutdown, after the identity is fenced: lowers the floor to the last
 /// millisecond minted, so the next holder starts right above it. Without a
 /// known last millisecond the reservation stays (safe, only later).
-pub(super) async fn settle(settings: &Settings, claimed: &Claimed, identity: &Identity) {
+pub(super) async fn settle(settings: &Settings, holder: Holder<'_>, identity: &Identity) {
     let Some(last_ms) = identity.high_water_ms() else {
         return;
     };
     match write(
         settings,
-        &claimed.client,
-        claimed.lease_id,
-        claimed.machine_id,
+        holder.client,
+        holder.lease_id,
+        holder.machine_id,
         last_ms,
     )
     .await
     {
         Ok(()) => info!(
-            machine_id = claimed.machine_id.get(),
+            machine_id = holder.machine_id.get(),
             floor_ms = last_ms,
             "ID floor set to the last minted millisecond"
         ),
         Err(e) => warn!(
-            machine_id = claimed.machine_id.get(),
+            machine_id = holder.machine_id.get(),
             error = %e,
             "cannot lower the ID floor; the next holder starts above the reservation"
         ),
     }
-}
-
-/// One floor write as `lease_id`, exactly as a holder renews its
-/// reservation: for the test that a former holder's late write is refused
-/// once the slot moved (the rule every reservation's safety rests on).
-#[doc(hidden)]
-pub async fn write_as(
-    config: &crate::config::Config,
-    lease_id: i64,
-    machine_id: MachineId,
-    floor_ms: u64,
-) -> Result<(), LeaseError> {
-    let settings = Settings {
-        etcd: config.etcd.clone(),
-        keys: Keys::new(&config.namespace),
-        ttl_secs: 1,
-        record: super::registry::InstanceRecord::default(),
-    };
-    let client = super::claim::connect(&settings).await?;
-    write(&settings, &client, lease_id, machine_id, floor_ms)
-        .await
-        .map_err(LeaseError::from)
 }
 
 /// The floor write: put the floor, provided the slot key is still attached
@@ -346,7 +324,7 @@ fn floor_txn(keys: &Keys, lease_id: i64, machine_id: MachineId, floor_ms: u64) -
 /// Puts the floor, provided the slot key is still attached to `lease_id`;
 /// sent again at once to another member when a try fails
 /// (`Settings::failing_over`).
-async fn write(
+pub(super) async fn write(
     settings: &Settings,
     client: &Client,
     lease_id: i64,

@@ -1,9 +1,12 @@
-//! Reading the slot registry back from etcd, for `prefill-handoff slots`.
+//! etcd as seen from outside a held slot: the slot registry read back, for
+//! `prefill-handoff slots`, and a floor write as a given lease, for a test.
 
-use super::LeaseError;
-use super::claim::{self, Settings};
+use super::claim;
+use super::etcd::{LeaseError, Settings};
+use super::floor;
 use super::registry::{InstanceRecord, Keys, SlotEntry, StoredKey, listing};
 use crate::config::Config;
+use crate::ids::MachineId;
 use etcd_client::{Client, GetOptions};
 use std::time::SystemTime;
 
@@ -49,4 +52,26 @@ async fn read_prefix(
         })
         .collect();
     Ok((keys, answer.header().map_or(0, |h| h.revision())))
+}
+
+/// One floor write as `lease_id`, exactly as a holder renews its
+/// reservation: for the test that a former holder's late write is refused
+/// once the slot moved (the rule every reservation's safety rests on).
+#[doc(hidden)]
+pub async fn write_floor_as(
+    config: &Config,
+    lease_id: i64,
+    machine_id: MachineId,
+    floor_ms: u64,
+) -> Result<(), LeaseError> {
+    let settings = Settings {
+        etcd: config.etcd.clone(),
+        keys: Keys::new(&config.namespace),
+        ttl_secs: 1,
+        record: InstanceRecord::default(),
+    };
+    let client = claim::connect(&settings).await?;
+    floor::write(&settings, &client, lease_id, machine_id, floor_ms)
+        .await
+        .map_err(LeaseError::from)
 }

@@ -5,12 +5,12 @@
 //! [`Lease::shutdown`] revokes the lease so the slot frees at once.
 
 use super::Identity;
-use super::claim::{self, Claimed, Settings};
+use super::claim::{self, Claimed};
+use super::etcd::{LeaseError, Settings};
 use super::floor;
 use super::registry::{InstanceRecord, Keys, rfc3339};
 use super::session::{self, Ended};
-use crate::config::{Config, ConfigError};
-use crate::security::SecurityError;
+use crate::config::Config;
 use crate::wire::messages::instance_id;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,21 +24,6 @@ use tracing::{info, warn};
 pub struct Registration {
     /// The subjects this worker consumes and publishes.
     pub subjects: Vec<String>,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum LeaseError {
-    #[error("{0}")]
-    Etcd(String),
-    #[error(
-        "all 1021 machine-ID slots under {prefix} are held by live leases; stop a worker or use another namespace"
-    )]
-    SlotsExhausted { prefix: String },
-    #[error(transparent)]
-    Config(#[from] ConfigError),
-    /// The etcd TLS files cannot be used (`etcd.tls.*`).
-    #[error(transparent)]
-    Security(#[from] SecurityError),
 }
 
 /// How many times the identity recovered from a lost lease; clonable, for
@@ -170,7 +155,7 @@ async fn supervise(
         let loss = match session::hold(&settings, &mut claimed, &identity, &mut stop).await {
             Ended::Shutdown => {
                 identity.fence();
-                floor::settle(&settings, &claimed, &identity).await;
+                floor::settle(&settings, claimed.holder(), &identity).await;
                 claim::revoke(&settings, &claimed.client, claimed.lease_id).await;
                 return;
             }

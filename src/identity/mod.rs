@@ -20,6 +20,8 @@
 //! - `lease.rs`: [`Lease`], the API `run` uses: start, shutdown, and the
 //!   supervisor task (hold → fence on loss → recover).
 //! - `claim.rs`: connect, grant, register, claim a slot; revoke.
+//! - `etcd.rs`: what every step shares: the settings, requests bounded in
+//!   time or failing over, [`LeaseError`].
 //! - `session.rs`: holding a slot: keepalive every TTL/3, the slot-key watch,
 //!   the validity deadline.
 //! - `keepalive.rs`: one keepalive round trip and the validity it proves.
@@ -27,9 +29,11 @@
 //!   TTL/3 on its own schedule (beside the keepalive), lowered to the last
 //!   minted millisecond on shutdown.
 //! - [`registry`]: key names, the instance record, probe order, the `slots`
-//!   listing (pure); `inspect.rs` reads it from etcd.
+//!   listing (pure); `inspect.rs` reads it from etcd (and writes a floor
+//!   as a given lease, for a test).
 
 mod claim;
+mod etcd;
 mod floor;
 mod inspect;
 mod keepalive;
@@ -37,10 +41,11 @@ mod lease;
 pub mod registry;
 mod session;
 
-#[doc(hidden)]
-pub use floor::write_as as write_floor_as;
+pub use etcd::LeaseError;
 pub use inspect::read_slots;
-pub use lease::{Lease, LeaseError, Recoveries, Registration};
+#[doc(hidden)]
+pub use inspect::write_floor_as;
+pub use lease::{Lease, Recoveries, Registration};
 
 use crate::clock;
 use crate::decision::{IdSource, IdentityUnavailable, Minted};

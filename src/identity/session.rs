@@ -8,10 +8,11 @@
 //! answering does not lose it: the holder keeps trying (a new etcd leader
 //! keeps every lease), and minting meanwhile stays within the reservation.
 
-use super::claim::{Claimed, Settings};
+use super::Identity;
+use super::claim::Claimed;
+use super::etcd::{LeaseError, Settings};
 use super::floor;
 use super::keepalive::Beat;
-use super::{Identity, LeaseError};
 use crate::wire::messages::instance_id;
 use etcd_client::{WatchOptions, WatchStream};
 use std::fmt;

@@ -5,6 +5,7 @@
 //! start (so all of them exist at 0 before the first event) and cached: a
 //! record is a few relaxed atomic adds, with no allocation and no lock.
 //!
+//! - `labels.rs`: the label values, one bounded enum per label.
 //! - `latency.rs`: the lock-free receipt → publish histogram.
 //! - `watch.rs`: identity and NATS connection events → gauges, counters, readiness.
 //! - `readiness.rs`: what `/readyz` checks.
@@ -12,18 +13,20 @@
 //!   TCP shell around it ([`serve`]).
 
 mod http;
+mod labels;
 mod latency;
 mod readiness;
 mod server;
 mod watch;
 
+pub use labels::{IdRequestResult, MintSource, NakReason, SpanDrop};
+use labels::{OUTCOME_KINDS, outcome_index};
 pub use latency::LatencyHistogram;
 pub use readiness::{Readiness, ReadinessReport};
 pub use server::{ServeError, Server, serve};
 pub use watch::{IdentityTracker, RateLimitedLog, on_nats_event};
 
 use crate::decision::{Backend, DeadLetterCode, ErrorCode, FinishReason, Outcome, TraceHeader};
-use crate::id_service::IdRequestResult;
 use prometheus_client::encoding::prometheus_text;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -34,79 +37,6 @@ use std::time::Duration;
 
 /// The `Content-Type` of [`Metrics::encode`]'s output.
 pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
-
-/// Why a JetStream message was negatively acknowledged (redelivered later).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum NakReason {
-    /// A TensorRT-LLM handoff needed an ID while the worker held no slot.
-    IdentityUnavailable,
-    /// The output could not be published (or stored in the GEN stream).
-    PublishFailed,
-}
-
-impl NakReason {
-    pub const ALL: [NakReason; 2] = [NakReason::IdentityUnavailable, NakReason::PublishFailed];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            NakReason::IdentityUnavailable => "identity_unavailable",
-            NakReason::PublishFailed => "publish_failed",
-        }
-    }
-}
-
-/// Where minted IDs went.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum MintSource {
-    /// Into a TensorRT-LLM decode job that had no `disagg_request_id`.
-    DecodeJob,
-    /// Answered by the ID mint service.
-    IdService,
-}
-
-impl MintSource {
-    pub const ALL: [MintSource; 2] = [MintSource::DecodeJob, MintSource::IdService];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            MintSource::DecodeJob => "decode_job",
-            MintSource::IdService => "id_service",
-        }
-    }
-}
-
-/// Why a finished span was not exported (`crate::telemetry`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum SpanDrop {
-    /// The export queue (`otel.queue_spans`) was full.
-    QueueFull,
-    /// The collector refused the batch, could not be reached, or did not
-    /// answer within `otel.export_timeout_ms`.
-    ExportFailed,
-}
-
-impl SpanDrop {
-    pub const ALL: [SpanDrop; 2] = [SpanDrop::QueueFull, SpanDrop::ExportFailed];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SpanDrop::QueueFull => "queue_full",
-            SpanDrop::ExportFailed => "export_failed",
-        }
-    }
-}
-
-/// The label of [`Outcome::kind`], in the order of `OUTCOME_KINDS`.
-const OUTCOME_KINDS: [&str; 4] = ["decode", "terminal", "error", "dead_letter"];
-
-fn outcome_index(outcome: &Outcome) -> usize {
-    match outcome {
-        Outcome::Decode { .. } => 0,
-        Outcome::Terminal { .. } => 1,
-        Outcome::Error { .. } => 2,
-        Outcome::DeadLetter { .. } => 3,
-    }
-}
 
 type Labels = [(&'static str, &'static str); 1];
 
@@ -176,6 +106,10 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Registers every series, each at its starting value.
+    ///
+    /// Not split: it is a table, one entry per series with its name, help
+    /// and labels, and one list is what a reader checks against `/metrics`.
     pub fn new() -> Metrics {
         let mut r = Registry::with_prefix("handoff");
         let info = Family::<[(&'static str, &'static str); 1], Gauge>::default();

@@ -58,56 +58,72 @@ fn label_handles_are_indexed_by_discriminant() {
     }
 }
 
+/// Every series of a counter with a label: one per value of the label.
+fn labelled_series() -> Vec<String> {
+    // (counter, label, every value of the label)
+    let families: [(&str, &str, Vec<&str>); 10] = [
+        ("outputs_total", "outcome", OUTCOME_KINDS.to_vec()),
+        (
+            "terminal_total",
+            "finish_reason",
+            FinishReason::ALL.map(FinishReason::as_str).to_vec(),
+        ),
+        (
+            "error_responses_total",
+            "code",
+            ErrorCode::ALL.map(ErrorCode::as_str).to_vec(),
+        ),
+        (
+            "dead_letters_total",
+            "code",
+            DeadLetterCode::ALL.map(DeadLetterCode::as_str).to_vec(),
+        ),
+        (
+            "decode_jobs_total",
+            "backend",
+            Backend::ALL.map(Backend::as_str).to_vec(),
+        ),
+        (
+            "ids_minted_total",
+            "source",
+            MintSource::ALL.map(MintSource::as_str).to_vec(),
+        ),
+        (
+            "id_requests_total",
+            "result",
+            IdRequestResult::ALL.map(IdRequestResult::as_str).to_vec(),
+        ),
+        (
+            "jetstream_naks_total",
+            "reason",
+            NakReason::ALL.map(NakReason::as_str).to_vec(),
+        ),
+        (
+            "trace_headers_dropped_total",
+            "header",
+            TraceHeader::ALL.map(TraceHeader::as_str).to_vec(),
+        ),
+        (
+            "otel_spans_dropped_total",
+            "reason",
+            SpanDrop::ALL.map(SpanDrop::as_str).to_vec(),
+        ),
+    ];
+    families
+        .into_iter()
+        .flat_map(|(name, label, values)| {
+            values
+                .into_iter()
+                .map(move |v| format!("handoff_{name}{{{label}=\"{v}\"}}"))
+        })
+        .collect()
+}
+
 #[test]
 fn every_series_exists_at_zero_from_the_start() {
     let text = Metrics::new().encode();
     let s = samples(&text);
-    let mut want: Vec<String> = Vec::new();
-    for k in OUTCOME_KINDS {
-        want.push(format!("handoff_outputs_total{{outcome=\"{k}\"}}"));
-    }
-    for v in FinishReason::ALL {
-        want.push(format!("handoff_terminal_total{{finish_reason=\"{v}\"}}"));
-    }
-    for v in ErrorCode::ALL {
-        want.push(format!("handoff_error_responses_total{{code=\"{v}\"}}"));
-    }
-    for v in DeadLetterCode::ALL {
-        want.push(format!("handoff_dead_letters_total{{code=\"{v}\"}}"));
-    }
-    for v in Backend::ALL {
-        want.push(format!("handoff_decode_jobs_total{{backend=\"{v}\"}}"));
-    }
-    for v in MintSource::ALL {
-        want.push(format!(
-            "handoff_ids_minted_total{{source=\"{}\"}}",
-            v.as_str()
-        ));
-    }
-    for v in IdRequestResult::ALL {
-        want.push(format!(
-            "handoff_id_requests_total{{result=\"{}\"}}",
-            v.as_str()
-        ));
-    }
-    for v in NakReason::ALL {
-        want.push(format!(
-            "handoff_jetstream_naks_total{{reason=\"{}\"}}",
-            v.as_str()
-        ));
-    }
-    for v in TraceHeader::ALL {
-        want.push(format!(
-            "handoff_trace_headers_dropped_total{{header=\"{}\"}}",
-            v.as_str()
-        ));
-    }
-    for v in SpanDrop::ALL {
-        want.push(format!(
-            "handoff_otel_spans_dropped_total{{reason=\"{}\"}}",
-            v.as_str()
-        ));
-    }
+    let mut want = labelled_series();
     for name in [
         "otel_spans_exported_total",
         "trailing_frames_ignored_total",

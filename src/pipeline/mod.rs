@@ -33,12 +33,13 @@ pub use stats::{Counts, Stats};
 use crate::decision::{self, DeadLetterCode, Decision, Input, Outcome, Rules, TraceHeaders};
 use crate::identity::Identity;
 use crate::metrics::{Metrics, NakReason};
+use crate::redelivery::Redelivery;
 use crate::telemetry::{Arrival, ResultSpan, Telemetry};
 use crate::transport::{self, Delivery, Outbox, PublishError, Settle, Sink, Target};
 use crate::wire::Encoding;
 use async_nats::HeaderMap;
 use bytes::Bytes;
-use settle::{Plan, Redelivery};
+use settle::Plan;
 use std::time::Duration;
 use tracing::Instrument as _;
 
@@ -59,7 +60,8 @@ pub enum Handled {
     Queued(Queued),
 }
 
-/// A result whose output waits in an outbox: what its count needs.
+/// A result whose output waits in an outbox: what its count needs. A
+/// result published at once is counted through it too, as gone out.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Queued {
     pub outcome: Outcome,
@@ -164,19 +166,8 @@ impl Pipeline {
         if attempt > 1 {
             self.metrics.redelivered();
         }
-        let incoming: Option<&HeaderMap> = delivery.headers.as_ref();
-        let input = Input {
-            payload: &delivery.payload,
-            encoding: Encoding::from_content_type(transport::first_header(
-                incoming,
-                "content-type",
-            )),
-            subject: &delivery.subject,
-            nats_reply: delivery.reply.as_deref(),
-        };
-        let mut decision = decide::decide(input, incoming, &self.rules, &mut &self.identity).await;
+        let mut decision = self.decision_for(&delivery).await;
         span.decided(&decision);
-
         let redelivery = if delivery.redeliverable() {
             self.redelivery
         } else {
@@ -184,16 +175,7 @@ impl Pipeline {
         };
         let done = match settle::plan(&decision.outcome, attempt, &redelivery) {
             Plan::Retry(delay) => {
-                tracing::debug!(
-                    request_id = decision.request_id.as_deref(),
-                    attempt,
-                    delay_ms = delay.as_millis() as u64,
-                    "no machine-ID slot to mint with; asking for redelivery"
-                );
-                self.metrics.nacked(NakReason::IdentityUnavailable);
-                delivery.settle(Settle::Nak(delay)).await;
-                span.not_published(&decision.outcome, "no slot held: redelivery asked for");
-                span.settled("nak");
+                self.defer(&delivery, &decision, delay, span).await;
                 return Handled::Deferred(decision.outcome);
             }
             Plan::Publish(done) => done,
@@ -241,19 +223,54 @@ impl Pipeline {
         log::outcome(&outcome, &decision, &delivery.subject, attempt);
         delivery.settle(done).await;
         settled(span, &delivery, done);
+        let out = Queued {
+            outcome,
+            trailing_frames: decision.trailing_frames,
+            received_at: delivery.received_at,
+        };
         if queued {
-            return Handled::Queued(Queued {
-                outcome,
-                trailing_frames: decision.trailing_frames,
-                received_at: delivery.received_at,
-            });
+            // Counted once the outbox is sent.
+            return Handled::Queued(out);
         }
-        self.metrics.record(
-            &outcome,
-            decision.trailing_frames,
-            delivery.received_at.elapsed(),
+        out.count(&self.metrics, true)
+    }
+
+    /// The decision for a delivery: its encoding from its `content-type`,
+    /// its header block checked, then the decision ([`decide::decide`]).
+    async fn decision_for(&self, delivery: &Delivery) -> Decision {
+        let incoming: Option<&HeaderMap> = delivery.headers.as_ref();
+        let input = Input {
+            payload: &delivery.payload,
+            encoding: Encoding::from_content_type(transport::first_header(
+                incoming,
+                "content-type",
+            )),
+            subject: &delivery.subject,
+            nats_reply: delivery.reply.as_deref(),
+        };
+        decide::decide(input, incoming, &self.rules, &mut &self.identity).await
+    }
+
+    /// A result that needs a request ID while no slot is held, and may be
+    /// delivered again: nothing is published, redelivery is asked for after
+    /// `delay`.
+    async fn defer(
+        &self,
+        delivery: &Delivery,
+        decision: &Decision,
+        delay: Duration,
+        span: &mut ResultSpan,
+    ) {
+        tracing::debug!(
+            request_id = decision.request_id.as_deref(),
+            attempt = delivery.attempt.number,
+            delay_ms = delay.as_millis() as u64,
+            "no machine-ID slot to mint with; asking for redelivery"
         );
-        Handled::Published(outcome)
+        self.metrics.nacked(NakReason::IdentityUnavailable);
+        delivery.settle(Settle::Nak(delay)).await;
+        span.not_published(&decision.outcome, "no slot held: redelivery asked for");
+        span.settled("nak");
     }
 
     /// Publishes the decision's output: decode jobs into the GEN stream when

@@ -2,12 +2,12 @@
 //! configured mode, the redelivery rules, and the runner. The only place
 //! that tells the two modes apart by name.
 
-use super::settle::Redelivery;
 use super::{GenStream, Pipeline, Report, Runner, Stats};
 use crate::config::{Config, Mode};
 use crate::decision::{Rules, RulesError};
 use crate::identity::Identity;
 use crate::metrics::{Metrics, Readiness};
+use crate::redelivery::Redelivery;
 use crate::setup::{self, JetStreamError};
 use crate::telemetry::Telemetry;
 use crate::transport::jetstream::{self, Puller, confirm::Confirmer, publish::Publisher};
@@ -95,77 +95,91 @@ pub async fn start(
             .await?;
             Ok(Worker { runner, source })
         }
-        Mode::Jetstream => {
-            let js_config = &config.jetstream;
-            let js = async_nats::jetstream::new(client.clone());
-            let consumer = open_at_start(&js, config).await?;
-            // The server's ack wait and delivery limit rule, whatever the
-            // config says.
-            let (ack_wait, max_deliver) = (
-                consumer.cached_info().config.ack_wait,
-                consumer.cached_info().config.max_deliver,
-            );
-            let gen_stream = if js_config.gen_is_stream {
-                Some(gen_stream(&js, config).await)
-            } else {
-                None
-            };
-            let sink = Sink::JetStream(Box::new(Publisher {
-                client: client.clone(),
-                js: js.clone(),
-                confirmer: Confirmer::new(client.clone()),
-            }));
-            let durable = Pipeline {
-                redelivery: Redelivery {
-                    nak_delay: Duration::from_millis(js_config.nak_delay_ms),
-                    max_deliver,
-                },
-                gen_stream,
-                lookup_bound: ack_wait / 2,
-                ..pipeline(sink)
-            };
-            let drain_timeout = options.shutdown_timeout;
-            let runner = Runner::new(durable, options);
-            let ensure = js_config.create.then(|| {
-                let (js, config) = (js.clone(), config.clone());
-                let ensure: jetstream::consume::Ensure = Arc::new(move || {
-                    let (js, config) = (js.clone(), config.clone());
-                    Box::pin(async move {
-                        setup::ensure(&js, &config)
-                            .await
-                            .map(drop)
-                            .map_err(Into::into)
-                    })
-                });
-                ensure
-            });
-            let on_consuming = readiness.map(|readiness| {
-                let on: jetstream::consume::OnConsuming =
-                    Arc::new(move |consuming| readiness.set_consuming(consuming));
-                on
-            });
-            let puller = Puller {
-                client: client.clone(),
-                js,
-                stream: js_config.prefill_stream.clone(),
-                consumer: js_config.consumer.clone(),
-                batch: js_config.batch,
-                max_payload: config.max_payload_bytes,
-                ack_wait,
-                drain_timeout,
-                ensure,
-                on_consuming,
-            };
-            tracing::info!(
-                stream = %js_config.prefill_stream,
-                consumer = %js_config.consumer,
-                ack_wait_ms = ack_wait.as_millis() as u64,
-                "consuming from JetStream"
-            );
-            let source = jetstream::start(puller, consumer, runner.limits().clone());
-            Ok(Worker { runner, source })
-        }
+        Mode::Jetstream => start_jetstream(client, config, pipeline, options, readiness).await,
     }
+}
+
+/// JetStream: opens the consumer, takes its ack wait and delivery limit as
+/// the server holds them, and starts pulling. `at_most_once` is the
+/// pipeline [`start`] made, which this gives its redelivery and GEN.
+async fn start_jetstream(
+    client: &Client,
+    config: &Config,
+    at_most_once: impl FnOnce(Sink) -> Pipeline,
+    options: super::Options,
+    readiness: Option<Readiness>,
+) -> Result<Worker, StartError> {
+    let js_config = &config.jetstream;
+    let js = async_nats::jetstream::new(client.clone());
+    let consumer = open_at_start(&js, config).await?;
+    // The server's ack wait and delivery limit rule, whatever the config says.
+    let (ack_wait, max_deliver) = (
+        consumer.cached_info().config.ack_wait,
+        consumer.cached_info().config.max_deliver,
+    );
+    let gen_stream = if js_config.gen_is_stream {
+        Some(gen_stream(&js, config).await)
+    } else {
+        None
+    };
+    let sink = Sink::JetStream(Box::new(Publisher {
+        client: client.clone(),
+        js: js.clone(),
+        confirmer: Confirmer::new(client.clone()),
+    }));
+    let durable = Pipeline {
+        redelivery: Redelivery {
+            nak_delay: Duration::from_millis(js_config.nak_delay_ms),
+            max_deliver,
+        },
+        gen_stream,
+        lookup_bound: ack_wait / 2,
+        ..at_most_once(sink)
+    };
+    let drain_timeout = options.shutdown_timeout;
+    let runner = Runner::new(durable, options);
+    let puller = Puller {
+        client: client.clone(),
+        js: js.clone(),
+        stream: js_config.prefill_stream.clone(),
+        consumer: js_config.consumer.clone(),
+        batch: js_config.batch,
+        max_payload: config.max_payload_bytes,
+        ack_wait,
+        drain_timeout,
+        ensure: js_config.create.then(|| ensure_on_reopen(js, config)),
+        on_consuming: readiness.map(|readiness| {
+            let on: jetstream::consume::OnConsuming =
+                Arc::new(move |consuming| readiness.set_consuming(consuming));
+            on
+        }),
+    };
+    tracing::info!(
+        stream = %js_config.prefill_stream,
+        consumer = %js_config.consumer,
+        ack_wait_ms = ack_wait.as_millis() as u64,
+        "consuming from JetStream"
+    );
+    let source = jetstream::start(puller, consumer, runner.limits().clone());
+    Ok(Worker { runner, source })
+}
+
+/// With `jetstream.create`: what the pull loop runs before it opens the
+/// consumer again (after it vanished): the setup, creating what is missing.
+fn ensure_on_reopen(
+    js: async_nats::jetstream::Context,
+    config: &Config,
+) -> jetstream::consume::Ensure {
+    let config = config.clone();
+    Arc::new(move || {
+        let (js, config) = (js.clone(), config.clone());
+        Box::pin(async move {
+            setup::ensure(&js, &config)
+                .await
+                .map(drop)
+                .map_err(Into::into)
+        })
+    })
 }
 
 /// [`start`], then [`Worker::run`] until `shutdown`; a shutdown during the

@@ -9,7 +9,7 @@
 //! runs at load, so `run` and `setup` refuse it before any network contact.
 
 use crate::config::Config;
-use crate::pipeline::settle::Redelivery;
+use crate::redelivery::Redelivery;
 use async_nats::jetstream::{
     consumer::{AckPolicy, DeliverPolicy, pull},
     stream::{self, DiscardPolicy, RetentionPolicy, StorageType},

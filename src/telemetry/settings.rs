@@ -176,6 +176,8 @@ mod tests {
         Option<(&'a str, Protocol)>,
     );
 
+    /// Not split: one table, one row per precedence rule, and one check of
+    /// every row.
     #[test]
     fn precedence() {
         use Protocol::{Grpc, Http};
