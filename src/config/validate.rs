@@ -287,14 +287,6 @@ fn auth(c: &Config) -> Result<(), ConfigError> {
             ),
         ));
     }
-    if let Some(path) = &n.credentials_file
-        && !path.is_file()
-    {
-        return Err(err(
-            "nats.credentials_file",
-            format!("{} is not a readable file", path.display()),
-        ));
-    }
     match (&c.etcd.user, &c.etcd.password) {
         (Some(_), None) => Err(err(
             "etcd.password",

@@ -76,6 +76,8 @@ pub enum SecurityError {
         #[source]
         source: Box<rustls::Error>,
     },
+    #[error("nats.credentials_file: {path} is not a readable file")]
+    CredentialsFile { path: String },
     #[error("nats.nkey_seed_file: {path} cannot be read")]
     NkeyUnreadable {
         path: String,

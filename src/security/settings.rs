@@ -1,6 +1,6 @@
 //! The security section of the configuration, checked at load: every TLS
-//! file and the NKey seed read and parsed, and the TLS rules that tie files
-//! to URLs. A file that cannot work stops the program (exit 2) before it
+//! file and the NKey seed read and parsed, the credentials file present,
+//! and the TLS rules that tie files to URLs. A file that cannot work stops the program (exit 2) before it
 //! touches the network.
 
 use super::pem::Material;
@@ -19,6 +19,13 @@ pub struct TlsSettings {
 
 impl TlsSettings {
     pub fn from_config(config: &Config) -> Result<TlsSettings, SecurityError> {
+        if let Some(path) = &config.nats.credentials_file
+            && !path.is_file()
+        {
+            return Err(SecurityError::CredentialsFile {
+                path: path.display().to_string(),
+            });
+        }
         let nkey_seed = match &config.nats.nkey_seed_file {
             Some(path) => Some(nkey::read_seed(path)?),
             None => None,

@@ -254,6 +254,13 @@ fn explain_applies_the_configuration_of_run() {
         trt_result(json!("length")).to_string().as_bytes(),
     );
     assert_eq!(job["subject"], "flag.gen");
+    // The worker's files are not read: explain runs where they are not.
+    let elsewhere = explain_with_env(
+        &["--set", "nats.tls.ca_file=/nonexistent/ca.pem"],
+        &[("HANDOFF_NATS__CREDENTIALS_FILE", "/nonexistent/nats.creds")],
+        custom.as_bytes(),
+    );
+    assert_eq!(elsewhere["code"], "reply_to_not_allowed");
 }
 
 #[test]
