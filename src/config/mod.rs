@@ -125,18 +125,6 @@ impl ConfigError {
 }
 
 impl Config {
-    /// The NATS client's bound in bytes on its subscriptions' buffers:
-    /// `nats.subscription_bytes` in core mode. None in JetStream mode, whose
-    /// pulls ask for at most the free part of `max_in_flight_bytes`
-    /// already: there a bound would only make the acknowledgements' and
-    /// publish acknowledgements' replies wait behind pulled results.
-    pub fn subscription_bytes(&self) -> Option<usize> {
-        match self.mode {
-            Mode::Core => Some(self.nats.subscription_bytes),
-            Mode::Jetstream => None,
-        }
-    }
-
     /// Loads defaults, then `file`, then `HANDOFF_*` variables from the
     /// process environment, then `overrides` (`key=value` pairs from flags),
     /// and resolves the namespace-derived names.

@@ -46,7 +46,6 @@ impl fmt::Debug for NatsConfig {
             .field("credentials_file", &self.credentials_file)
             .field("name", &self.name)
             .field("subscription_capacity", &self.subscription_capacity)
-            .field("subscription_bytes", &self.subscription_bytes)
             .field("connect_timeout_secs", &self.connect_timeout_secs)
             .field("nkey_seed_file", &self.nkey_seed_file)
             .field("tls", &self.tls)

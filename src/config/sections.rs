@@ -19,10 +19,6 @@ pub struct NatsConfig {
     /// Messages the client buffers per subscription while the worker is
     /// behind; beyond it, core NATS drops them (slow consumer).
     pub subscription_capacity: usize,
-    /// Bytes the client buffers for all subscriptions together; at this
-    /// bound it stops reading, and the server holds what follows (up to its
-    /// `max_pending`).
-    pub subscription_bytes: usize,
     /// `run` exits 1 when no server of `url` answers within this at start.
     pub connect_timeout_secs: u64,
     /// File holding an NKey user seed (`SU...`).
@@ -205,7 +201,6 @@ impl Default for NatsConfig {
             credentials_file: None,
             name: "prefill-handoff".into(),
             subscription_capacity: 262_144,
-            subscription_bytes: 8 * 1024 * 1024,
             connect_timeout_secs: 10,
             nkey_seed_file: None,
             tls: NatsTls::default(),

@@ -88,8 +88,6 @@ pub const KEYS: &[Key] = &[
     key("nats.name", Str, "Client name shown in the server's connection list."),
     key("nats.subscription_capacity", UInt, "Messages the client buffers per subscription while the worker is behind; beyond it core NATS drops them (slow consumer).")
         .within(AtLeast(1), "the client needs room for at least one message"),
-    key("nats.subscription_bytes", UInt, "Bytes the client buffers for all subscriptions together (core mode); at this bound it stops reading and nats-server holds the rest, up to its `max_pending`.")
-        .within(AtLeast(1), "0 would stop the client from reading anything"),
     key("nats.connect_timeout_secs", UInt, "Seconds `run` waits for its first NATS connection before exiting 1; after it, the worker reconnects forever.")
         .within(AtLeast(1), "0 would give up on NATS before trying"),
     key("nats.nkey_seed_file", OptStr, "Path to a file holding an NKey user seed (`SU...`), read and checked at start."),

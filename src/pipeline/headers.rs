@@ -8,8 +8,7 @@
 //! copied one.
 
 use crate::decision::{self, HEADER_BLOCK_HEAD as HEAD, Headers, TraceHeaders};
-use async_nats::HeaderMap;
-use bytes::Bytes;
+use async_nats::{HeaderMap, HeaderName};
 
 /// The trace headers an input passes on to its outputs.
 pub fn trace_headers(headers: Option<&HeaderMap>) -> TraceHeaders {
@@ -24,13 +23,6 @@ pub fn trace_headers(headers: Option<&HeaderMap>) -> TraceHeaders {
 
 /// An output's headers: `set` (the decision's), then the copied trace
 /// headers. Empty when both are (the sink then publishes without headers).
-///
-/// Built for every output, so built as the bytes that go on the wire
-/// ([`header_block`], handed to the client as they are): a map of the
-/// headers (a hash map, a vector and a string per header) would be built,
-/// measured and serialized again by the client for each publish, a large
-/// share of the worker's CPU in bursts (`docs/performance.md`). Its headers are therefore not visible through
-/// [`HeaderMap::get`]; read them from `set` and `trace`.
 pub fn output_headers(set: &Headers, trace: &TraceHeaders) -> HeaderMap {
     wire(header_block(set, trace))
 }
@@ -52,11 +44,29 @@ fn finish_block(set: Headers, trace: &TraceHeaders) -> Option<Vec<u8>> {
     Some(block)
 }
 
+/// The client's map of a block built here: `NATS/1.0`, then `Name: value`
+/// lines whose names are the decision's or the trace policy's constants and
+/// whose values hold no line break, then a blank line.
 fn wire(block: Option<Vec<u8>>) -> HeaderMap {
-    match block {
-        Some(block) => HeaderMap::from_wire(Bytes::from(block)),
-        None => HeaderMap::new(),
+    let mut headers = HeaderMap::new();
+    let Some(block) = block else {
+        return headers;
+    };
+    let lines = block.strip_prefix(HEAD).unwrap_or(&block);
+    for line in lines.split(|&b| b == b'\n') {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let Ok(line) = std::str::from_utf8(line) else {
+            continue;
+        };
+        let Some((name, value)) = line.split_once(": ") else {
+            continue;
+        };
+        // Never refused: the names are constants that are valid names.
+        if let Ok(name) = name.parse::<HeaderName>() {
+            headers.append(name, value);
+        }
     }
+    headers
 }
 
 /// The NATS header block of `set` then `trace.copy`: `NATS/1.0`, a

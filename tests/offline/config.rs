@@ -85,7 +85,6 @@ const PRECEDENCE: &[&str] = &[
     r#"nats.url | "nats://file:4222" -> nats://file:4222 | nats://env:4222 | nats://flag:4222"#,
     r#"nats.name | "file-name" -> file-name | env-name | flag-name"#,
     r#"nats.subscription_capacity | 10 | 20 | 30"#,
-    r#"nats.subscription_bytes | 40 | 50 | 60"#,
     r#"nats.connect_timeout_secs | 11 | 12 | 13"#,
     r#"etcd.endpoints | "http://file:2379" -> http://file:2379 | http://env:2379 | http://flag:2379"#,
     r#"etcd.connect_timeout_ms | 11 | 22 | 33"#,

@@ -27,5 +27,4 @@ mod deploy_config;
 mod docs;
 mod fuzz_corpus;
 mod ids;
-mod nats_parser;
 mod wire;

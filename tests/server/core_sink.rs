@@ -18,7 +18,7 @@ const REPLY: &str = "batch.reply";
 fn headers(i: usize) -> HeaderMap {
     let mut headers = HeaderMap::new();
     if i % 3 != 2 {
-        let value = HeaderValue::from(format!("h-{i}").as_str());
+        let value = HeaderValue::from_lossy(&format!("h-{i}"));
         headers.insert("Handoff-Test", value);
     }
     headers

@@ -10,7 +10,6 @@
 #[path = "../common/mod.rs"]
 mod common;
 
-mod client_bytes;
 mod core_sink;
 mod harness;
 mod hostile_publisher;
@@ -26,6 +25,7 @@ mod jetstream_setup;
 mod jetstream_slow;
 mod loadgen;
 mod metrics;
+mod nats_parser;
 mod secure_transport;
 mod supervision;
 mod telemetry;

@@ -450,14 +450,9 @@ async fn messages_the_client_drops_for_a_full_buffer_are_counted() {
         subscription_capacity: 1,
         ..Default::default()
     };
-    let worker_side = prefill_handoff::connect::connect(
-        &config,
-        Some(config.subscription_bytes),
-        metrics.clone(),
-        readiness,
-    )
-    .await
-    .expect("connect");
+    let worker_side = prefill_handoff::connect::connect(&config, metrics.clone(), readiness)
+        .await
+        .expect("connect");
     let _never_read = worker_side
         .subscribe("drops.test")
         .await

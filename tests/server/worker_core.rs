@@ -486,26 +486,9 @@ async fn the_worker_reconnects_after_nats_restarts() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_finishes_every_accepted_result() {
-    shutdown_finishes_every_routed_result(None).await;
-}
-
-/// The same with the client's buffer bounded far below the burst
-/// (`nats.subscription_bytes`): at the stop, most of the burst still waits
-/// in the server, and the drain reads it in and answers it all. (Without
-/// `lift_subscription_bytes` in the drain, the fence timed out behind the
-/// burst and what the server still held was lost with the UNSUB.)
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shutdown_finishes_what_waits_in_the_server_behind_the_clients_bound() {
-    shutdown_finishes_every_routed_result(Some(4096)).await;
-}
-
-async fn shutdown_finishes_every_routed_result(subscription_bytes: Option<usize>) {
     let nats = Nats::start();
     let mut config = config(&nats.url());
     config.max_in_flight = 4;
-    if let Some(bytes) = subscription_bytes {
-        config.nats.subscription_bytes = bytes;
-    }
     let worker = InProcess::start(&config, fixed_identity(8)).await;
     let test = client(&nats.url()).await;
     let collector = Collector::start(&test).await;

@@ -12,6 +12,8 @@
 //! - [`report`]: counts, throughput, percentiles; text and JSON.
 //! - `driver`: the network side (subscribe, pace, publish, collect).
 //! - [`relay`]: the raw core and JetStream relays (benchmark baselines).
+//! - [`user_relay`]: the core relay as a user would write it (a second
+//!   baseline).
 //! - [`cli`]: the `loadgen` command's flags, checked into [`Options`].
 //!
 //! A crate of its own, outside the worker's library: it speaks the contract
@@ -27,6 +29,7 @@ pub mod relay;
 pub mod report;
 pub mod scan;
 pub mod tally;
+pub mod user_relay;
 
 mod driver;
 

@@ -6,9 +6,9 @@
 //! Reading is not gated on free in-flight slots: the runner keeps reading
 //! while it waits for one, and a result waiting for a slot waits in the
 //! runner, in bytes the budget counts. (The NATS client's subscription
-//! buffer has a bound of its own, `nats.subscription_bytes`, at which it
-//! stops reading the socket.) Measured before the budget: 2,000 results of
-//! 1 MiB at one worker grew it past 1 GiB against nats-server 2.9.10.
+//! buffer is bounded in messages only, `nats.subscription_capacity`; the
+//! client yields after a budget of bytes per read so that the runner can
+//! refuse between reads: `vendor/patches/0004`.)
 //!
 //! A refused result is handed on as [`Admission::OverBudget`], its bytes
 //! dropped at once: the pipeline still gives it its one output (a dead

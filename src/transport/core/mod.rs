@@ -119,7 +119,7 @@ impl Subscriptions {
     /// received keep coming out of `next`, which then returns
     /// `None`.
     ///
-    /// async-nats 0.51 drops a drained subscription one poll after sending
+    /// async-nats drops a drained subscription one poll after sending
     /// the UNSUB, not when the server confirms it, and its `flush` does not
     /// wait for the server; messages still on their way would be lost. So a
     /// fence comes first: a message to this connection's own inbox, which the
@@ -128,12 +128,6 @@ impl Subscriptions {
     /// lost is what the server routes here in the moment between the fence
     /// and the UNSUB (core NATS is at most once; JetStream mode loses nothing).
     pub(super) async fn drain(&mut self) {
-        // The fence comes in behind everything the server has queued here,
-        // which the client's bound in bytes (`nats.subscription_bytes`)
-        // would keep in the server until the runner takes results out, and
-        // the runner waits for this drain: read it all in now. What is
-        // read in is decided before the worker stops, as before the bound.
-        self.client.lift_subscription_bytes();
         match fence(&self.client).await {
             Ok(()) => tracing::debug!("drain fence returned"),
             Err(e) => tracing::warn!(error = %e, "no drain fence; messages in transit may be lost"),

@@ -7,6 +7,7 @@
 use super::Outbox;
 use crate::transport::PublishError;
 use crate::transport::sink::publish_error;
+use async_nats::client::traits::Publisher as _;
 use async_nats::message::OutboundMessage;
 use async_nats::{Client, HeaderMap, Subject};
 use bytes::Bytes;
@@ -32,23 +33,41 @@ impl CoreSink {
         &self.client
     }
 
-    /// The output, checked as the client will check it when it is sent:
-    /// refused here, it can get its stand-in (a dead letter) at once.
+    /// The output, checked as the client checks it when it is sent (the
+    /// subject as `is_valid_publish_subject`, the size against the server's
+    /// `max_payload`): refused here, it gets its stand-in (a dead letter)
+    /// at once, not when its batch is sent.
     fn check(
         &self,
         subject: &str,
         headers: HeaderMap,
         payload: Bytes,
     ) -> Result<OutboundMessage, PublishError> {
-        let to = if subject == self.gen_jobs.as_str() {
+        if subject.is_empty() || subject.contains([' ', '\t', '\r', '\n']) {
+            return Err(PublishError::InvalidSubject {
+                subject: subject.to_string(),
+                reason: "a subject must be non-empty and hold no space, tab or line break"
+                    .to_string(),
+            });
+        }
+        let size = wire_len(&headers) + payload.len();
+        let max_payload = self.client.max_payload();
+        if size > max_payload {
+            return Err(PublishError::TooLarge(format!(
+                "{size} bytes of headers and payload; the server accepts {max_payload}"
+            )));
+        }
+        let subject = if subject == self.gen_jobs.as_str() {
             self.gen_jobs.clone()
         } else {
             Subject::from(subject)
         };
-        let headers = (!headers.is_empty()).then_some(headers);
-        self.client
-            .prepare_publish(to, headers, payload)
-            .map_err(|e| publish_error(subject, &e))
+        Ok(OutboundMessage {
+            subject,
+            reply: None,
+            headers: (!headers.is_empty()).then_some(headers),
+            payload,
+        })
     }
 
     /// Checks the output and puts it in `outbox`; it leaves when the outbox
@@ -74,19 +93,42 @@ impl CoreSink {
     ) -> Result<(), PublishError> {
         let message = self.check(subject, headers, payload)?;
         self.client
-            .publish_batch(vec![message])
+            .publish_message(message)
             .await
             .map_err(|e| publish_error(subject, &e))
     }
 
-    /// Sends what `outbox` holds, in order. Returns how many went out: the
-    /// first that many; the rest were lost with the client (its connection
-    /// task has ended: the worker is stopping, `cli/supervise.rs`).
+    /// Sends what `outbox` holds, in order, one publish each. Returns how
+    /// many went out: the first that many; the rest were lost with the
+    /// client (its connection task has ended: the worker is stopping,
+    /// `cli/supervise.rs`).
     pub async fn send(&self, outbox: Outbox) -> usize {
-        let count = outbox.len();
-        match self.client.publish_batch(outbox.messages).await {
-            Ok(()) => count,
-            Err(_) => 0,
+        let mut out = 0;
+        for message in outbox.messages {
+            if self.client.publish_message(message).await.is_err() {
+                break;
+            }
+            out += 1;
         }
+        out
     }
+}
+
+/// The bytes `headers` take on the wire (as the client writes them:
+/// `NATS/1.0`, a `Name: value` line each, a blank line); 0 for none.
+fn wire_len(headers: &HeaderMap) -> usize {
+    if headers.is_empty() {
+        return 0;
+    }
+    let lines: usize = headers
+        .iter()
+        .map(|(name, values)| {
+            let name: &str = name.as_ref();
+            values
+                .iter()
+                .map(|v| name.len() + v.as_str().len() + 4)
+                .sum::<usize>()
+        })
+        .sum();
+    b"NATS/1.0\r\n".len() + lines + 2
 }

@@ -9,8 +9,10 @@
 //! wait to run out.
 
 use super::OpenError;
+use crate::transport::Held;
 use crate::transport::{Admission, Admitted, Attempt, Delivery, Feed, Limits, Settler, Source};
 use async_nats::Client;
+use async_nats::jetstream::consumer::pull::Batch;
 use async_nats::jetstream::{self, consumer::PullConsumer, context::ConsumerInfoErrorKind};
 use futures::StreamExt;
 use futures::future::BoxFuture;
@@ -18,6 +20,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
+use tokio::sync::OwnedSemaphorePermit;
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
@@ -185,14 +188,13 @@ impl Puller {
         out: mpsc::UnboundedSender<Admission>,
         shutdown: impl Future<Output = ()>,
     ) {
-        let slots = &limits.slots;
         let mut consumer = Some(consumer);
         // When shutdown came, if it did: the drain ends `drain_timeout` later.
         let mut stopped_at: Option<tokio::time::Instant> = None;
         let mut last_sweep = Instant::now();
         tokio::pin!(shutdown);
         self.set_consuming(true);
-        'pulling: while stopped_at.is_none() {
+        while stopped_at.is_none() {
             let current = match consumer.take() {
                 Some(c) => c,
                 None => {
@@ -209,28 +211,8 @@ impl Puller {
                     }
                 }
             };
-            // Pull only as many messages as can be worked on right now.
-            let first = tokio::select! {
-                permit = slots.clone().acquire_owned() => match permit {
-                    Ok(permit) => permit,
-                    Err(_) => break, // never closed
-                },
-                () = &mut shutdown => break,
-            };
-            let mut permits = vec![first];
-            while permits.len() < self.batch.max(1) {
-                match slots.clone().try_acquire_owned() {
-                    Ok(p) => permits.push(p),
-                    Err(_) => break,
-                }
-            }
-            // And only as many bytes as are free, waiting until the largest
-            // accepted message would fit (a pull whose max_bytes is below the
-            // next message's size gets nothing).
-            let least = self.max_payload.saturating_add(PULL_OVERHEAD);
-            let mut bytes = tokio::select! {
-                held = limits.budget.hold_free(least) => held,
-                () = &mut shutdown => break,
+            let Some((mut permits, mut bytes)) = self.room(&limits, &mut shutdown).await else {
+                break;
             };
             let connects = self.connects();
             let pull = current
@@ -240,7 +222,7 @@ impl Puller {
                 .expires(PULL_EXPIRES)
                 .messages()
                 .await;
-            let mut batch = match pull {
+            let batch = match pull {
                 Ok(batch) => batch,
                 Err(e) => {
                     warn!(error = %e, "pull request failed; reopening the consumer");
@@ -249,52 +231,18 @@ impl Puller {
                     continue;
                 }
             };
-            let mut healthy = true;
-            let mut received = 0usize;
-            let mut check = tokio::time::interval(RECONNECT_CHECK);
-            loop {
-                tokio::select! {
-                    item = batch.next() => match item {
-                        Some(Ok(message)) => {
-                            received += 1;
-                            let held = bytes.split(message.length.max(message.payload.len()));
-                            // Without a slot left (the server sent more than
-                            // asked), the runner takes one for it.
-                            let slot = permits.pop();
-                            let delivery = Box::new(self.delivery(message));
-                            let admitted = Admitted { delivery, held, slot };
-                            if out.send(Admission::Admitted(admitted)).is_err() {
-                                break 'pulling;
-                            }
-                        }
-                        Some(Err(e)) if PULL_SERVED.iter().any(|s| e.to_string().contains(s)) => {
-                            debug!(status = %e, "pull served in full");
-                            break;
-                        }
-                        Some(Err(e)) => {
-                            warn!(error = %e, "pull ended with an error; reopening the consumer");
-                            healthy = false;
-                            break;
-                        }
-                        None => break,
-                    },
-                    _ = check.tick() => {
-                        if self.connects() != connects {
-                            // The server may have lost this pull with the old
-                            // connection; pull again on the new one.
-                            info!("NATS connection re-established; pulling again");
-                            healthy = false;
-                            break;
-                        }
-                    }
-                    () = &mut shutdown, if stopped_at.is_none() => {
-                        info!("shutdown: no new pulls; finishing the pull under way");
-                        self.set_consuming(false);
-                        stopped_at = Some(tokio::time::Instant::now());
-                    }
-                    () = sleep_until_drained(stopped_at, self.drain_timeout) => break,
-                }
-            }
+            let pulled = Pull {
+                permits: &mut permits,
+                bytes: &mut bytes,
+                connects,
+            };
+            let Some(ended) = self
+                .hand_on(batch, pulled, &out, &mut shutdown, &mut stopped_at)
+                .await
+            else {
+                break;
+            };
+            let (healthy, received) = (ended.healthy, ended.received);
             drop((permits, bytes));
             if healthy
                 && received == 0
@@ -312,6 +260,108 @@ impl Puller {
         }
         self.set_consuming(false);
     }
+
+    /// Room for the next pull: a slot for each message (at least one,
+    /// waited for; up to a batch), and as many bytes as are free, waiting
+    /// until the largest accepted message would fit (a pull whose max_bytes
+    /// is below the next message's size gets nothing). `None` on shutdown.
+    async fn room(
+        &self,
+        limits: &Limits,
+        shutdown: &mut std::pin::Pin<&mut impl Future<Output = ()>>,
+    ) -> Option<(Vec<OwnedSemaphorePermit>, Held)> {
+        let slots = &limits.slots;
+        let first = tokio::select! {
+            permit = slots.clone().acquire_owned() => permit.ok()?, // never closed
+            () = shutdown.as_mut() => return None,
+        };
+        let mut permits = vec![first];
+        while permits.len() < self.batch.max(1) {
+            match slots.clone().try_acquire_owned() {
+                Ok(p) => permits.push(p),
+                Err(_) => break,
+            }
+        }
+        let least = self.max_payload.saturating_add(PULL_OVERHEAD);
+        let bytes = tokio::select! {
+            held = limits.budget.hold_free(least) => held,
+            () = shutdown.as_mut() => return None,
+        };
+        Some((permits, bytes))
+    }
+
+    /// Hands on each message of one pull, with a slot and its bytes, until
+    /// the pull is served or fails, the connection is re-established (the
+    /// server may have lost the pull with the old one), or the drain's time
+    /// is up. `None` when the runner is gone.
+    async fn hand_on(
+        &self,
+        mut batch: Batch,
+        pull: Pull<'_>,
+        out: &mpsc::UnboundedSender<Admission>,
+        shutdown: &mut std::pin::Pin<&mut impl Future<Output = ()>>,
+        stopped_at: &mut Option<tokio::time::Instant>,
+    ) -> Option<PullEnded> {
+        let mut ended = PullEnded {
+            healthy: true,
+            received: 0,
+        };
+        let mut check = tokio::time::interval(RECONNECT_CHECK);
+        loop {
+            tokio::select! {
+                item = batch.next() => match item {
+                    Some(Ok(message)) => {
+                        ended.received += 1;
+                        let held = pull.bytes.split(message.length.max(message.payload.len()));
+                        // Without a slot left (the server sent more than
+                        // asked), the runner takes one for it.
+                        let slot = pull.permits.pop();
+                        let delivery = Box::new(self.delivery(message));
+                        let admitted = Admitted { delivery, held, slot };
+                        out.send(Admission::Admitted(admitted)).ok()?;
+                    }
+                    Some(Err(e)) if PULL_SERVED.iter().any(|s| e.to_string().contains(s)) => {
+                        debug!(status = %e, "pull served in full");
+                        return Some(ended);
+                    }
+                    Some(Err(e)) => {
+                        warn!(error = %e, "pull ended with an error; reopening the consumer");
+                        ended.healthy = false;
+                        return Some(ended);
+                    }
+                    None => return Some(ended),
+                },
+                _ = check.tick() => {
+                    if self.connects() != pull.connects {
+                        info!("NATS connection re-established; pulling again");
+                        ended.healthy = false;
+                        return Some(ended);
+                    }
+                }
+                () = shutdown.as_mut(), if stopped_at.is_none() => {
+                    info!("shutdown: no new pulls; finishing the pull under way");
+                    self.set_consuming(false);
+                    *stopped_at = Some(tokio::time::Instant::now());
+                }
+                () = sleep_until_drained(*stopped_at, self.drain_timeout) => return Some(ended),
+            }
+        }
+    }
+}
+
+/// One pull under way: the slots and bytes it was asked with, and the
+/// connection count when it was asked.
+struct Pull<'a> {
+    permits: &'a mut Vec<OwnedSemaphorePermit>,
+    bytes: &'a mut Held,
+    connects: u64,
+}
+
+/// How a pull ended: whether the consumer can pull again, and how many
+/// messages it gave.
+struct PullEnded {
+    healthy: bool,
+    received: usize,
 }
 
 /// Waits [`RETRY_PAUSE`], or less if shutdown comes first (then noted in

@@ -53,14 +53,9 @@ impl InProcess {
     pub async fn start(config: &Config, identity: Identity) -> InProcess {
         init_logging();
         let readiness = Readiness::new(identity.watch());
-        let client = prefill_handoff::connect::connect(
-            &config.nats,
-            config.subscription_bytes(),
-            Metrics::new(),
-            readiness,
-        )
-        .await
-        .expect("connect");
+        let client = prefill_handoff::connect::connect(&config.nats, Metrics::new(), readiness)
+            .await
+            .expect("connect");
         let metrics = Metrics::new();
         let worker = serve::start(&client, config, identity, metrics.clone(), None, None)
             .await

@@ -96,8 +96,6 @@ pub struct Client {
     poll_sender: PollSender<Command>,
     next_subscription_id: Arc<AtomicU64>,
     subscription_capacity: usize,
-    // prefill-handoff patch: the bytes the subscriptions hold, when bounded.
-    pub(crate) held: Option<Arc<crate::held::Held>>,
     inbox_prefix: Arc<str>,
     request_timeout: Option<Duration>,
     max_payload: Arc<AtomicUsize>,
@@ -254,7 +252,6 @@ impl Client {
             poll_sender,
             next_subscription_id: Arc::new(AtomicU64::new(1)),
             subscription_capacity: capacity,
-            held: None,
             inbox_prefix: inbox_prefix.into(),
             request_timeout,
             max_payload,
@@ -269,8 +266,7 @@ impl Client {
         &self,
         subject: S,
     ) -> Result<crate::Subject, crate::subject::SubjectError> {
-        // prefill-handoff patch: by value (was `to_subject`, a clone).
-        let subject = subject.into_subject();
+        let subject = subject.to_subject();
         if subject.is_empty()
             || (!self.skip_subject_validation && !crate::is_valid_publish_subject(&subject))
         {
@@ -513,44 +509,6 @@ impl Client {
                 headers: Some(headers),
             }))
             .await?;
-        Ok(())
-    }
-
-    /// prefill-handoff patch (for CPU): a publish checked as
-    /// [`Client::publish_with_headers`] checks it (subject, size), ready for
-    /// [`Client::publish_batch`]. `None` headers publish with `PUB`, as
-    /// [`Client::publish`] does.
-    #[doc(hidden)]
-    pub fn prepare_publish<S: ToSubject>(
-        &self,
-        subject: S,
-        headers: Option<HeaderMap>,
-        payload: Bytes,
-    ) -> Result<OutboundMessage, PublishError> {
-        let subject = self
-            .maybe_validate_publish_subject(subject)
-            .map_err(|e| PublishError::with_source(PublishErrorKind::InvalidSubject, e))?;
-        self.check_payload_size(headers.as_ref(), payload.len())
-            .map_err(max_payload_error)?;
-        Ok(OutboundMessage {
-            subject,
-            payload,
-            reply: None,
-            headers,
-        })
-    }
-
-    /// prefill-handoff patch (for CPU): publishes `messages` (from
-    /// [`Client::prepare_publish`]) in order, through one command to the
-    /// connection task instead of one each: a command costs a send and a
-    /// receive on its channel, several hundred instructions. Like
-    /// [`Client::publish`], it returns once they are queued, not sent.
-    #[doc(hidden)]
-    pub async fn publish_batch(&self, messages: Vec<OutboundMessage>) -> Result<(), PublishError> {
-        if messages.is_empty() {
-            return Ok(());
-        }
-        self.sender.send(Command::PublishBatch(messages)).await?;
         Ok(())
     }
 
@@ -856,7 +814,7 @@ impl Client {
             })
             .await?;
 
-        Ok(Subscriber::new(sid, self.sender.clone(), receiver).with_held(self.held.clone()))
+        Ok(Subscriber::new(sid, self.sender.clone(), receiver))
     }
 
     /// Subscribes to a subject with a queue group to receive [messages][Message].
@@ -905,7 +863,7 @@ impl Client {
             })
             .await?;
 
-        Ok(Subscriber::new(sid, self.sender.clone(), receiver).with_held(self.held.clone()))
+        Ok(Subscriber::new(sid, self.sender.clone(), receiver))
     }
 
     /// Flushes the internal buffer ensuring that all messages are sent.
@@ -978,15 +936,6 @@ impl Client {
     /// ```
     pub fn connection_state(&self) -> State {
         self.state.borrow().to_owned()
-    }
-
-    /// prefill-handoff patch: completes once the connection task has ended
-    /// for good (the client was drained or closed, ran out of reconnect
-    /// attempts, or its task panicked). After that the client can never send
-    /// or receive again; `connection_state` keeps its last value and no event
-    /// says so when the task panicked.
-    pub async fn closed(&self) {
-        self.sender.closed().await
     }
 
     /// Forces the client to reconnect.
@@ -1119,18 +1068,6 @@ impl Client {
     /// ```
     pub fn statistics(&self) -> Arc<Statistics> {
         self.connection_stats.clone()
-    }
-
-    /// prefill-handoff patch: lifts the bound in bytes on the
-    /// subscriptions' buffers (`ConnectOptions::subscription_bytes`) for the
-    /// rest of the connection's life, and reading starts again at once. For
-    /// a drain: what the server has queued for this connection comes in
-    /// behind what the buffers already hold, and must not wait for it.
-    /// Nothing happens without a bound.
-    pub fn lift_subscription_bytes(&self) {
-        if let Some(held) = &self.held {
-            held.lift();
-        }
     }
 }
 

@@ -35,7 +35,7 @@ use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::{self, AsyncRead, AsyncReadExt, AsyncWrite};
 use tracing::trace;
 
-use crate::header::{HeaderMap, HeaderName, HeaderValue, HEADER_BLOCK_ERROR};
+use crate::header::{HeaderMap, HeaderName, HeaderValue, IntoHeaderValue, HEADER_BLOCK_ERROR};
 use crate::status::StatusCode;
 use crate::subject::Subject;
 use crate::{ClientOp, ServerError, ServerOp, Statistics};
@@ -94,64 +94,12 @@ pub(crate) struct Connection {
     statistics: Arc<Statistics>,
 }
 
-/// prefill-handoff patch: the fuzzing entry point, not part of the API.
-/// Feeds `bytes` through [`Connection::try_read_op`], the parser the
-/// connection task runs on everything the server sends, with no socket:
-/// the ops parsed until the bytes run out (a trailing incomplete op is left
-/// unparsed), or the first error.
-#[doc(hidden)]
-pub fn parse_server_ops(bytes: &[u8]) -> Result<Vec<ServerOp>, io::Error> {
-    let statistics = Arc::new(Statistics::default());
-    let mut connection = Connection::new(Box::new(io::empty()), bytes.len(), statistics);
-    connection.read_buf.extend_from_slice(bytes);
-    let mut ops = Vec::new();
-    while let Some(op) = connection.try_read_op()? {
-        ops.push(op);
-    }
-    Ok(ops)
-}
-
-/// prefill-handoff patch: test hook for the client's publish subject check.
-#[doc(hidden)]
-pub fn valid_publish_subject(subject: &str) -> bool {
-    crate::is_valid_publish_subject(subject)
-}
-
-/// prefill-handoff patch: test hook. The bytes the connection task would
-/// send for one publish (`PUB` or `HPUB` line, header block, payload), as
-/// `Connection::enqueue_write_op` queues them, with no socket.
-#[doc(hidden)]
-pub fn publish_bytes(
-    subject: &str,
-    respond: Option<&str>,
-    headers: Option<HeaderMap>,
-    payload: Bytes,
-) -> Vec<u8> {
-    let statistics = Arc::new(Statistics::default());
-    let mut connection = Connection::new(Box::new(io::empty()), 0, statistics);
-    connection.enqueue_write_op(&ClientOp::Publish {
-        subject: Subject::from(subject),
-        payload,
-        respond: respond.map(Subject::from),
-        headers,
-    });
-    let mut out = Vec::new();
-    for chunk in &connection.write_buf {
-        out.extend_from_slice(chunk);
-    }
-    out.extend_from_slice(&connection.flattened_writes);
-    debug_assert_eq!(out.len(), connection.write_buf_len);
-    out
-}
-
-/// prefill-handoff patch: the header block of an `HMSG`, split out of
-/// `try_read_op` so that its errors describe the message, not the
-/// connection. The errors say what was wrong; they reach whoever handles the
-/// message (see HEADER_BLOCK_ERROR).
+/// Internal representation of the connection.
+/// Holds connection with NATS Server and communicates with `Client` via channels.
+/// An `HMSG` header block: its headers, status and description.
 fn parse_header_block(
     header: &[u8],
-) -> Result<(HeaderMap, Option<StatusCode>, Option<String>), io::Error> {
-    let invalid = |why: String| io::Error::new(io::ErrorKind::InvalidInput, why);
+) -> io::Result<(HeaderMap, Option<StatusCode>, Option<String>)> {
     let mut lines = std::str::from_utf8(header)
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "header isn't valid utf-8"))?
         .lines()
@@ -175,11 +123,11 @@ fn parse_header_block(
         .map(|(status, description)| (status.trim(), description.trim()))
         .unwrap_or((version_line_suffix, ""));
     let status = if !status.is_empty() {
-        Some(status.parse::<StatusCode>().map_err(|_| {
-            invalid(format!(
-                "could not parse status parameter {status:?} in the header version line"
-            ))
-        })?)
+        Some(
+            status
+                .parse::<StatusCode>()
+                .map_err(|_| std::io::Error::other("could not parse status parameter"))?,
+        )
     } else {
         None
     };
@@ -195,17 +143,16 @@ fn parse_header_block(
             continue;
         }
 
-        let (name, value) = line
-            .split_once(':')
-            .ok_or_else(|| invalid(format!("header line {line:?} has no `:`")))?;
+        let (name, value) = line.split_once(':').ok_or_else(|| {
+            io::Error::new(io::ErrorKind::InvalidInput, "a header line has no colon")
+        })?;
 
-        if name.eq_ignore_ascii_case(HEADER_BLOCK_ERROR.as_ref()) {
-            // Reserved, so that only this parser can set it: a publisher
-            // sending it gets the same treatment as any malformed block.
-            return Err(invalid(format!("header name {name:?} is reserved by the client")));
-        }
         let name = HeaderName::from_str(name)
-            .map_err(|err| invalid(format!("header name {name:?}: {err}")))?;
+            .map_err(|err| io::Error::new(io::ErrorKind::InvalidInput, err))?;
+        if AsRef::<str>::as_ref(&name).eq_ignore_ascii_case(HEADER_BLOCK_ERROR) {
+            let reason = format!("header name \"{name}\" is reserved by the client");
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, reason));
+        }
 
         // Read the header value, which might have been split into multiple lines
         // `trim_start` and `trim_end` do the same job as doing `value.trim().to_owned()` at the end, but without a reallocation
@@ -215,119 +162,20 @@ fn parse_header_block(
         }
         value.truncate(value.trim_end().len());
 
-        let value = HeaderValue::from_string(value)
-            .map_err(|err| invalid(format!("value of header {name}: {err}")))?;
-        headers.append(name, value);
+        headers.append(name, value.into_header_value());
     }
     Ok((headers, status, description))
 }
 
-/// prefill-handoff patch: the bytes a `MSG`/`HMSG` op needs in the read
-/// buffer (control line `len`, CRLF, payload `payload_len`, CRLF), or an
-/// error when that overflows `usize`.
-fn op_len(len: usize, payload_len: usize, op: &str) -> Result<usize, io::Error> {
-    len.checked_add(payload_len)
-        .and_then(|n| n.checked_add(4))
-        .ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("{op} payload length {payload_len} overflows"),
-            )
-        })
+/// The bytes a `MSG` or `HMSG` operation takes: its line, the payload and
+/// two CRLFs; an error when that overflows.
+fn op_len(line_len: usize, payload_len: usize) -> Result<usize, io::Error> {
+    line_len
+        .checked_add(payload_len)
+        .and_then(|len| len.checked_add(4))
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "message length overflows"))
 }
 
-/// prefill-handoff patch: a number in decimal, as ASCII digits, without the
-/// formatting machinery (see `enqueue_write_op`).
-struct Decimal {
-    digits: [u8; 20],
-    start: usize,
-}
-
-impl Decimal {
-    fn new(mut n: usize) -> Decimal {
-        let mut digits = [0u8; 20];
-        let mut start = digits.len();
-        loop {
-            start -= 1;
-            digits[start] = b'0' + (n % 10) as u8;
-            n /= 10;
-            if n == 0 {
-                break;
-            }
-        }
-        Decimal { digits, start }
-    }
-
-    fn as_bytes(&self) -> &[u8] {
-        &self.digits[self.start..]
-    }
-}
-
-/// prefill-handoff patch: the decimal number `digits` holds, as
-/// `str::parse::<u64>` reads it (an optional `+`, then at least one ASCII
-/// digit, no overflow), on bytes: `MSG` and `HMSG` lines are split and read
-/// without first being checked as UTF-8 and split by `char`.
-fn parse_decimal(digits: &[u8]) -> Option<u64> {
-    let digits = digits.strip_prefix(b"+").unwrap_or(digits);
-    if digits.is_empty() {
-        return None;
-    }
-    // Nineteen digits or fewer cannot overflow: no checked arithmetic.
-    if digits.len() <= 19 {
-        let mut n = 0u64;
-        for d in digits {
-            let d = d.wrapping_sub(b'0');
-            if d > 9 {
-                return None;
-            }
-            n = n * 10 + u64::from(d);
-        }
-        return Some(n);
-    }
-    digits.iter().try_fold(0u64, |n, d| {
-        let d = d.wrapping_sub(b'0');
-        if d > 9 {
-            return None;
-        }
-        n.checked_mul(10)?.checked_add(u64::from(d))
-    })
-}
-
-/// prefill-handoff patch: where the first `\r\n` of `buf` starts, as
-/// `memchr::memmem::find(buf, b"\r\n")` has it: each `\n` found by `memchr`
-/// is looked behind. `memmem::find` built a searcher for its needle on every
-/// call (about 200 instructions per operation read).
-fn find_crlf(buf: &[u8]) -> Option<usize> {
-    let mut from = 0;
-    while let Some(i) = memchr::memchr(b'\n', buf.get(from..)?) {
-        let at = from + i;
-        if at > 0 && buf[at - 1] == b'\r' {
-            return Some(at - 1);
-        }
-        from = at + 1;
-    }
-    None
-}
-
-/// prefill-handoff patch: test hook for `find_crlf`.
-#[doc(hidden)]
-pub fn crlf_at(buf: &[u8]) -> Option<usize> {
-    find_crlf(buf)
-}
-
-/// prefill-handoff patch: a subject argument of a `MSG` or `HMSG` line,
-/// which must be UTF-8.
-fn utf8_arg(arg: &[u8]) -> Result<&str, io::Error> {
-    if arg.is_ascii() {
-        // SAFETY: ASCII is valid UTF-8. (Checked a word at a time, a
-        // subject of a few dozen bytes costs a fraction of `from_utf8`.)
-        return Ok(unsafe { str::from_utf8_unchecked(arg) });
-    }
-    str::from_utf8(arg).map_err(|err| io::Error::new(io::ErrorKind::InvalidInput, err))
-}
-
-/// Internal representation of the connection.
-/// Holds connection with NATS Server and communicates with `Client` via channels.
 impl Connection {
     pub(crate) fn new(
         stream: Box<dyn AsyncReadWrite>,
@@ -365,9 +213,7 @@ impl Connection {
     /// Attempts to read a server operation from the read buffer.
     /// Returns `None` if there is not enough data to parse an entire operation.
     pub(crate) fn try_read_op(&mut self) -> Result<Option<ServerOp>, io::Error> {
-        // prefill-handoff patch: `find_crlf`, not `memmem::find`, which
-        // built a searcher for its needle on every call.
-        let len = match find_crlf(&self.read_buf) {
+        let len = match memchr::memmem::find(&self.read_buf, b"\r\n") {
             Some(len) => len,
             None => return Ok(None),
         };
@@ -391,10 +237,9 @@ impl Connection {
         }
 
         if self.read_buf.starts_with(b"-ERR") {
-            // prefill-handoff patch: a bare `-ERR\r\n` (len 4) made the
-            // slice `[5..4]`, a panic.
+            // A bare `-ERR` has no description to slice.
             let description = self.read_buf.get(5..len).ok_or_else(|| {
-                io::Error::new(io::ErrorKind::InvalidInput, "-ERR without a description")
+                io::Error::new(io::ErrorKind::InvalidInput, "no description after -ERR")
             })?;
             let description = str::from_utf8(description)
                 .map_err(|err| io::Error::new(io::ErrorKind::InvalidInput, err))?
@@ -416,12 +261,9 @@ impl Connection {
         }
 
         if self.read_buf.starts_with(b"MSG ") {
-            // prefill-handoff patch: split and read on bytes (the line was
-            // checked as UTF-8 whole, split by `char` and its numbers parsed
-            // as `str`: about 800 instructions per message). Only the
-            // subjects need be UTF-8; the numbers are ASCII digits.
-            let line = &self.read_buf[4..len];
-            let mut args = line.split(|b| *b == b' ').filter(|s| !s.is_empty());
+            let line = str::from_utf8(&self.read_buf[4..len])
+                .map_err(|err| io::Error::new(io::ErrorKind::InvalidInput, err))?;
+            let mut args = line.split(' ').filter(|s| !s.is_empty());
 
             // Parse the operation syntax: MSG <subject> <sid> [reply-to] <#bytes>
             let (subject, sid, reply_to, payload_len) = match (
@@ -445,30 +287,20 @@ impl Connection {
                 }
             };
 
-            let subject = utf8_arg(subject)?;
-            let reply_to = reply_to.map(utf8_arg).transpose()?;
-
-            let sid = parse_decimal(sid).ok_or_else(|| {
-                io::Error::new(io::ErrorKind::InvalidInput, "cannot parse sid argument after MSG")
-            })?;
+            let sid = sid
+                .parse::<u64>()
+                .map_err(|err| io::Error::new(io::ErrorKind::InvalidInput, err))?;
 
             // Parse the number of payload bytes.
-            let payload_len = parse_decimal(payload_len)
-                .and_then(|n| usize::try_from(n).ok())
-                .ok_or_else(|| {
-                    io::Error::new(
-                        io::ErrorKind::InvalidInput,
-                        "cannot parse the number of bytes argument after MSG",
-                    )
-                })?;
+            let payload_len = payload_len
+                .parse::<usize>()
+                .map_err(|err| io::Error::new(io::ErrorKind::InvalidInput, err))?;
 
             // Return early without advancing if there is not enough data read the entire
             // message
-            // prefill-handoff patch: checked, since a length near usize::MAX
-            // overflowed (a panic in debug builds; in release builds the sum
-            // wrapped past this check and `split_to` panicked).
-            let needed = op_len(len, payload_len, "MSG")?;
-            if needed > self.read_buf.remaining() {
+            // A length near `usize::MAX` must not wrap past this check.
+            let op_len = op_len(len, payload_len)?;
+            if op_len > self.read_buf.remaining() {
                 return Ok(None);
             }
 
@@ -505,13 +337,9 @@ impl Connection {
 
         if self.read_buf.starts_with(b"HMSG ") {
             // Extract whitespace-delimited arguments that come after "HMSG".
-            // prefill-handoff patch: split and read on bytes, as `MSG`; split
-            // at ASCII whitespace (was any Unicode whitespace, which the
-            // server does not treat as a separator).
-            let line = &self.read_buf[5..len];
-            let mut args = line
-                .split(u8::is_ascii_whitespace)
-                .filter(|s| !s.is_empty());
+            let line = std::str::from_utf8(&self.read_buf[5..len])
+                .map_err(|err| io::Error::new(io::ErrorKind::InvalidInput, err))?;
+            let mut args = line.split_whitespace().filter(|s| !s.is_empty());
 
             // <subject> <sid> [reply-to] <# header bytes><# total bytes>
             let (subject, sid, reply_to, header_len, total_len) = match (
@@ -542,10 +370,10 @@ impl Connection {
             };
 
             // Convert the slice into a subject
-            let subject = Subject::from(utf8_arg(subject)?);
+            let subject = Subject::from(subject);
 
             // Parse the subject ID.
-            let sid = parse_decimal(sid).ok_or_else(|| {
+            let sid = sid.parse::<u64>().map_err(|_| {
                 io::Error::new(
                     io::ErrorKind::InvalidInput,
                     "cannot parse sid argument after HMSG",
@@ -553,28 +381,24 @@ impl Connection {
             })?;
 
             // Convert the slice into a subject.
-            let reply = reply_to.map(utf8_arg).transpose()?.map(Subject::from);
+            let reply = reply_to.map(Subject::from);
 
             // Parse the number of payload bytes.
-            let header_len = parse_decimal(header_len)
-                .and_then(|n| usize::try_from(n).ok())
-                .ok_or_else(|| {
-                    io::Error::new(
-                        io::ErrorKind::InvalidInput,
-                        "cannot parse the number of header bytes argument after \
+            let header_len = header_len.parse::<usize>().map_err(|_| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "cannot parse the number of header bytes argument after \
                      HMSG",
-                    )
-                })?;
+                )
+            })?;
 
             // Parse the number of payload bytes.
-            let total_len = parse_decimal(total_len)
-                .and_then(|n| usize::try_from(n).ok())
-                .ok_or_else(|| {
-                    io::Error::new(
-                        io::ErrorKind::InvalidInput,
-                        "cannot parse the number of bytes argument after HMSG",
-                    )
-                })?;
+            let total_len = total_len.parse::<usize>().map_err(|_| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "cannot parse the number of bytes argument after HMSG",
+                )
+            })?;
 
             if total_len < header_len {
                 return Err(io::Error::new(
@@ -584,8 +408,8 @@ impl Connection {
                 ));
             }
 
-            // prefill-handoff patch: checked, as for MSG.
-            if op_len(len, total_len, "HMSG")? > self.read_buf.remaining() {
+            let op_len = op_len(len, total_len)?;
+            if op_len > self.read_buf.remaining() {
                 return Ok(None);
             }
 
@@ -594,18 +418,17 @@ impl Connection {
             let payload = self.read_buf.split_to(total_len - header_len).freeze();
             self.read_buf.advance(2);
 
-            // prefill-handoff patch: the header block comes verbatim from
-            // whoever published the message. One that cannot be parsed no
-            // longer panics the connection task (a lone `\r` in a value
-            // tripped `HeaderValue`'s assert) or ends the connection: the
-            // message is delivered with one header, HEADER_BLOCK_ERROR,
-            // saying what was wrong, and no status.
-            let (headers, status, description) = parse_header_block(&header).unwrap_or_else(|err| {
-                let mut headers = HeaderMap::new();
-                let why = err.to_string().replace(['\r', '\n'], " ");
-                headers.insert(HEADER_BLOCK_ERROR, HeaderValue::from_string(why).unwrap_or_default());
-                (headers, None, None)
-            });
+            let (headers, status, description) = match parse_header_block(&header) {
+                Ok(parsed) => parsed,
+                // A block the server forwarded as its publisher wrote it: the
+                // message is delivered, marked, and the connection lives on.
+                Err(err) => {
+                    let mut headers = HeaderMap::new();
+                    let value = HeaderValue::from_lossy(&err.to_string());
+                    headers.insert(HEADER_BLOCK_ERROR, value);
+                    (headers, None, None)
+                }
+            };
 
             trace!(
                 subject = %subject,
@@ -728,49 +551,28 @@ impl Connection {
                     _ => "PUB",
                 };
 
-                // prefill-handoff patch: the line is copied piece by piece
-                // and its numbers written by `decimal`, not formatted with
-                // `write!`: the formatting machinery cost about 450
-                // instructions per publish.
-                self.write_flattened(verb.as_bytes());
-                self.write_flattened(b" ");
-                self.write_flattened(subject.as_bytes());
-                self.write_flattened(b" ");
+                small_write!("{verb} {subject} ");
 
                 if let Some(respond) = respond {
-                    self.write_flattened(respond.as_bytes());
-                    self.write_flattened(b" ");
+                    small_write!("{respond} ");
                 }
 
                 match headers {
                     Some(headers) if !headers.is_empty() => {
-                        // prefill-handoff patch: a block in wire form goes as
-                        // it is, copied from where it is (not cloned first).
-                        let built;
-                        let block = match headers.wire_block() {
-                            Some(block) => block,
-                            None => {
-                                built = Bytes::from(headers.to_bytes());
-                                &built
-                            }
-                        };
-                        let headers_len = block.len();
+                        let headers = headers.to_bytes();
+
+                        let headers_len = headers.len();
                         let total_len = headers_len + payload.len();
-                        self.write_flattened(Decimal::new(headers_len).as_bytes());
-                        self.write_flattened(b" ");
-                        self.write_flattened(Decimal::new(total_len).as_bytes());
-                        self.write_flattened(b"\r\n");
-                        self.write_shared(block);
+                        small_write!("{headers_len} {total_len}\r\n");
+                        self.write(headers);
                     }
                     _ => {
-                        self.write_flattened(Decimal::new(payload.len()).as_bytes());
-                        self.write_flattened(b"\r\n");
+                        let payload_len = payload.len();
+                        small_write!("{payload_len}\r\n");
                     }
                 }
 
-                // prefill-handoff patch: cloned only when it is queued as it
-                // is; a small payload is copied into the write buffer.
-                self.write_shared(payload);
+                self.write(Bytes::clone(payload));
                 self.write("\r\n");
 
                 trace!(
@@ -948,39 +750,21 @@ impl Connection {
     /// Empty `buf`s are a no-op.
     fn write(&mut self, buf: impl Into<Bytes>) {
         let buf = buf.into();
-        if buf.len() < WRITE_FLATTEN_THRESHOLD {
-            self.write_flattened(&buf);
-        } else {
-            self.write_chunk(buf);
+        if buf.is_empty() {
+            return;
         }
-    }
 
-    /// prefill-handoff patch: [`Self::write`] for a buffer the caller keeps,
-    /// cloned only when it is queued as a chunk. Cloning a `Bytes` that
-    /// holds a vector allocates, so cloning every payload and header block
-    /// only to copy it cost an allocation and a free per publish.
-    fn write_shared(&mut self, buf: &Bytes) {
-        if buf.len() < WRITE_FLATTEN_THRESHOLD {
-            self.write_flattened(buf);
-        } else {
-            self.write_chunk(buf.clone());
-        }
-    }
-
-    /// A small write, copied into the flattened writes (empty: a no-op).
-    fn write_flattened(&mut self, buf: &[u8]) {
         self.write_buf_len += buf.len();
-        self.flattened_writes.extend_from_slice(buf);
-    }
+        if buf.len() < WRITE_FLATTEN_THRESHOLD {
+            self.flattened_writes.extend_from_slice(&buf);
+        } else {
+            if !self.flattened_writes.is_empty() {
+                let buf = self.flattened_writes.split().freeze();
+                self.write_buf.push_back(buf);
+            }
 
-    /// A large write, queued as it is after the flattened writes before it.
-    fn write_chunk(&mut self, buf: Bytes) {
-        self.write_buf_len += buf.len();
-        if !self.flattened_writes.is_empty() {
-            let flattened = self.flattened_writes.split().freeze();
-            self.write_buf.push_back(flattened);
+            self.write_buf.push_back(buf);
         }
-        self.write_buf.push_back(buf);
     }
 
     /// Obtain an [`fmt::Write`]r for the small writes buffer.
@@ -1215,6 +999,24 @@ mod read_op {
                 "something went wrong".into()
             )))
         );
+    }
+
+    #[tokio::test]
+    async fn message_header_value_with_carriage_return() {
+        let (stream, mut server) = io::duplex(128);
+        let mut connection = Connection::new(Box::new(stream), 0, Arc::new(Statistics::default()));
+
+        server
+            .write_all(b"HMSG FOO.BAR 10 25 36\r\nNATS/1.0\r\nHeader: a\rb\r\n\r\nHello World\r\n")
+            .await
+            .unwrap();
+
+        let result = connection.read_op().await.unwrap();
+
+        let Some(ServerOp::Message { headers, .. }) = result else {
+            panic!("expected a message, got {result:?}");
+        };
+        assert_eq!(headers.unwrap().get("Header").unwrap().as_str(), "a b");
     }
 
     #[tokio::test]

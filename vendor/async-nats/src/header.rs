@@ -25,6 +25,12 @@ use std::{collections::HashMap, fmt, slice::Iter, str::FromStr};
 use bytes::Bytes;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+/// The one header of a message whose header block the client could not
+/// parse; its value says why. The message is delivered with its subject,
+/// reply and payload, and no status. A block that uses this name itself is
+/// unparsable, so only the client sets it.
+pub const HEADER_BLOCK_ERROR: &str = "Async-Nats-Header-Block-Error";
+
 /// A struct for handling NATS headers.
 /// Has a similar API to `http::header`, but properly serializes and deserializes
 /// according to NATS requirements.
@@ -47,9 +53,6 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 #[derive(Clone, PartialEq, Eq, Debug, Default)]
 pub struct HeaderMap {
     inner: HashMap<HeaderName, Vec<HeaderValue>>,
-    /// prefill-handoff patch: a header block already in wire form
-    /// ([`HeaderMap::from_wire`]), written as it is, before `inner`'s lines.
-    block: Option<Bytes>,
 }
 
 /// Helper enum for backward-compatible deserialization using serde's untagged feature
@@ -75,8 +78,8 @@ impl<'de> Deserialize<'de> for HeaderMap {
         let helper = HeaderMapHelper::deserialize(deserializer)?;
 
         Ok(match helper {
-            HeaderMapHelper::Legacy { inner } => HeaderMap { inner, block: None },
-            HeaderMapHelper::Current(inner) => HeaderMap { inner, block: None },
+            HeaderMapHelper::Legacy { inner } => HeaderMap { inner },
+            HeaderMapHelper::Current(inner) => HeaderMap { inner },
         })
     }
 }
@@ -150,27 +153,7 @@ impl HeaderMap {
     /// assert!(!map.is_empty());
     /// ```
     pub fn is_empty(&self) -> bool {
-        self.inner.is_empty() && self.block.is_none()
-    }
-
-    /// prefill-handoff patch: a map whose header block is `block`, already in
-    /// wire form: `NATS/1.0\r\n`, one `Name: value\r\n` line per header,
-    /// then `\r\n`. Published as it is, without building a map per message;
-    /// the caller vouches for the names and values (no CR or LF in either, no
-    /// `:` in a name). [`HeaderMap::get`] and [`HeaderMap::iter`] do not see
-    /// its headers; headers inserted later are written after them.
-    pub fn from_wire(block: Bytes) -> Self {
-        HeaderMap {
-            inner: HashMap::new(),
-            block: Some(block),
-        }
-    }
-
-    /// The block given to [`HeaderMap::from_wire`], when nothing was
-    /// inserted since: then it is the header block as it goes on the wire
-    /// (otherwise [`HeaderMap::to_bytes`] writes it).
-    pub(crate) fn wire_block(&self) -> Option<&Bytes> {
-        self.block.as_ref().filter(|_| self.inner.is_empty())
+        self.inner.is_empty()
     }
 
     pub fn len(&self) -> usize {
@@ -181,10 +164,7 @@ impl HeaderMap {
     /// produces), computed without allocating.
     pub(crate) fn wire_len(&self) -> usize {
         // Mirrors `to_bytes`: "NATS/1.0\r\n" + each "<key>: <value>\r\n" + "\r\n".
-        let mut len = match &self.block {
-            Some(block) => block.len(),
-            None => b"NATS/1.0\r\n".len() + b"\r\n".len(),
-        };
+        let mut len = b"NATS/1.0\r\n".len() + b"\r\n".len();
         for (k, vs) in &self.inner {
             for v in vs.iter() {
                 len += k.as_str().len() + b": ".len() + v.inner.len() + b"\r\n".len();
@@ -196,6 +176,9 @@ impl HeaderMap {
 
 impl HeaderMap {
     /// Inserts a new value to a [HeaderMap].
+    ///
+    /// A string value has each `\r` and `\n` replaced with a space, see
+    /// [`HeaderValue::from_lossy`].
     ///
     /// # Examples
     ///
@@ -212,6 +195,9 @@ impl HeaderMap {
 
     /// Appends a new value to the list of values to a given key.
     /// If the key did not exist, it will be inserted with provided value.
+    ///
+    /// A string value has each `\r` and `\n` replaced with a space, see
+    /// [`HeaderValue::from_lossy`].
     ///
     /// # Examples
     ///
@@ -294,11 +280,7 @@ impl HeaderMap {
 
     pub(crate) fn to_bytes(&self) -> Vec<u8> {
         let mut buf = vec![];
-        match &self.block {
-            // Its lines, without the blank line that ends it.
-            Some(block) => buf.extend_from_slice(&block[..block.len().saturating_sub(2)]),
-            None => buf.extend_from_slice(b"NATS/1.0\r\n"),
-        }
+        buf.extend_from_slice(b"NATS/1.0\r\n");
         for (k, vs) in &self.inner {
             for v in vs.iter() {
                 buf.extend_from_slice(k.as_str().as_bytes());
@@ -313,6 +295,10 @@ impl HeaderMap {
 }
 
 /// Represents NATS header field value.
+///
+/// A header value cannot span lines. [`HeaderMap::insert`], [`HeaderMap::append`] and
+/// [`HeaderValue::from_lossy`] replace each `\r` and `\n` in a string with a space, while
+/// [`HeaderValue::try_from`] and [`str::parse`] refuse a string holding them.
 ///
 /// # Examples
 ///
@@ -422,25 +408,32 @@ impl FromStr for HeaderValue {
     }
 }
 
-impl From<&str> for HeaderValue {
-    fn from(v: &str) -> Self {
-        assert!(
-            validate_header_value(v).is_ok(),
-            "invalid header value: cannot contain '\\r' or '\\n'"
-        );
-        Self {
-            inner: v.to_string(),
-        }
+/// Fallible conversion from a borrowed string slice; refuses a value holding `\r` or `\n`.
+impl TryFrom<&str> for HeaderValue {
+    type Error = ParseHeaderValueError;
+
+    fn try_from(value: &str) -> Result<Self, Self::Error> {
+        value.parse()
     }
 }
 
-impl From<String> for HeaderValue {
-    fn from(inner: String) -> Self {
-        assert!(
-            validate_header_value(&inner).is_ok(),
-            "invalid header value: cannot contain '\\r' or '\\n'"
-        );
-        Self { inner }
+/// Fallible conversion from a borrowed `String`; refuses a value holding `\r` or `\n`.
+impl TryFrom<&String> for HeaderValue {
+    type Error = ParseHeaderValueError;
+
+    fn try_from(value: &String) -> Result<Self, Self::Error> {
+        value.parse()
+    }
+}
+
+/// Fallible conversion from an owned `String`; refuses a value holding `\r` or `\n` and
+/// reuses the string's allocation otherwise.
+impl TryFrom<String> for HeaderValue {
+    type Error = ParseHeaderValueError;
+
+    fn try_from(value: String) -> Result<Self, Self::Error> {
+        validate_header_value(&value)?;
+        Ok(Self { inner: value })
     }
 }
 
@@ -449,11 +442,28 @@ impl HeaderValue {
         HeaderValue::default()
     }
 
-    /// prefill-handoff patch: a fallible `From<String>` for the parser, which
-    /// must not panic on what a publisher sent, without `FromStr`'s copy.
-    pub(crate) fn from_string(inner: String) -> Result<Self, ParseHeaderValueError> {
-        validate_header_value(&inner)?;
-        Ok(HeaderValue { inner })
+    /// Creates a header value, replacing each `\r` and `\n` with a space, as a header value
+    /// cannot hold them. Use [`HeaderValue::try_from`] or [`str::parse`] to refuse such a value
+    /// instead.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_nats::HeaderValue;
+    ///
+    /// let value = HeaderValue::from_lossy("first\nsecond");
+    /// assert_eq!(value.as_str(), "first second");
+    /// ```
+    pub fn from_lossy(value: &str) -> Self {
+        if value.contains(['\r', '\n']) {
+            Self {
+                inner: value.replace(['\r', '\n'], " "),
+            }
+        } else {
+            Self {
+                inner: value.to_string(),
+            }
+        }
     }
 
     pub fn as_str(&self) -> &str {
@@ -461,7 +471,8 @@ impl HeaderValue {
     }
 }
 
-#[derive(Debug, Clone)]
+/// The error returned when a string cannot be a [`HeaderValue`] because it holds `\r` or `\n`.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ParseHeaderValueError;
 
 impl fmt::Display for ParseHeaderValueError {
@@ -527,19 +538,25 @@ impl IntoHeaderName for HeaderName {
     }
 }
 
+/// Converts a value into a [`HeaderValue`]. Strings are converted with
+/// [`HeaderValue::from_lossy`], so each `\r` and `\n` becomes a space.
 pub trait IntoHeaderValue {
     fn into_header_value(self) -> HeaderValue;
 }
 
 impl IntoHeaderValue for &str {
     fn into_header_value(self) -> HeaderValue {
-        HeaderValue::from(self)
+        HeaderValue::from_lossy(self)
     }
 }
 
 impl IntoHeaderValue for String {
     fn into_header_value(self) -> HeaderValue {
-        HeaderValue::from(self)
+        if self.contains(['\r', '\n']) {
+            HeaderValue::from_lossy(&self)
+        } else {
+            HeaderValue { inner: self }
+        }
     }
 }
 
@@ -675,14 +692,6 @@ standard_headers! {
     /// Id of the pull client a pinned client priority consumer delivers to.
     (NatsPinId, NATS_PIN_ID, b"Nats-Pin-Id");
 }
-
-/// prefill-handoff patch: set by the client, never taken from the wire, on
-/// a received message whose header block could not be parsed. Its value says
-/// what was wrong; it is then the message's only header, and the message has
-/// no status. A header block that uses this name (in any case) is itself
-/// treated as unparsable, so a publisher cannot forge it for anyone's message
-/// but its own.
-pub const HEADER_BLOCK_ERROR: HeaderName = HeaderName::from_static("Async-Nats-Header-Block-Error");
 
 /// Value constant for [`NATS_BATCH_COMMIT`]: commit and store the final message.
 pub const NATS_BATCH_COMMIT_FINAL: &str = "1";
@@ -867,7 +876,9 @@ impl<'de> Deserialize<'de> for HeaderName {
     }
 }
 
-#[derive(Debug, Clone)]
+/// The error returned when a string cannot be a [`HeaderName`] because it holds a character
+/// other than visible ASCII, or a `:`.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ParseHeaderNameError;
 
 impl std::fmt::Display for ParseHeaderNameError {
@@ -888,7 +899,10 @@ fn validate_header_name(s: &str) -> Result<(), ParseHeaderNameError> {
 
 #[cfg(test)]
 mod tests {
-    use super::{HeaderMap, HeaderName, HeaderValue, IntoHeaderName, IntoHeaderValue};
+    use super::{
+        HeaderMap, HeaderName, HeaderValue, IntoHeaderName, IntoHeaderValue, ParseHeaderNameError,
+        ParseHeaderValueError,
+    };
     use std::str::{from_utf8, FromStr};
 
     #[test]
@@ -972,20 +986,6 @@ mod tests {
         headers.append("Key", "second_value");
         headers.insert("Second", "SecondValue");
         assert_eq!(headers.wire_len(), headers.to_bytes().len());
-
-        // A block in wire form, alone and with a header inserted after it.
-        let block = Bytes::from_static(b"NATS/1.0\r\nNats-Msg-Id: a\r\n\r\n");
-        let mut wire = HeaderMap::from_wire(block.clone());
-        assert!(!wire.is_empty());
-        assert_eq!(wire.wire_len(), block.len());
-        assert_eq!(wire.wire_block(), Some(&block));
-        wire.insert("Key", "v");
-        assert_eq!(
-            wire.to_bytes(),
-            b"NATS/1.0\r\nNats-Msg-Id: a\r\nKey: v\r\n\r\n".to_vec()
-        );
-        assert_eq!(wire.wire_len(), wire.to_bytes().len());
-        assert_eq!(wire.wire_block(), None);
 
         // An empty block still serializes the framing bytes.
         let empty = HeaderMap::new();
@@ -1098,10 +1098,10 @@ mod tests {
     }
 
     #[test]
-    fn header_value_from_string() {
+    fn header_value_try_from_string() {
         let string = "some value".to_string();
 
-        let value: HeaderValue = string.into();
+        let value = HeaderValue::try_from(string).unwrap();
 
         assert_eq!("some value", value.as_str());
     }
@@ -1221,28 +1221,34 @@ mod tests {
     }
 
     #[test]
-    #[should_panic(expected = "invalid header value")]
-    fn header_value_from_str_rejects_cr() {
-        let _: HeaderValue = "value\rwith\rcr".into();
-    }
-
-    #[test]
-    #[should_panic(expected = "invalid header value")]
-    fn header_value_from_str_rejects_lf() {
-        let _: HeaderValue = "value\nwith\nlf".into();
-    }
-
-    #[test]
-    #[should_panic(expected = "invalid header value")]
-    fn header_value_from_string_rejects_crlf() {
-        let _: HeaderValue = "injected\r\nPUB attack 0\r\n\r\n".to_string().into();
-    }
-
-    #[test]
-    #[should_panic(expected = "invalid header value")]
-    fn header_value_into_trait_rejects_crlf() {
+    fn header_map_insert_replaces_line_breaks() {
         let mut headers = HeaderMap::new();
         headers.insert("Key", "value\r\nPUB attack 0\r\n\r\n");
+        headers.append("Other", "a\rb\nc".to_string());
+
+        assert_eq!(
+            headers.get("Key").unwrap().as_str(),
+            "value  PUB attack 0    "
+        );
+        assert_eq!(headers.get("Other").unwrap().as_str(), "a b c");
+    }
+
+    #[test]
+    fn header_value_from_lossy_replaces_line_breaks() {
+        assert_eq!(HeaderValue::from_lossy("a\r\nb").as_str(), "a  b");
+        assert_eq!(HeaderValue::from_lossy("plain").as_str(), "plain");
+    }
+
+    #[test]
+    fn header_value_try_from_rejects_line_breaks() {
+        assert!(HeaderValue::try_from("value\rwith\rcr").is_err());
+        assert!(HeaderValue::try_from("value\nwith\nlf").is_err());
+        assert!(HeaderValue::try_from("injected\r\nPUB attack 0\r\n\r\n".to_string()).is_err());
+        assert_eq!(HeaderValue::try_from("value").unwrap().as_str(), "value");
+        assert_eq!(
+            HeaderValue::try_from("value".to_string()).unwrap().as_str(),
+            "value"
+        );
     }
 
     #[test]
@@ -1281,11 +1287,24 @@ mod tests {
     }
 
     #[test]
+    fn header_value_try_from_string_ref() {
+        let value = String::from("value");
+        assert_eq!(HeaderValue::try_from(&value).unwrap().as_str(), "value");
+        assert!(HeaderValue::try_from(&String::from("a\nb")).is_err());
+    }
+
+    #[test]
+    fn parse_errors_are_comparable() {
+        assert_eq!(HeaderValue::try_from("a\nb"), Err(ParseHeaderValueError));
+        assert_eq!(HeaderName::try_from("Bad Name"), Err(ParseHeaderNameError));
+    }
+
+    #[test]
     fn valid_header_values_still_work() {
-        let _: HeaderValue = "normal value".into();
-        let _: HeaderValue = "value with special chars !@#$%^&*()".into();
-        let _: HeaderValue = "".into();
-        let _: HeaderValue = String::from("string value").into();
+        HeaderValue::try_from("normal value").unwrap();
+        HeaderValue::try_from("value with special chars !@#$%^&*()").unwrap();
+        HeaderValue::try_from("").unwrap();
+        HeaderValue::try_from(String::from("string value")).unwrap();
     }
 
     #[test]

@@ -203,7 +203,6 @@ use tracing::{debug, error};
 
 use core::fmt;
 use std::collections::HashMap;
-use std::hash::BuildHasherDefault;
 use std::collections::VecDeque;
 use std::fmt::Display;
 use std::future::Future;
@@ -241,9 +240,6 @@ pub(crate) const DEFAULT_SERVER_MAX_PAYLOAD: usize = 1024 * 1024;
 /// for use in cases where manual client configurations
 /// must be provided using `Options::tls_client_config`.
 pub use tokio_rustls::rustls;
-
-// prefill-handoff patch: the bound in bytes on the subscriptions' buffers.
-mod held;
 
 use connection::{Connection, State};
 use connector::{Connector, ConnectorOptions};
@@ -357,11 +353,8 @@ pub struct ServerInfo {
     pub jetstream: bool,
 }
 
-// prefill-handoff patch: public (hidden) so `connection::parse_server_ops`
-// can return it to a fuzz target.
-#[doc(hidden)]
 #[derive(Clone, Debug, Eq, PartialEq)]
-pub enum ServerOp {
+pub(crate) enum ServerOp {
     Ok,
     Info(Box<ServerInfo>),
     Ping,
@@ -392,8 +385,6 @@ pub type PublishMessage = crate::message::OutboundMessage;
 #[derive(Debug)]
 pub(crate) enum Command {
     Publish(OutboundMessage),
-    /// prefill-handoff patch (for CPU): [`Client::publish_batch`].
-    PublishBatch(Vec<OutboundMessage>),
     Request {
         subject: Subject,
         payload: Bytes,
@@ -466,37 +457,11 @@ struct Multiplexer {
     senders: HashMap<String, oneshot::Sender<Message>>,
 }
 
-/// prefill-handoff patch: the hasher of the subscriptions' sids. The client
-/// numbers its subscriptions itself (a counter), so there is no key an
-/// attacker chooses, and SipHash's cost buys nothing: one multiply by an odd
-/// constant (as FxHash does) spreads consecutive sids over the table's high
-/// and low bits.
-#[derive(Default)]
-struct SidHasher(u64);
-
-impl std::hash::Hasher for SidHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0.rotate_left(5) ^ u64::from(*b)).wrapping_mul(0x517c_c1b7_2722_0a95);
-        }
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x517c_c1b7_2722_0a95);
-    }
-}
-
 /// A connection handler which facilitates communication from channels to a single shared connection.
 pub(crate) struct ConnectionHandler {
     connection: Connection,
     connector: Connector,
-    // prefill-handoff patch: keyed by sid through `SidHasher`, not SipHash
-    // (about 140 instructions per message delivered).
-    subscriptions: HashMap<u64, Subscription, BuildHasherDefault<SidHasher>>,
+    subscriptions: HashMap<u64, Subscription>,
     multiplexer: Option<Multiplexer>,
     pending_pings: usize,
     info_sender: tokio::sync::watch::Sender<Option<ServerInfo>>,
@@ -505,9 +470,6 @@ pub(crate) struct ConnectionHandler {
     flush_observers: Vec<oneshot::Sender<()>>,
     is_draining: bool,
     drain_pings: VecDeque<u64>,
-    // prefill-handoff patch: the bytes the subscriptions hold, when bounded
-    // (`ConnectOptions::subscription_bytes`).
-    held: Option<Arc<held::Held>>,
 }
 
 impl ConnectionHandler {
@@ -523,7 +485,7 @@ impl ConnectionHandler {
         ConnectionHandler {
             connection,
             connector,
-            subscriptions: HashMap::default(),
+            subscriptions: HashMap::new(),
             multiplexer: None,
             pending_pings: 0,
             info_sender,
@@ -532,7 +494,6 @@ impl ConnectionHandler {
             flush_observers: Vec::new(),
             is_draining: false,
             drain_pings: VecDeque::new(),
-            held: None,
         }
     }
 
@@ -551,13 +512,11 @@ impl ConnectionHandler {
 
         impl ProcessFut<'_> {
             const RECV_CHUNK_SIZE: usize = 16;
-            /// prefill-handoff patch: message bytes handed to subscriptions
-            /// in one poll, after which the task yields (and is woken at
-            /// once). Upstream reads until the socket is empty, bounded only
-            /// by tokio's budget of 128 reads per poll: in a burst of 1 MiB
-            /// messages that is up to hundreds of MiB read into subscription
-            /// buffers before any other task on the same thread (the one
-            /// that takes the messages out) gets to run.
+            /// Message bytes read in one poll, at most (one message may
+            /// pass it). Without a bound, reading goes on until the socket
+            /// is empty or tokio's budget of 128 operations per poll is
+            /// spent: in a burst of 1 MiB messages, hundreds of MiB before
+            /// any other task on the same thread takes one out.
             const READ_BUDGET: usize = 128 * 1024;
 
             #[cold]
@@ -606,37 +565,22 @@ impl ConnectionHandler {
                     }
                 }
 
-                // prefill-handoff patch: the read budget (see READ_BUDGET).
-                // Never while draining: the drain ends below once everything
-                // the server sent was delivered.
+                // Message bytes handed to subscriptions in this poll: past
+                // `READ_BUDGET` the task yields (and is woken at once), so
+                // the tasks that take messages out get to run in between.
+                // Never while draining: the drain ends once everything the
+                // server sent was delivered.
                 let mut read = 0;
-                // prefill-handoff patch: the ping timer is reset once per
-                // poll that read something, not once per operation read
-                // (about 170 instructions per message in bursts, where a
-                // poll reads a hundred or more).
-                let mut any = false;
                 loop {
                     if read >= Self::READ_BUDGET && !self.handler.is_draining {
                         cx.waker().wake_by_ref();
                         break;
-                    }
-                    // prefill-handoff patch: no reading while the
-                    // subscriptions hold their bound in bytes; a subscriber
-                    // taking a message out wakes this task (see `held`).
-                    // Never while draining, as for the read budget.
-                    if let Some(held) = &self.handler.held {
-                        if !self.handler.is_draining && held.full(cx) {
-                            break;
-                        }
                     }
                     match self.handler.connection.poll_read_op(cx) {
                         Poll::Pending => break,
                         Poll::Ready(Ok(Some(server_op))) => {
                             if let ServerOp::Message { length, .. } = &server_op {
                                 read += *length;
-                            }
-                            if !mem::replace(&mut any, true) {
-                                self.handler.ping_interval.reset();
                             }
                             self.handler.handle_server_op(server_op);
                         }
@@ -781,8 +725,8 @@ impl ConnectionHandler {
     }
 
     fn handle_server_op(&mut self, server_op: ServerOp) {
-        // prefill-handoff patch: the ping timer is reset by the caller, once
-        // per poll (see `ProcessFut::poll`).
+        self.ping_interval.reset();
+
         match server_op {
             ServerOp::Ping => {
                 debug!("received PING");
@@ -830,11 +774,6 @@ impl ConnectionHandler {
                     // subscription from the map and unsubscribe.
                     match subscription.sender.try_send(message) {
                         Ok(_) => {
-                            // prefill-handoff patch: counted until a
-                            // subscriber takes it out (or drops it).
-                            if let Some(held) = &self.held {
-                                held.add(length);
-                            }
                             subscription.delivered += 1;
                             // if this `Subscription` has set `max` value, check if it
                             // was reached. If yes, remove the `Subscription` and in
@@ -898,43 +837,6 @@ impl ConnectionHandler {
                 // TODO: don't ignore.
             }
         }
-    }
-
-    /// One `Publish` command's work (prefill-handoff patch: a function of
-    /// its own, so that `PublishBatch` does the same for each message).
-    /// Inlined, as the `Publish` arm's code was.
-    #[inline(always)]
-    fn publish(&mut self, message: OutboundMessage) {
-        let OutboundMessage {
-            subject,
-            payload,
-            reply: respond,
-            headers,
-        } = message;
-        self.connector
-            .connect_stats
-            .out_messages
-            .add(1, Ordering::Relaxed);
-
-        let header_len = headers
-            .as_ref()
-            .map(|headers| headers.len())
-            .unwrap_or_default();
-
-        self.connector.connect_stats.out_bytes.add(
-            (payload.len()
-                + respond.as_ref().map_or_else(|| 0, |r| r.len())
-                + subject.len()
-                + header_len) as u64,
-            Ordering::Relaxed,
-        );
-
-        self.connection.enqueue_write_op(&ClientOp::Publish {
-            subject,
-            payload,
-            respond,
-            headers,
-        });
     }
 
     fn handle_command(&mut self, command: Command) {
@@ -1049,14 +951,36 @@ impl ConnectionHandler {
                 self.connection.enqueue_write_op(&pub_op);
             }
 
-            Command::Publish(message) => self.publish(message),
+            Command::Publish(OutboundMessage {
+                subject,
+                payload,
+                reply: respond,
+                headers,
+            }) => {
+                self.connector
+                    .connect_stats
+                    .out_messages
+                    .add(1, Ordering::Relaxed);
 
-            // prefill-handoff patch (for CPU): many publishes in one command
-            // (`Client::publish_batch`), written as one `Publish` each.
-            Command::PublishBatch(messages) => {
-                for message in messages {
-                    self.publish(message);
-                }
+                let header_len = headers
+                    .as_ref()
+                    .map(|headers| headers.len())
+                    .unwrap_or_default();
+
+                self.connector.connect_stats.out_bytes.add(
+                    (payload.len()
+                        + respond.as_ref().map_or_else(|| 0, |r| r.len())
+                        + subject.len()
+                        + header_len) as u64,
+                    Ordering::Relaxed,
+                );
+
+                self.connection.enqueue_write_op(&ClientOp::Publish {
+                    subject,
+                    payload,
+                    respond,
+                    headers,
+                });
             }
 
             Command::Reconnect => {
@@ -1183,12 +1107,7 @@ pub async fn connect_with_options<A: ToServerAddrs>(
     let (info_sender, info_watcher) = tokio::sync::watch::channel(info.clone());
     let (sender, mut receiver) = mpsc::channel(options.sender_capacity);
 
-    // prefill-handoff patch: the bound in bytes, shared by the connection
-    // task and every subscriber.
-    let held = options
-        .subscription_bytes
-        .map(|limit| Arc::new(held::Held::new(limit)));
-    let mut client = Client::new(
+    let client = Client::new(
         info_watcher,
         state_rx,
         sender,
@@ -1199,7 +1118,6 @@ pub async fn connect_with_options<A: ToServerAddrs>(
         statistics,
         options.skip_subject_validation,
     );
-    client.held = held.clone();
 
     task::spawn(async move {
         while let Some(event) = events_rx.recv().await {
@@ -1225,7 +1143,6 @@ pub async fn connect_with_options<A: ToServerAddrs>(
         let connection = connection.unwrap();
         let mut connection_handler =
             ConnectionHandler::new(connection, connector, info_sender, ping_period);
-        connection_handler.held = held;
         connection_handler.process(&mut receiver).await
     });
 
@@ -1399,8 +1316,6 @@ pub struct Subscriber {
     sid: u64,
     receiver: mpsc::Receiver<Message>,
     sender: mpsc::Sender<Command>,
-    // prefill-handoff patch: the connection's bytes held (see `held`).
-    held: Option<Arc<held::Held>>,
 }
 
 impl Subscriber {
@@ -1413,28 +1328,7 @@ impl Subscriber {
             sid,
             sender,
             receiver,
-            held: None,
         }
-    }
-
-    /// prefill-handoff patch: the next message, for `poll_next` and for the
-    /// JetStream consumers of this crate, which read a subscriber's buffer
-    /// themselves: a message handed out leaves the connection's bytes held
-    /// (see `held`). Read past this (`receiver.poll_recv`), messages never
-    /// left the count, and reading stopped for good once they filled it.
-    pub(crate) fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<Message>> {
-        let polled = self.receiver.poll_recv(cx);
-        if let (Poll::Ready(Some(message)), Some(held)) = (&polled, &self.held) {
-            held.release(message.length);
-        }
-        polled
-    }
-
-    /// prefill-handoff patch: a subscriber whose messages count in the
-    /// connection's bytes held until it hands them out.
-    fn with_held(mut self, held: Option<Arc<held::Held>>) -> Subscriber {
-        self.held = held;
-        self
     }
 
     /// Unsubscribes from subscription, draining all remaining messages.
@@ -1561,13 +1455,6 @@ fn drop_unsubscribe_command(sid: u64) -> Command {
 impl Drop for Subscriber {
     fn drop(&mut self) {
         self.receiver.close();
-        // prefill-handoff patch: what is left in the buffer leaves the
-        // connection's bytes held, or reading would stop for good.
-        if let Some(held) = &self.held {
-            while let Ok(message) = self.receiver.try_recv() {
-                held.release(message.length);
-            }
-        }
         // Best-effort unsubscribe. `Drop` can run outside a Tokio runtime (unwinding, teardown,
         // plain threads), so start with synchronous `try_send` and only spawn an async retry when
         // the command channel is full and a runtime is available.
@@ -1598,7 +1485,7 @@ impl Stream for Subscriber {
     type Item = Message;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        self.poll_recv(cx)
+        self.receiver.poll_recv(cx)
     }
 }
 
@@ -1990,43 +1877,7 @@ pub(crate) fn is_valid_publish_subject<T: AsRef<str>>(subject: T) -> bool {
         return false;
     }
 
-    !has_framing_byte(bytes)
-}
-
-/// prefill-handoff patch: whether `bytes` holds a byte that breaks protocol
-/// framing (space, tab, CR, LF): the one check of the three validators here
-/// (it was written out in each). The four bytes are all at or below a
-/// space, so bytes with no such byte (nearly every subject) are answered
-/// without the two searches, whose set-up cost about 200 instructions per
-/// publish for a subject of a few dozen bytes.
-fn has_framing_byte(bytes: &[u8]) -> bool {
-    has_byte_below_0x21(bytes)
-        && (memchr::memchr3(b' ', b'\r', b'\n', bytes).is_some()
-            || memchr::memchr(b'\t', bytes).is_some())
-}
-
-/// prefill-handoff patch: whether a byte of `bytes` is at or below 0x20,
-/// eight bytes a word. `(w - 0x21..) & !w & 0x80..` has a high bit set in
-/// some byte exactly when some byte of `w` is below 0x21 (a borrow only
-/// starts at such a byte, and a byte of 0x80 or more has its `!w` bit
-/// clear): exact for "any", which is all that is asked.
-fn has_byte_below_0x21(bytes: &[u8]) -> bool {
-    const ONES: u64 = 0x0101_0101_0101_0101;
-    const HIGH: u64 = 0x8080_8080_8080_8080;
-    let below = |w: u64| w.wrapping_sub(0x21 * ONES) & !w & HIGH != 0;
-    let mut chunks = bytes.chunks_exact(8);
-    for chunk in &mut chunks {
-        let mut word = [0u8; 8];
-        word.copy_from_slice(chunk);
-        if below(u64::from_le_bytes(word)) {
-            return true;
-        }
-    }
-    // The rest, padded with bytes that are not below 0x21.
-    let mut word = [0xffu8; 8];
-    let rest = chunks.remainder();
-    word[..rest.len()].copy_from_slice(rest);
-    below(u64::from_le_bytes(word))
+    memchr::memchr3(b' ', b'\r', b'\n', bytes).is_none() && memchr::memchr(b'\t', bytes).is_none()
 }
 
 /// Checks if a subject is structurally valid for subscribing.
@@ -2042,7 +1893,8 @@ pub(crate) fn is_valid_subject<T: AsRef<str>>(subject: T) -> bool {
     bytes[0] != b'.'
         && bytes[bytes.len() - 1] != b'.'
         && memchr::memmem::find(bytes, b"..").is_none()
-        && !has_framing_byte(bytes)
+        && memchr::memchr3(b' ', b'\r', b'\n', bytes).is_none()
+        && memchr::memchr(b'\t', bytes).is_none()
 }
 
 /// Checks if a queue group name is valid for the NATS protocol.
@@ -2055,7 +1907,7 @@ pub(crate) fn is_valid_queue_group(queue_group: &str) -> bool {
         return false;
     }
 
-    !has_framing_byte(bytes)
+    memchr::memchr3(b' ', b'\r', b'\n', bytes).is_none() && memchr::memchr(b'\t', bytes).is_none()
 }
 
 #[allow(unused_macros)]

@@ -57,8 +57,6 @@ pub struct ConnectOptions {
     pub(crate) tls_client_config: Option<rustls::ClientConfig>,
     pub(crate) ping_interval: Duration,
     pub(crate) subscription_capacity: usize,
-    // prefill-handoff patch: see `subscription_bytes`.
-    pub(crate) subscription_bytes: Option<usize>,
     pub(crate) sender_capacity: usize,
     pub(crate) event_callback: Option<CallbackArg1<Event, ()>>,
     pub(crate) inbox_prefix: String,
@@ -113,7 +111,6 @@ impl Default for ConnectOptions {
             ping_interval: Duration::from_secs(60),
             sender_capacity: 2048,
             subscription_capacity: 1024 * 64,
-            subscription_bytes: None,
             event_callback: None,
             inbox_prefix: "_INBOX".to_string(),
             request_timeout: Some(Duration::from_secs(10)),
@@ -649,18 +646,6 @@ impl ConnectOptions {
     /// ```
     pub fn subscription_capacity(mut self, capacity: usize) -> ConnectOptions {
         self.subscription_capacity = capacity;
-        self
-    }
-
-    /// prefill-handoff patch: bounds in bytes what all subscriptions of the
-    /// connection hold together (messages delivered to them and not yet
-    /// taken out). At the bound the connection task stops reading the
-    /// socket until the application takes messages out, so what the server
-    /// sends meanwhile waits in the server (up to its `max_pending`), not in
-    /// this process. Without it (the default), only `subscription_capacity`
-    /// bounds a subscription, as a count of messages.
-    pub fn subscription_bytes(mut self, bytes: usize) -> ConnectOptions {
-        self.subscription_bytes = Some(bytes);
         self
     }
 

@@ -264,26 +264,11 @@ impl fmt::Display for Subject {
 
 pub trait ToSubject {
     fn to_subject(&self) -> Subject;
-
-    /// prefill-handoff patch: the subject, taking `self`. The publish path
-    /// took a `Subject` given by value through `to_subject`, a clone, and
-    /// cloning a `Bytes` that holds a vector allocates (an allocation and a
-    /// free per published message).
-    fn into_subject(self) -> Subject
-    where
-        Self: Sized,
-    {
-        self.to_subject()
-    }
 }
 
 impl ToSubject for Subject {
     fn to_subject(&self) -> Subject {
         self.to_owned()
-    }
-
-    fn into_subject(self) -> Subject {
-        self
     }
 }
 
@@ -296,10 +281,6 @@ impl ToSubject for &'static str {
 impl ToSubject for String {
     fn to_subject(&self) -> Subject {
         Subject::from(self.as_str())
-    }
-
-    fn into_subject(self) -> Subject {
-        Subject::from(self)
     }
 }
 

@@ -330,13 +330,10 @@ impl Consumer<Config> {
     }
 }
 
-/// prefill-handoff patch: the status a pull consumer acts on. A message with
-/// an ack subject (`$JS.ACK.`) as its reply was stored in the stream and
-/// delivered by the consumer: its status line is whatever its publisher put
-/// in the header block (the server forwards it verbatim), never the server's
-/// own. Read as a control message, a forged `408`, `404` or `409` ended the
-/// pull and the message was never handled, on every redelivery. The server's
-/// status messages to a pull request never carry an ack subject.
+/// The status of a message a pull delivered. A stream message (its reply
+/// is an ack subject) is a message, whatever status line its publisher
+/// wrote into its stored headers; only the server's own messages to the
+/// pull's inbox, which never carry an ack subject, have a status.
 fn delivery_status(message: &crate::Message) -> StatusCode {
     match &message.reply {
         Some(reply) if reply.starts_with("$JS.ACK.") => StatusCode::OK,
@@ -407,10 +404,8 @@ impl futures_util::Stream for Batch {
                 Poll::Pending => (),
             }
         }
-        // prefill-handoff patch: through `Subscriber::poll_recv` (bytes held).
-        match self.subscriber.poll_recv(cx) {
+        match self.subscriber.receiver.poll_recv(cx) {
             Poll::Ready(maybe_message) => match maybe_message {
-                // prefill-handoff patch: `delivery_status`, not `message.status`.
                 Some(message) => match delivery_status(&message) {
                     StatusCode::TIMEOUT => {
                         debug!("received timeout. Iterator done");
@@ -1221,12 +1216,10 @@ impl futures_util::Stream for Stream {
             }
 
             trace!("polling subscriber");
-            // prefill-handoff patch: through `Subscriber::poll_recv` (bytes held).
-            match self.subscriber.poll_recv(cx) {
+            match self.subscriber.receiver.poll_recv(cx) {
                 Poll::Ready(maybe_message) => {
                     self.heartbeat_timeout = None;
                     match maybe_message {
-                        // prefill-handoff patch: `delivery_status`, not `message.status`.
                         Some(message) => match delivery_status(&message) {
                             StatusCode::TIMEOUT
                             | StatusCode::REQUEST_TERMINATED

@@ -125,8 +125,7 @@ impl futures_util::Stream for Messages {
     type Item = Result<Message, MessagesError>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut task::Context<'_>) -> Poll<Option<Self::Item>> {
-        // prefill-handoff patch: through `Subscriber::poll_recv` (bytes held).
-        while let Poll::Ready(maybe_message) = self.subscriber.poll_recv(cx) {
+        while let Poll::Ready(maybe_message) = self.subscriber.receiver.poll_recv(cx) {
             self.heartbeat_sleep = None;
             match maybe_message {
                 Some(message) => match message.status {
@@ -691,8 +690,7 @@ impl futures_util::Stream for Ordered {
             }
             // Poll for messages
             if let Some(subscriber) = self.subscriber.as_mut() {
-                // prefill-handoff patch: through `Subscriber::poll_recv` (bytes held).
-                match subscriber.poll_recv(cx) {
+                match subscriber.receiver.poll_recv(cx) {
                     Poll::Ready(None) => return Poll::Ready(None),
                     Poll::Ready(Some(message)) => {
                         self.heartbeat_sleep = None;
