@@ -5,7 +5,8 @@
 use super::cancels as listen;
 use super::{GenStream, Pipeline, Report, Runner, Stats};
 use crate::cancel::{self, Cancellations};
-use crate::config::{Config, ConfigError, Mode};
+use crate::config::{Config, Mode};
+use crate::decision::{Rules, RulesError};
 use crate::identity::Identity;
 use crate::metrics::{Metrics, Readiness};
 use crate::redelivery::Redelivery;
@@ -21,8 +22,9 @@ use std::time::Duration;
 /// Why the worker could not start consuming.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
+    /// The decision rules cannot be made (checked at load already).
     #[error(transparent)]
-    Config(#[from] ConfigError),
+    Rules(#[from] RulesError),
     /// Core NATS: the subscriptions could not be made.
     #[error(transparent)]
     Transport(#[from] TransportError),
@@ -38,10 +40,7 @@ pub enum StartError {
 
 impl From<JetStreamError> for StartError {
     fn from(e: JetStreamError) -> StartError {
-        match e {
-            JetStreamError::Config(e) => StartError::Config(e),
-            other => StartError::JetStream(other),
-        }
+        StartError::JetStream(e)
     }
 }
 
@@ -80,7 +79,7 @@ pub async fn start(
     telemetry: Option<Telemetry>,
 ) -> Result<Worker, StartError> {
     let options = super::Options::from_config(config);
-    let rules = config.rules()?;
+    let rules = Rules::from_config(config)?;
     // Listening before the first result comes: every cancel published from
     // here on is heard.
     let cancellations = Arc::new(Cancellations::new(cancel::limits(&config.cancel)));

@@ -15,10 +15,11 @@ mod wanted;
 pub use diff::{Change, Mismatch, Report, consumer_mismatches, stream_mismatches};
 pub use ttl::msg_ttl_enabled;
 pub use wanted::{
-    Wanted, cancel_stream, consumer, duplicate_window, gen_stream, prefill_stream, supports_msg_ttl,
+    Wanted, WantedError, cancel_stream, consumer, duplicate_window, gen_stream, prefill_stream,
+    supports_msg_ttl,
 };
 
-use crate::config::{Config, ConfigError};
+use crate::config::Config;
 use async_nats::jetstream::{
     self,
     consumer::{FromConsumer, pull},
@@ -30,8 +31,9 @@ use std::time::Duration;
 /// What can go wrong setting up or opening the durable mode's objects.
 #[derive(Debug, thiserror::Error)]
 pub enum JetStreamError {
+    /// The configuration asks for objects that cannot work (exit 2).
     #[error(transparent)]
-    Config(#[from] ConfigError),
+    Wanted(#[from] WantedError),
     /// A JetStream API request failed (server unreachable, permission, ...).
     #[error("JetStream: {0}")]
     Api(String),
