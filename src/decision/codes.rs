@@ -20,10 +20,14 @@ pub enum ErrorCode {
     /// The ID mint service's answer beyond its budget (`id_service.*`);
     /// the decision never gives it.
     RateLimited,
+    /// Core mode, beside the `over_budget` dead letter of a result the byte
+    /// budget refused: a notice to its client, which may retry; the
+    /// decision never gives it.
+    OverBudget,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 12] = [
+    pub const ALL: [ErrorCode; 13] = [
         ErrorCode::Malformed,
         ErrorCode::NoOutput,
         ErrorCode::PrefillFailed,
@@ -36,6 +40,7 @@ impl ErrorCode {
         ErrorCode::InvalidBootstrap,
         ErrorCode::InvalidKvTransferParams,
         ErrorCode::RateLimited,
+        ErrorCode::OverBudget,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -52,6 +57,7 @@ impl ErrorCode {
             ErrorCode::InvalidBootstrap => "invalid_bootstrap",
             ErrorCode::InvalidKvTransferParams => "invalid_kv_transfer_params",
             ErrorCode::RateLimited => "rate_limited",
+            ErrorCode::OverBudget => "over_budget",
         }
     }
 }
@@ -64,7 +70,8 @@ pub enum DeadLetterCode {
     MissingReplyTo,
     ReplyToNotAllowed,
     /// The worker held its whole byte budget (`max_in_flight_bytes`) when the
-    /// input came; the dead letter goes without the input's bytes.
+    /// input came; the dead letter carries the input's bytes, sent from the
+    /// buffer they arrived in.
     OverBudget,
 }
 
