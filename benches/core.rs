@@ -120,7 +120,7 @@ fn long_prompt_result(tokens: u64) -> Value {
 fn rules() -> Rules {
     Config::default()
         .resolve()
-        .and_then(|c| c.rules())
+        .map(|c| Rules::from_config(&c).expect("rules"))
         .expect("default rules")
 }
 

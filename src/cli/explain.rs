@@ -1,15 +1,17 @@
 //! `prefill-handoff explain`: the decision plus printing. No network.
 //!
-//! Reads one prefill result and prints what `run` would publish for it:
+//! Loads the configuration as `run` does (defaults, `--config`, `HANDOFF_*`,
+//! flags), reads one prefill result and prints what `run` would publish for
+//! it with that configuration:
 //! `{"outcome", "subject", "headers", "message", ...}`, where `message` is
 //! the published body rendered as JSON (for a dead letter: the original
 //! bytes, as JSON when they parse, else as a string).
 
-use super::UsageError;
-use crate::config::{Config, Mode};
-use crate::decision::{self, Decision, Input, Outcome};
+use super::load::LoadError;
+use super::{ConfigArgs, UsageError};
+use crate::decision::{self, Decision, Input, Outcome, Rules};
 use crate::identity::Identity;
-use crate::ids::{IdLayout, MachineId};
+use crate::ids::MachineId;
 use crate::wire::{self, Encoding};
 use anyhow::Context;
 use serde_json::{Map, Value as Json, json};
@@ -26,45 +28,24 @@ pub struct ExplainArgs {
     /// Machine ID to mint `disagg_request_id` with, in [0, 1021).
     #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     pub machine_id: i64,
-    /// ID layout: `rc21` or `rc22` (default: the configuration's, `rc22`).
-    #[arg(long, alias = "layout", value_name = "rc21|rc22")]
-    pub id_layout: Option<String>,
-    /// Namespace `{ns}` for the subject names (default `llm`).
-    #[arg(long)]
-    pub namespace: Option<String>,
-    /// Delivery mode whose rules apply: `core` (default) or `jetstream`.
-    #[arg(long, value_name = "core|jetstream")]
-    pub mode: Option<String>,
     /// The NATS message's own reply subject, as core mode would see it.
     #[arg(long, value_name = "SUBJECT")]
     pub nats_reply: Option<String>,
+    /// The configuration whose rules apply, as `run` reads it: the subjects,
+    /// the reply allowlist, the size limit, the mode and the ID layout.
+    #[command(flatten)]
+    pub config: ConfigArgs,
 }
 
 pub fn run(args: ExplainArgs) -> anyhow::Result<()> {
-    let mut config = Config::default();
-    if let Some(ns) = &args.namespace {
-        config.namespace = ns.clone();
-    }
-    if let Some(layout) = &args.id_layout {
-        config.id_layout = layout
-            .parse::<IdLayout>()
-            .map_err(|e| UsageError(format!("--id-layout: {e}")))?;
-    }
-    config.mode = match args.mode.as_deref() {
-        None | Some("core") => Mode::Core,
-        Some("jetstream") => Mode::Jetstream,
-        Some(other) => {
-            return Err(UsageError(format!(
-                "--mode: unknown mode {other:?}; expected \"core\" or \"jetstream\""
-            ))
-            .into());
-        }
-    };
     let machine_id = MachineId::new(i128::from(args.machine_id))
         .map_err(|e| UsageError(format!("--machine-id: {e}")))?;
-    let config = config.resolve()?;
-    let rules = config.rules()?;
-    let mut identity = Identity::fixed(config.id_layout, config.epoch_unix_ms()?, machine_id);
+    // Only the sections the decision uses: explain runs anywhere, also
+    // where the worker's TLS files are not.
+    let config = args.config.load()?;
+    let rules = Rules::from_config(&config).map_err(LoadError::from)?;
+    let epoch = config.epoch_unix_ms().map_err(LoadError::from)?;
+    let mut identity = Identity::fixed(config.id_layout, epoch, machine_id);
 
     let payload = read_input(args.file.as_ref(), rules.max_payload_bytes)?;
     let encoding = if args.msgpack {

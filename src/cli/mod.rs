@@ -5,13 +5,16 @@
 
 mod explain;
 mod ids;
+pub mod load;
 pub mod logging;
 mod run;
 mod setup;
 mod slots;
 mod supervise;
 
+use crate::config::{Config, ConfigError};
 use clap::{Args, Parser, Subcommand};
+use load::{JetStreamObjects, LoadError, Loaded};
 use std::path::PathBuf;
 
 /// What `prefill-handoff --help` says the program does.
@@ -35,6 +38,10 @@ pub enum Command {
     /// Create the JetStream streams and consumer (idempotent).
     Setup(ConfigArgs),
     /// Print what `run` would publish for one prefill result. No network.
+    ///
+    /// The configuration is read as `run` reads it: defaults, `--config`,
+    /// `HANDOFF_*` variables, then flags; its subjects, reply allowlist,
+    /// size limit, mode and ID layout apply.
     Explain(explain::ExplainArgs),
     /// Mint request IDs for a machine ID. No network.
     MintId(ids::MintArgs),
@@ -42,6 +49,11 @@ pub enum Command {
     DecodeId(ids::DecodeArgs),
     /// List claimed machine-ID slots and live instances from etcd.
     Slots(slots::SlotsArgs),
+    /// Print every configuration key as Markdown (docs/configuration.md).
+    ///
+    /// Key, type, default, environment variable, range and meaning, from
+    /// the key table in the code; docs/configuration.md is this output.
+    ConfigReference,
 }
 
 /// Flags that override configuration keys; every key can also be set in the
@@ -61,7 +73,7 @@ pub struct ConfigArgs {
     #[arg(long)]
     pub namespace: Option<String>,
     /// Delivery mode: `core` or `jetstream`.
-    #[arg(long)]
+    #[arg(long, value_name = "core|jetstream")]
     pub mode: Option<String>,
     /// Metrics and health HTTP address.
     #[arg(long)]
@@ -73,7 +85,7 @@ pub struct ConfigArgs {
     #[arg(long)]
     pub shutdown_timeout_secs: Option<String>,
     /// ID layout: `rc21` or `rc22`.
-    #[arg(long)]
+    #[arg(long, alias = "layout", value_name = "rc21|rc22")]
     pub id_layout: Option<String>,
     /// Any other key: `--set key=value` (repeatable), e.g. `--set subjects.gen=llm.gen.jobs`.
     #[arg(long = "set", value_name = "KEY=VALUE")]
@@ -83,14 +95,12 @@ pub struct ConfigArgs {
 impl ConfigArgs {
     /// The flags as `key=value` overrides: every `--set`, in order, then the
     /// dedicated flags (which therefore win over a `--set` of the same key).
-    pub fn overrides(&self) -> Result<Vec<(String, String)>, crate::config::ConfigError> {
+    pub fn overrides(&self) -> Result<Vec<(String, String)>, LoadError> {
         let mut out = Vec::new();
         for pair in &self.set {
-            let (key, value) = pair.split_once('=').ok_or_else(|| {
-                crate::config::ConfigError(format!(
-                    "--set {pair:?}: expected KEY=VALUE, e.g. --set subjects.gen=llm.gen.jobs"
-                ))
-            })?;
+            let (key, value) = pair
+                .split_once('=')
+                .ok_or_else(|| LoadError::SetPair { pair: pair.clone() })?;
             out.push((key.trim().to_string(), value.to_string()));
         }
         let named = [
@@ -112,9 +122,16 @@ impl ConfigArgs {
     }
 
     /// The configuration these flags select: defaults, `--config`, the
-    /// process's `HANDOFF_*` environment, then the flags.
-    pub fn load(&self) -> Result<crate::config::Config, crate::config::ConfigError> {
-        crate::config::Config::load(self.config.as_deref(), &self.overrides()?)
+    /// process's `HANDOFF_*` environment, then the flags. Only the
+    /// configuration's own checks: see [`ConfigArgs::load_checked`].
+    pub fn load(&self) -> Result<Config, LoadError> {
+        Ok(Config::load(self.config.as_deref(), &self.overrides()?)?)
+    }
+
+    /// [`ConfigArgs::load`], then every section checked by the subsystem
+    /// that owns it, with the process's `OTEL_*` variables.
+    pub fn load_checked(&self, jetstream: JetStreamObjects) -> Result<Loaded, LoadError> {
+        Loaded::check(self.load()?, jetstream, |name| std::env::var(name).ok())
     }
 }
 
@@ -140,7 +157,8 @@ pub fn exit_code(result: anyhow::Result<()>) -> i32 {
         Err(e) => {
             eprintln!("prefill-handoff: {e:#}");
             if e.downcast_ref::<UsageError>().is_some()
-                || e.downcast_ref::<crate::config::ConfigError>().is_some()
+                || e.downcast_ref::<LoadError>().is_some()
+                || e.downcast_ref::<ConfigError>().is_some()
             {
                 2
             } else {
@@ -159,5 +177,9 @@ pub fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::MintId(args) => ids::mint(args),
         Command::DecodeId(args) => ids::decode(args),
         Command::Slots(args) => slots::run(args),
+        Command::ConfigReference => {
+            print!("{}", crate::config::reference_markdown());
+            Ok(())
+        }
     }
 }

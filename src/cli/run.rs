@@ -3,6 +3,7 @@
 //! then an orderly shutdown (contract 5): drain, finish, flush, revoke, exit 0.
 
 use super::ConfigArgs;
+use super::load::{JetStreamObjects, LoadError, Loaded};
 use super::supervise::{self, Stopped};
 use crate::config::Config;
 use crate::id_service::{self, IdService};
@@ -10,7 +11,8 @@ use crate::identity::{Identity, Lease, LeaseError, Registration};
 use crate::metrics::{self, Metrics, Readiness};
 use crate::pipeline::serve::{StartError, Worker};
 use crate::pipeline::shutdown::Signals;
-use crate::telemetry::{Telemetry, TelemetryError};
+use crate::setup::JetStreamError;
+use crate::telemetry::Telemetry;
 use anyhow::Context;
 use std::future::Future;
 use std::sync::Arc;
@@ -19,12 +21,10 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 
 pub fn run(args: ConfigArgs) -> anyhow::Result<()> {
-    let config = args.load()?;
-    // Checked before anything touches the network: a bad allowlist is a
-    // config error (exit 2), not a runtime one.
-    config.rules()?;
-    let id_service = IdService::from_config(&config)?;
-    super::logging::init(&config.log_format);
+    // Every section is checked before anything touches the network: a bad
+    // value is a config error (exit 2), not a runtime one.
+    let loaded = args.load_checked(JetStreamObjects::WhenJetStreamMode)?;
+    super::logging::init(&loaded.config.log_format);
     super::supervise::exit_on_panic();
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     builder.enable_all().thread_name("handoff");
@@ -36,7 +36,7 @@ pub fn run(args: ConfigArgs) -> anyhow::Result<()> {
     // `pool_threads`.
     let result = runtime.block_on(async {
         tokio::spawn(give_back_freed_memory());
-        tokio::spawn(serve(config, id_service))
+        tokio::spawn(serve(loaded))
             .await
             .unwrap_or_else(|e| Err(anyhow::Error::new(e).context("the worker's task failed")))
     });
@@ -80,42 +80,24 @@ async fn give_back_freed_memory() {
     }
 }
 
-async fn serve(config: Config, id_service: IdService) -> anyhow::Result<()> {
+async fn serve(loaded: Loaded) -> anyhow::Result<()> {
+    let Loaded {
+        config,
+        otel,
+        id_service,
+        ..
+    } = loaded;
     let mut signals = Signals::install().context("cannot install the SIGTERM/SIGINT handlers")?;
     let metrics = Metrics::new();
-    let telemetry = match Telemetry::from_config(&config.otel, &metrics) {
-        Ok(telemetry) => telemetry,
-        // A standard OTEL_* variable that cannot be used, like a bad key: exit 2.
-        Err(TelemetryError::Settings(e)) => {
-            return Err(crate::config::ConfigError(e.to_string()).into());
-        }
-        Err(e) => return Err(e.into()),
-    };
-    let registration = Registration {
-        subjects: config.own_subjects(),
-    };
+    let telemetry = otel
+        .map(|settings| Telemetry::start(settings, &metrics))
+        .transpose()?;
     // Startup waits on etcd and NATS; a signal meanwhile stops it cleanly.
-    let Some(lease) = until_signal(&mut signals, Lease::start(&config, registration)).await else {
+    let Some(lease) = until_signal(&mut signals, hold_identity(&config)).await else {
         return Ok(());
     };
-    let lease = match lease {
-        Ok(lease) => lease,
-        // A bad lease_ttl_secs or id_epoch is a config error: exit 2.
-        Err(LeaseError::Config(e)) => return Err(e.into()),
-        // etcd unreachable, or all 1021 slots taken: exit 1.
-        Err(e) => {
-            return Err(
-                anyhow::Error::new(e).context("cannot obtain an etcd lease and machine-ID slot")
-            );
-        }
-    };
+    let lease = lease?;
     let identity = lease.identity();
-    let state = identity.state();
-    tracing::info!(
-        instance_id = %crate::wire::messages::instance_id(state.lease_id.unwrap_or(0)),
-        machine_id = state.machine_id.map(|m| m.get()),
-        "identity held"
-    );
     metrics.watch_identity(identity.watch());
     if let Some(telemetry) = &telemetry {
         telemetry.watch_identity(identity.watch());
@@ -151,6 +133,55 @@ async fn serve(config: Config, id_service: IdService) -> anyhow::Result<()> {
         max_in_flight = config.max_in_flight,
         "consuming prefill results"
     );
+    let result = consume(started, signals, &readiness).await;
+    if let Some(telemetry) = &telemetry {
+        // Bounded: a dead collector delays the exit by one export timeout.
+        tracing::info!("shutdown: exporting the spans still queued");
+        telemetry
+            .shutdown(telemetry.settings().export_timeout)
+            .await;
+    }
+    tracing::info!("shutdown: revoking the etcd lease (frees the machine-ID slot)");
+    lease.shutdown().await;
+    let _ = stop_http.send(());
+    tracing::info!("shutdown complete");
+    result
+}
+
+/// The etcd lease and machine-ID slot. A bad `id_epoch` or unusable etcd TLS
+/// files are config errors (exit 2); etcd unreachable or all 1021 slots
+/// taken, exit 1.
+async fn hold_identity(config: &Config) -> anyhow::Result<Lease> {
+    let registration = Registration {
+        subjects: config.own_subjects(),
+    };
+    let lease = match Lease::start(config, registration).await {
+        Ok(lease) => lease,
+        Err(LeaseError::Config(e)) => return Err(LoadError::from(e).into()),
+        Err(LeaseError::Security(e)) => return Err(LoadError::from(e).into()),
+        Err(e) => {
+            return Err(
+                anyhow::Error::new(e).context("cannot obtain an etcd lease and machine-ID slot")
+            );
+        }
+    };
+    let state = lease.identity().state();
+    tracing::info!(
+        instance_id = %crate::wire::messages::instance_id(state.lease_id.unwrap_or(0)),
+        machine_id = state.machine_id.map(|m| m.get()),
+        "identity held"
+    );
+    Ok(lease)
+}
+
+/// Runs the worker until a signal asks it to stop, its NATS client can
+/// never work again, or it stops taking input on its own; then stops the
+/// ID service.
+async fn consume(
+    started: Started,
+    mut signals: Signals,
+    readiness: &Readiness,
+) -> anyhow::Result<()> {
     let draining = readiness.clone();
     let requested = Arc::new(AtomicBool::new(false));
     let asked = requested.clone();
@@ -185,33 +216,19 @@ async fn serve(config: Config, id_service: IdService) -> anyhow::Result<()> {
             flushed = report.flushed,
             "worker loop stopped"
         );
-        Ok::<(), anyhow::Error>(())
     };
     // Supervision (supervise.rs): a worker whose NATS client can never work
     // again, or that stopped taking input on its own, must not exit 0 or stay
     // up idle: not ready at once, then out with an error.
     let result = tokio::select! {
-        result = work => match result {
-            Ok(()) if !requested.load(Ordering::Relaxed) => {
-                Err(stopped(&readiness, Stopped::InputEnded))
-            }
-            result => result,
+        () = work => match requested.load(Ordering::Relaxed) {
+            true => Ok(()),
+            false => Err(stopped(readiness, Stopped::InputEnded)),
         },
-        () = closed.wait() => Err(stopped(&readiness, Stopped::ConnectionEnded)),
+        () = closed.wait() => Err(stopped(readiness, Stopped::ConnectionEnded)),
     };
     id_service.abort();
     signal_task.abort();
-    if let Some(telemetry) = &telemetry {
-        // Bounded: a dead collector delays the exit by one export timeout.
-        tracing::info!("shutdown: exporting the spans still queued");
-        telemetry
-            .shutdown(telemetry.settings().export_timeout)
-            .await;
-    }
-    tracing::info!("shutdown: revoking the etcd lease (frees the machine-ID slot)");
-    lease.shutdown().await;
-    let _ = stop_http.send(());
-    tracing::info!("shutdown complete");
     result
 }
 
@@ -224,10 +241,13 @@ fn stopped(readiness: &Readiness, why: Stopped) -> anyhow::Error {
     why.into()
 }
 
-/// A start failure: a config error exits 2, anything else 1.
+/// A start failure: a config error exits 2, anything else 1. (Both config
+/// errors are checked at load; these arms keep the exit code right should
+/// one get here.)
 fn start_error(e: StartError) -> anyhow::Error {
     match e {
-        StartError::Config(e) => e.into(),
+        StartError::Rules(e) => LoadError::from(e).into(),
+        StartError::JetStream(JetStreamError::Wanted(e)) => LoadError::from(e).into(),
         other => anyhow::Error::new(other),
     }
 }

@@ -3,13 +3,15 @@
 //! object: created, unchanged, or updated (with the old and new values).
 
 use super::ConfigArgs;
+use super::load::{JetStreamObjects, LoadError};
 use crate::config::Config;
 use crate::connect::auth_options;
 use crate::setup::{self, JetStreamError};
 use std::time::Duration;
 
 pub fn run(args: ConfigArgs) -> anyhow::Result<()> {
-    let config = args.load()?;
+    // The JetStream objects are checked here, before connecting.
+    let config = args.load_checked(JetStreamObjects::Always)?.config;
     super::logging::init(&config.log_format);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -19,7 +21,7 @@ pub fn run(args: ConfigArgs) -> anyhow::Result<()> {
         let js = async_nats::jetstream::new(client.clone());
         let report = setup::ensure(&js, &config).await.map_err(|e| match e {
             // Exit code 2: the configuration asks for something impossible.
-            JetStreamError::Config(e) => anyhow::Error::new(e),
+            JetStreamError::Wanted(e) => LoadError::from(e).into(),
             other => anyhow::Error::new(other),
         })?;
         let _ = client.flush().await;

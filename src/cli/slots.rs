@@ -14,7 +14,10 @@ pub struct SlotsArgs {
 }
 
 pub fn run(args: SlotsArgs) -> anyhow::Result<()> {
-    let config = args.config.load()?;
+    let config = args
+        .config
+        .load_checked(super::load::JetStreamObjects::WhenJetStreamMode)?
+        .config;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;

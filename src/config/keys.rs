@@ -7,101 +7,19 @@
 use super::ConfigError;
 use toml::Value;
 
-/// What a key accepts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kind {
-    Str,
-    /// An optional string; the empty string means unset.
-    OptStr,
-    /// An optional string that is never shown in messages.
-    Secret,
-    /// A non-negative integer.
-    UInt,
-    Int,
-    /// A finite number (an integer is taken as a number too).
-    Float,
-    Bool,
-    /// A list of strings; from the environment or a flag, comma-separated.
-    List,
-    /// One of the listed words (matched ignoring case, stored in lower case).
-    Enum(&'static [&'static str]),
-}
+use super::table::{KEYS, Key, Kind};
 
-/// Every key, in the order of `config/handoff.toml`.
-pub(crate) const KEYS: &[(&str, Kind)] = &[
-    ("nats.url", Kind::Str),
-    ("nats.user", Kind::OptStr),
-    ("nats.password", Kind::Secret),
-    ("nats.token", Kind::Secret),
-    ("nats.credentials_file", Kind::OptStr),
-    ("nats.name", Kind::Str),
-    ("nats.subscription_capacity", Kind::UInt),
-    ("nats.connect_timeout_secs", Kind::UInt),
-    ("nats.nkey_seed_file", Kind::OptStr),
-    ("nats.tls.ca_file", Kind::OptStr),
-    ("nats.tls.cert_file", Kind::OptStr),
-    ("nats.tls.key_file", Kind::OptStr),
-    ("nats.tls.required", Kind::Bool),
-    ("nats.tls.first", Kind::Bool),
-    ("etcd.endpoints", Kind::Str),
-    ("etcd.user", Kind::OptStr),
-    ("etcd.password", Kind::Secret),
-    ("etcd.connect_timeout_ms", Kind::UInt),
-    ("etcd.request_timeout_ms", Kind::UInt),
-    ("etcd.tls.ca_file", Kind::OptStr),
-    ("etcd.tls.cert_file", Kind::OptStr),
-    ("etcd.tls.key_file", Kind::OptStr),
-    ("mode", Kind::Enum(&["core", "jetstream"])),
-    ("metrics_addr", Kind::Str),
-    ("shutdown_timeout_secs", Kind::UInt),
-    ("namespace", Kind::Str),
-    ("subjects.prefill_results", Kind::Str),
-    ("subjects.gen", Kind::Str),
-    ("subjects.dead_letter", Kind::Str),
-    ("subjects.ids", Kind::Str),
-    ("queue_group", Kind::Str),
-    ("jetstream.prefill_stream", Kind::Str),
-    ("jetstream.gen_stream", Kind::Str),
-    ("jetstream.consumer", Kind::Str),
-    ("jetstream.create", Kind::Bool),
-    ("jetstream.gen_is_stream", Kind::Bool),
-    ("jetstream.ack_wait_secs", Kind::UInt),
-    ("jetstream.max_deliver", Kind::Int),
-    ("jetstream.max_ack_pending", Kind::Int),
-    ("jetstream.nak_delay_ms", Kind::UInt),
-    ("jetstream.duplicate_window_secs", Kind::UInt),
-    ("jetstream.max_age_secs", Kind::UInt),
-    ("jetstream.max_bytes", Kind::Int),
-    ("jetstream.storage", Kind::Enum(&["file", "memory"])),
-    ("jetstream.batch", Kind::UInt),
-    ("jetstream.replicas", Kind::UInt),
-    ("id_service.ids_per_sec", Kind::UInt),
-    ("id_service.max_count", Kind::UInt),
-    ("allowed_reply_subjects", Kind::List),
-    ("lease_ttl_secs", Kind::UInt),
-    ("id_layout", Kind::Enum(&["rc21", "rc22"])),
-    ("id_epoch", Kind::Str),
-    ("max_payload_bytes", Kind::UInt),
-    ("max_in_flight", Kind::UInt),
-    ("max_in_flight_bytes", Kind::UInt),
-    ("log_format", Kind::Enum(&["text", "json"])),
-    ("otel.endpoint", Kind::OptStr),
-    ("otel.protocol", Kind::OptStr),
-    ("otel.sampling_ratio", Kind::Float),
-    ("otel.queue_spans", Kind::UInt),
-    ("otel.export_timeout_ms", Kind::UInt),
-];
-
-/// The known key and its kind.
-pub(crate) fn lookup(key: &str) -> Option<(&'static str, Kind)> {
-    KEYS.iter().copied().find(|(k, _)| *k == key)
+/// The known key.
+pub(crate) fn lookup(key: &str) -> Option<&'static Key> {
+    KEYS.iter().find(|k| k.name == key)
 }
 
 /// The tables of the file (`nats`, `nats.tls`, `etcd`, `etcd.tls`,
 /// `subjects`, `jetstream`): every proper dotted prefix of a key.
 pub(crate) fn is_section(name: &str) -> bool {
-    KEYS.iter().any(|(k, _)| {
-        k.strip_prefix(name)
+    KEYS.iter().any(|k| {
+        k.name
+            .strip_prefix(name)
             .is_some_and(|rest| rest.starts_with('.'))
     })
 }
@@ -123,7 +41,7 @@ pub(crate) fn unknown(key: &str, how: impl Fn(&str) -> String) -> String {
 
 fn nearest(key: &str) -> Option<&'static str> {
     KEYS.iter()
-        .map(|(k, _)| (strsim::levenshtein(key, k), *k))
+        .map(|k| (strsim::levenshtein(key, k.name), k.name))
         .filter(|(d, k)| {
             let close = *d <= (k.len().max(key.len()) / 3).max(2);
             let prefix = key.len() >= 4 && (k.starts_with(key) || key.starts_with(k));
@@ -133,8 +51,8 @@ fn nearest(key: &str) -> Option<&'static str> {
         .map(|(_, k)| k)
 }
 
-/// The kind's expectation, for messages.
-fn expected(kind: Kind) -> String {
+/// The kind's expectation, for messages and the reference.
+pub(crate) fn expected(kind: Kind) -> String {
     match kind {
         Kind::Str => "a string".into(),
         Kind::OptStr | Kind::Secret => "a string (empty means unset)".into(),
@@ -156,7 +74,7 @@ fn bad(key: &str, kind: Kind, shown: &str, origin: &str) -> ConfigError {
     } else {
         shown
     };
-    ConfigError(format!(
+    ConfigError::new(format!(
         "{key}{origin}: expected {}, got {shown}",
         expected(kind)
     ))
@@ -309,7 +227,7 @@ mod tests {
         }
         let mut found = Vec::new();
         walk("", root, &mut found);
-        let mut known: Vec<String> = KEYS.iter().map(|(k, _)| k.to_string()).collect();
+        let mut known: Vec<String> = KEYS.iter().map(|k| k.name.to_string()).collect();
         found.sort();
         known.sort();
         assert_eq!(found, known);

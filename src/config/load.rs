@@ -6,6 +6,7 @@
 //! whichever layer it came from, and the message can say where that was.
 
 use super::keys;
+use super::table::Key;
 use super::{Config, ConfigError};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -41,7 +42,7 @@ pub(super) fn process_env() -> Result<Vec<(String, String)>, ConfigError> {
         match (name.into_string(), value.into_string()) {
             (Ok(name), Ok(value)) => out.push((name, value)),
             _ => {
-                return Err(ConfigError(format!(
+                return Err(ConfigError::new(format!(
                     "environment variable {shown}: not valid UTF-8"
                 )));
             }
@@ -70,7 +71,7 @@ impl Layers {
     fn apply_file(&mut self, path: &Path) -> Result<(), ConfigError> {
         let shown = path.display();
         let text = std::fs::read_to_string(path)
-            .map_err(|e| ConfigError(format!("config file {shown}: cannot read it: {e}")))?;
+            .map_err(|e| ConfigError::new(format!("config file {shown}: cannot read it: {e}")))?;
         let table: Table = toml::from_str(&text).map_err(|e| {
             // The parser's own rendering quotes the offending line, which may
             // hold a password: give the position and the reason only.
@@ -84,7 +85,7 @@ impl Layers {
                 let column = before.len() - line_start + 1;
                 format!(", line {line}, column {column}")
             });
-            ConfigError(format!(
+            ConfigError::new(format!(
                 "config file {shown}{at}: not valid TOML: {}",
                 e.message().trim_end()
             ))
@@ -109,17 +110,19 @@ impl Layers {
                 format!("{prefix}.{name}")
             };
             match (keys::lookup(&key), value) {
-                (Some((k, kind)), value) => self.set(k, keys::from_toml(k, kind, value, origin)?),
+                (Some(k), value) => {
+                    self.set(k.name, keys::from_toml(k.name, k.kind, value, origin)?);
+                }
                 (None, Value::Table(inner)) if keys::is_section(&key) => {
                     self.apply_table(&key, inner, shown, origin)?;
                 }
                 (None, _) if keys::is_section(&key) => {
-                    return Err(ConfigError(format!(
+                    return Err(ConfigError::new(format!(
                         "{key}{origin}: expected a table of keys (`[{key}]`), got a single value"
                     )));
                 }
                 (None, _) => {
-                    return Err(ConfigError(format!(
+                    return Err(ConfigError::new(format!(
                         "config file {shown}: {}",
                         keys::unknown(&key, |k| format!("`{k}`"))
                     )));
@@ -138,15 +141,15 @@ impl Layers {
             return Ok(());
         }
         let key = rest.to_lowercase().replace("__", ".");
-        let Some((k, kind)) = keys::lookup(&key) else {
-            return Err(ConfigError(format!(
+        let Some(&Key { name: k, kind, .. }) = keys::lookup(&key) else {
+            return Err(ConfigError::new(format!(
                 "environment variable {name}: {}",
                 keys::unknown(&key, keys::env_name)
             )));
         };
         let canonical = keys::env_name(k);
         if name != canonical {
-            return Err(ConfigError(format!(
+            return Err(ConfigError::new(format!(
                 "environment variable {name}: configuration variables are upper case with \"__\" for the dot; use {canonical} for `{k}`"
             )));
         }
@@ -156,8 +159,8 @@ impl Layers {
     }
 
     fn apply_flag(&mut self, key: &str, value: &str) -> Result<(), ConfigError> {
-        let (k, kind) = keys::lookup(key).ok_or_else(|| {
-            ConfigError(format!(
+        let &Key { name: k, kind, .. } = keys::lookup(key).ok_or_else(|| {
+            ConfigError::new(format!(
                 "--set {key}: {}",
                 keys::unknown(key, |k| format!("`{k}`"))
             ))
@@ -180,7 +183,7 @@ impl Layers {
         // fails if the key table and the struct disagree (a test guards that).
         Value::Table(root)
             .try_into::<Config>()
-            .map_err(|e| ConfigError(format!("configuration: {}", e.message().trim_end())))
+            .map_err(|e| ConfigError::new(format!("configuration: {}", e.message().trim_end())))
     }
 }
 

@@ -45,7 +45,7 @@ pub struct NatsServers {
 }
 
 fn err(why: String) -> ConfigError {
-    ConfigError(format!("nats.url: {why}"))
+    ConfigError::new(format!("nats.url: {why}"))
 }
 
 /// Parses a comma-separated `nats.url`. Errors name `nats.url` and never show

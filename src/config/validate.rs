@@ -1,43 +1,95 @@
-//! The checks that types alone cannot make. Each error names its key, says
-//! what was wrong and what is expected, and never shows a secret.
+//! The checks that types alone cannot make: each key's range (from the key
+//! table), the syntax of names, subjects and addresses, and the rules that
+//! tie keys together. What a section means to the subsystem it configures
+//! (TLS files, the OTLP exporter, the JetStream objects) is checked by that
+//! subsystem's `from_config`. Each error names its key, says what was wrong
+//! and what is expected, and never shows a secret.
 
 use super::redact::redact_urls;
+use super::subject::{is_literal, is_pattern, is_token, matches};
+use super::table::{KEYS, Key, Kind, Range};
 use super::{Config, ConfigError, epoch};
-use crate::decision::reply::matches;
+use serde_json::Value as Json;
 use std::net::SocketAddr;
 
 fn err(key: &str, message: impl std::fmt::Display) -> ConfigError {
-    ConfigError(format!("{key}: {message}"))
+    ConfigError::new(format!("{key}: {message}"))
 }
 
 /// Checks a resolved configuration (namespace-derived names filled in).
 pub(super) fn check(c: &Config) -> Result<(), ConfigError> {
+    ranges(c)?;
     namespace(&c.namespace)?;
     subjects(c)?;
     names(c)?;
     addresses(c)?;
     auth(c)?;
-    secure_transport(c)?;
-    limits(c)?;
-    jetstream(c)?;
-    id_epoch(c)?;
-    otel(c)?;
-    for (key, value, allowed) in [
-        ("log_format", c.log_format.as_str(), &["text", "json"]),
-        (
-            "jetstream.storage",
-            c.jetstream.storage.as_str(),
-            &["file", "memory"],
-        ),
-    ] {
-        if !allowed.contains(&value) {
-            return Err(err(
-                key,
-                format!("{value:?} is not one of \"{}\"", allowed.join("\", \"")),
-            ));
+    in_flight_bytes(c)?;
+    duplicate_window(c)?;
+    id_epoch(c)
+}
+
+/// Every key's value against its kind's words and its range in the table.
+/// The struct is read through its serialized form, so a key is found by its
+/// dotted name, as the table names it.
+fn ranges(c: &Config) -> Result<(), ConfigError> {
+    let root =
+        serde_json::to_value(c).map_err(|e| ConfigError::new(format!("configuration: {e}")))?;
+    for key in KEYS {
+        let value = key.name.split('.').try_fold(&root, |v, part| v.get(part));
+        if let Some(value) = value {
+            in_range(key, value)?;
         }
     }
     Ok(())
+}
+
+fn in_range(key: &Key, value: &Json) -> Result<(), ConfigError> {
+    let because = |text: String| match key.why {
+        "" => text,
+        why => format!("{text}: {why}"),
+    };
+    if let (Kind::Enum(words), Some(word)) = (key.kind, value.as_str())
+        && !words.contains(&word)
+    {
+        return Err(err(
+            key.name,
+            format!("{word:?} is not one of \"{}\"", words.join("\", \"")),
+        ));
+    }
+    match key.range {
+        Range::Any => Ok(()),
+        Range::AtLeast(min) => match value.as_u64() {
+            Some(n) if n < min => Err(err(
+                key.name,
+                because(format!("{n} is too small; expected at least {min}")),
+            )),
+            _ => Ok(()),
+        },
+        Range::Between(min, max) => match value.as_u64() {
+            Some(n) if !(min..=max).contains(&n) => Err(err(
+                key.name,
+                because(format!("{n} is out of range; expected {min} to {max}")),
+            )),
+            _ => Ok(()),
+        },
+        Range::MinusOneOrPositive => match value.as_i64() {
+            Some(n) if n == 0 || n < -1 => Err(err(
+                key.name,
+                because(format!(
+                    "{n} is not allowed; expected -1 (unlimited) or a positive integer"
+                )),
+            )),
+            _ => Ok(()),
+        },
+        Range::Fraction => match value.as_f64() {
+            Some(f) if !(0.0..=1.0).contains(&f) => Err(err(
+                key.name,
+                because(format!("{f} is not a share; expected a number from 0 to 1")),
+            )),
+            _ => Ok(()),
+        },
+    }
 }
 
 fn namespace(ns: &str) -> Result<(), ConfigError> {
@@ -57,25 +109,6 @@ fn namespace(ns: &str) -> Result<(), ConfigError> {
             ),
         ))
     }
-}
-
-/// A token of a NATS subject: non-empty, no whitespace or control characters.
-fn is_token(t: &str) -> bool {
-    !t.is_empty() && t.bytes().all(|b| b > b' ' && b != 0x7f)
-}
-
-/// A subject one can subscribe to: `*` for one token, a final `>` for the rest.
-fn is_pattern(s: &str) -> bool {
-    let tokens: Vec<&str> = s.split('.').collect();
-    tokens
-        .iter()
-        .enumerate()
-        .all(|(i, t)| is_token(t) && (*t != ">" || i + 1 == tokens.len()))
-}
-
-/// A subject one can publish to: a pattern without wildcards.
-fn is_literal(s: &str) -> bool {
-    is_pattern(s) && s.split('.').all(|t| t != "*" && t != ">")
 }
 
 fn subjects(c: &Config) -> Result<(), ConfigError> {
@@ -254,14 +287,6 @@ fn auth(c: &Config) -> Result<(), ConfigError> {
             ),
         ));
     }
-    if let Some(path) = &n.credentials_file
-        && !path.is_file()
-    {
-        return Err(err(
-            "nats.credentials_file",
-            format!("{} is not a readable file", path.display()),
-        ));
-    }
     match (&c.etcd.user, &c.etcd.password) {
         (Some(_), None) => Err(err(
             "etcd.password",
@@ -275,146 +300,6 @@ fn auth(c: &Config) -> Result<(), ConfigError> {
     }
 }
 
-/// TLS files and the NKey seed: read and parsed now, so a file that cannot
-/// work stops the program before it touches the network.
-fn secure_transport(c: &Config) -> Result<(), ConfigError> {
-    use crate::security::{TlsFiles, nkey, pem::Material};
-    let fail = |e: crate::security::SecurityError| ConfigError(e.to_string());
-    if let Some(path) = &c.nats.nkey_seed_file {
-        nkey::read_seed(path).map_err(fail)?;
-    }
-    Material::load(TlsFiles::nats(&c.nats)).map_err(fail)?;
-    Material::load(TlsFiles::etcd(&c.etcd)).map_err(fail)?;
-    if c.nats.tls.first && c.nats.url.split(',').any(|u| u.trim().starts_with("ws")) {
-        return Err(err(
-            "nats.tls.first",
-            "applies to nats:// and tls:// URLs only; a websocket URL negotiates TLS itself",
-        ));
-    }
-    // etcd-client refuses TLS options with an http:// endpoint, and a
-    // certificate sent over plaintext would be pointless.
-    let etcd = &c.etcd;
-    let plain: Vec<&str> = etcd
-        .endpoints
-        .split(',')
-        .map(str::trim)
-        .filter(|e| e.to_ascii_lowercase().starts_with("http://"))
-        .collect();
-    if etcd.tls_enabled()
-        && let Some(first) = plain.first()
-    {
-        return Err(err(
-            "etcd.endpoints",
-            format!(
-                "{:?} is http:// while etcd TLS is in use (an https:// endpoint or an etcd.tls.* file); use https:// for every endpoint",
-                redact_urls(first)
-            ),
-        ));
-    }
-    Ok(())
-}
-
-fn limits(c: &Config) -> Result<(), ConfigError> {
-    if c.lease_ttl_secs < 2 {
-        return Err(err(
-            "lease_ttl_secs",
-            format!(
-                "{} is too short; expected at least 2: the lease is renewed every TTL/3, and etcd \
-                 itself never grants less than about 2 s (it would silently extend a shorter lease, \
-                 and the worker would fence its slot while etcd still holds it)",
-                c.lease_ttl_secs
-            ),
-        ));
-    }
-    let at_least = [
-        (
-            "shutdown_timeout_secs",
-            c.shutdown_timeout_secs,
-            1,
-            "0 would abandon in-flight results without an output",
-        ),
-        (
-            "max_payload_bytes",
-            c.max_payload_bytes as u64,
-            1024,
-            "a prefill result with its frames and handoff parameters needs at least 1 KiB",
-        ),
-        (
-            "max_in_flight",
-            c.max_in_flight as u64,
-            1,
-            "at least one result must be processed at a time",
-        ),
-        (
-            "nats.subscription_capacity",
-            c.nats.subscription_capacity as u64,
-            1,
-            "the client needs room for at least one message",
-        ),
-        (
-            "nats.connect_timeout_secs",
-            c.nats.connect_timeout_secs,
-            1,
-            "0 would give up on NATS before trying",
-        ),
-        (
-            "etcd.connect_timeout_ms",
-            c.etcd.connect_timeout_ms,
-            1,
-            "0 would never wait for etcd",
-        ),
-        (
-            "id_service.ids_per_sec",
-            c.id_service.ids_per_sec,
-            1,
-            "0 would refuse every ID request",
-        ),
-        (
-            "id_service.max_count",
-            c.id_service.max_count,
-            1,
-            "a request asks for at least one ID",
-        ),
-        (
-            "etcd.request_timeout_ms",
-            c.etcd.request_timeout_ms,
-            1,
-            "0 would never wait for etcd",
-        ),
-    ];
-    for (key, value, min, why) in at_least {
-        if value < min {
-            return Err(err(
-                key,
-                format!("{value} is too small; expected at least {min}: {why}"),
-            ));
-        }
-    }
-    let at_most = [
-        (
-            "id_service.max_count",
-            c.id_service.max_count,
-            crate::id_service::MAX_COUNT,
-            "the contract's largest request",
-        ),
-        (
-            "id_service.ids_per_sec",
-            c.id_service.ids_per_sec,
-            MAX_ID_SERVICE_RATE,
-            "half of what a slot mints in rc22 (1,024 IDs per millisecond), so decode jobs always keep the other half",
-        ),
-    ];
-    for (key, value, max, why) in at_most {
-        if value > max {
-            return Err(err(
-                key,
-                format!("{value} is too large; expected at most {max}: {why}"),
-            ));
-        }
-    }
-    in_flight_bytes(c)
-}
-
 fn in_flight_bytes(c: &Config) -> Result<(), ConfigError> {
     let bytes = c.max_in_flight_bytes;
     if bytes < c.max_payload_bytes {
@@ -426,62 +311,14 @@ fn in_flight_bytes(c: &Config) -> Result<(), ConfigError> {
             ),
         ));
     }
-    if bytes > u32::MAX as usize {
-        return Err(err(
-            "max_in_flight_bytes",
-            format!(
-                "{bytes} is too large; expected at most {} (4 GiB - 1)",
-                u32::MAX
-            ),
-        ));
-    }
     Ok(())
 }
 
-/// The ID service's largest budget: half a slot's rc22 rate (rc21 mints four
-/// times as many per millisecond, so half of rc22 is an eighth there).
-const MAX_ID_SERVICE_RATE: u64 = 512_000;
-
-fn jetstream(c: &Config) -> Result<(), ConfigError> {
+/// NATS refuses a duplicate window longer than the stream's max age. (The
+/// window `setup` actually uses can be longer still: `crate::setup` checks
+/// that one.)
+fn duplicate_window(c: &Config) -> Result<(), ConfigError> {
     let js = &c.jetstream;
-    let at_least = [
-        ("jetstream.ack_wait_secs", js.ack_wait_secs, 1),
-        (
-            "jetstream.duplicate_window_secs",
-            js.duplicate_window_secs,
-            1,
-        ),
-        ("jetstream.batch", js.batch as u64, 1),
-    ];
-    for (key, value, min) in at_least {
-        if value < min {
-            return Err(err(
-                key,
-                format!("{value} is too small; expected at least {min}"),
-            ));
-        }
-    }
-    for (key, value) in [
-        ("jetstream.max_deliver", js.max_deliver),
-        ("jetstream.max_ack_pending", js.max_ack_pending),
-        ("jetstream.max_bytes", js.max_bytes),
-    ] {
-        if value == 0 || value < -1 {
-            return Err(err(
-                key,
-                format!("{value} is not allowed; expected -1 (unlimited) or a positive integer"),
-            ));
-        }
-    }
-    if !(1..=5).contains(&js.replicas) {
-        return Err(err(
-            "jetstream.replicas",
-            format!(
-                "{} is not allowed; expected 1 to 5 (NATS keeps at most 5 replicas of a stream; 3 survives the loss of one server)",
-                js.replicas
-            ),
-        ));
-    }
     if js.max_age_secs > 0 && js.duplicate_window_secs > js.max_age_secs {
         return Err(err(
             "jetstream.duplicate_window_secs",
@@ -504,54 +341,6 @@ fn id_epoch(c: &Config) -> Result<(), ConfigError> {
                 c.id_epoch
             ),
         ));
-    }
-    Ok(())
-}
-
-/// `otel.*`: a URL the exporter can use, a known protocol, a ratio, bounds.
-fn otel(c: &Config) -> Result<(), ConfigError> {
-    let o = &c.otel;
-    if let Some(endpoint) = &o.endpoint
-        && !crate::telemetry::is_collector_url(endpoint)
-    {
-        return Err(err(
-            "otel.endpoint",
-            format!(
-                "{:?} is not a collector URL; expected http://host:port \
-                     (e.g. http://127.0.0.1:4317 for OTLP/gRPC, http://127.0.0.1:4318 for OTLP/HTTP; \
-                     TLS to the collector is not supported: use a collector agent on the node)",
-                redact_urls(endpoint)
-            ),
-        ));
-    }
-    if let Some(protocol) = &o.protocol
-        && crate::telemetry::Protocol::parse(protocol).is_none()
-    {
-        return Err(err(
-            "otel.protocol",
-            format!("{protocol:?} is not one of \"grpc\", \"http\" (\"http/protobuf\")"),
-        ));
-    }
-    if !(0.0..=1.0).contains(&o.sampling_ratio) {
-        return Err(err(
-            "otel.sampling_ratio",
-            format!(
-                "{} is not a share; expected a number from 0 (no new traces) to 1 (all)",
-                o.sampling_ratio
-            ),
-        ));
-    }
-    if !(1..=1_000_000).contains(&o.queue_spans) {
-        return Err(err(
-            "otel.queue_spans",
-            format!(
-                "{} is out of range; expected 1 to 1000000 (each waiting span holds about 1 KiB)",
-                o.queue_spans
-            ),
-        ));
-    }
-    if o.export_timeout_ms == 0 {
-        return Err(err("otel.export_timeout_ms", "expected at least 1"));
     }
     Ok(())
 }

@@ -12,6 +12,7 @@ mod headers;
 mod known;
 pub mod reply;
 mod request;
+mod rules;
 mod trace;
 
 pub use crate::wire::messages::{Backend, InstanceId};
@@ -24,6 +25,7 @@ pub use headers::{
 };
 pub use reply::{Refusal, ReplyPolicy};
 pub use request::MAX_REQUEST_ID_BYTES;
+pub use rules::RulesError;
 pub use trace::{
     MAX_TRACESTATE_BYTES, TRACEPARENT, TRACEPARENT_LEN, TRACESTATE, TraceHeader, TraceHeaders,
     trace_headers,

@@ -174,7 +174,7 @@ impl ReplyPolicy {
     /// wildcards allowed.
     pub fn new(allowed: &[String], own: &[String]) -> Result<ReplyPolicy, BadPattern> {
         for p in allowed.iter().chain(own) {
-            if !is_valid_pattern(p) {
+            if !crate::config::subject::is_pattern(p) {
                 return Err(BadPattern(p.clone()));
             }
         }
@@ -312,27 +312,9 @@ fn bytes_below(w: u64, n: u8) -> u64 {
     !(at_least | w) & !LOW7
 }
 
-fn is_valid_pattern(p: &str) -> bool {
-    let tokens: Vec<&str> = p.split('.').collect();
-    !p.is_empty()
-        && tokens.iter().enumerate().all(|(i, t)| {
-            !t.is_empty()
-                && t.bytes().all(|b| b > b' ' && b != 0x7f)
-                && (*t != ">" || i == tokens.len() - 1)
-        })
-}
-
-/// NATS subject matching: `*` matches one token, a final `>` one or more.
-/// The policy's own matcher ([`Pattern`]), for callers off the hot path
-/// (configuration checks).
-pub fn matches(pattern: &str, subject: &str) -> bool {
-    let subject: Vec<&[u8]> = tokens(subject.as_bytes()).collect();
-    matches_split(&Pattern::new(pattern), &subject)
-}
-
 /// [`Pattern::matches`] for any subject, split into tokens first (empty
-/// ones too): the matcher for configuration checks, and the reference the
-/// policy's own is tested against.
+/// ones too): the reference the policy's own matcher is tested against.
+#[cfg(test)]
 fn matches_split(pattern: &Pattern, subject: &[&[u8]]) -> bool {
     let mut rest = subject;
     for token in &pattern.tokens {
@@ -374,6 +356,7 @@ fn tokens(bytes: &[u8]) -> impl Iterator<Item = &[u8]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::subject::matches;
 
     fn policy() -> ReplyPolicy {
         let allowed = ["_INBOX.>".to_string(), "llm.replies.>".to_string()];

@@ -2,8 +2,8 @@
 //! subject, so each request is answered by exactly one worker of the fleet.
 
 use super::{Budget, IdRequestResult, answer, unreadable_headers};
-use crate::config::{Config, ConfigError};
-use crate::decision::ReplyPolicy;
+use crate::config::Config;
+use crate::decision::{ReplyPolicy, Rules};
 use crate::identity::Identity;
 use crate::metrics::Metrics;
 use crate::wire::Encoding;
@@ -30,14 +30,17 @@ pub struct IdService {
 }
 
 impl IdService {
-    pub fn from_config(config: &Config) -> Result<IdService, ConfigError> {
-        Ok(IdService {
+    /// The service `config` sets up; replies are checked as `rules` check a
+    /// result's. The budget's ranges are the key table's (`id_service.*`),
+    /// checked when the configuration was loaded.
+    pub fn from_config(config: &Config, rules: &Rules) -> IdService {
+        IdService {
             subject: config.subjects.ids.clone(),
             queue_group: config.queue_group.clone(),
-            reply_policy: config.rules()?.reply_policy,
+            reply_policy: rules.reply_policy.clone(),
             ids_per_sec: config.id_service.ids_per_sec,
             max_count: config.id_service.max_count,
-        })
+        }
     }
 }
 

@@ -345,3 +345,11 @@ fn a_request_whose_header_block_could_not_be_parsed_is_malformed() {
         "the request's NATS header block could not be parsed: value of header X-Evil: invalid character"
     );
 }
+
+/// The configuration's bound on `id_service.max_count` is the contract's
+/// largest request, which the service enforces on every request.
+#[test]
+fn the_configured_max_count_is_bounded_by_the_contract() {
+    let key = crate::config::Config::key("id_service.max_count").map(|k| k.range);
+    assert_eq!(key, Some(crate::config::Range::Between(1, MAX_COUNT)));
+}

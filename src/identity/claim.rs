@@ -9,7 +9,7 @@ use super::floor;
 use super::keepalive::{Beat, KeepAlive};
 use super::registry::probe_order;
 use super::{Identity, Reservation};
-use crate::config::{ConfigError, redact_urls};
+use crate::config::redact_urls;
 use crate::ids::MachineId;
 use crate::wire::messages::instance_id;
 use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp};
@@ -62,17 +62,9 @@ pub(super) async fn connect(settings: &Settings) -> Result<Client, LeaseError> {
         .with_timeout(settings.request_timeout())
         .with_keep_alive(Duration::from_secs(10), settings.request_timeout())
         .with_keep_alive_while_idle(true);
-    match (&settings.etcd.user, &settings.etcd.password) {
-        (Some(user), Some(password)) => {
-            options = options.with_user(user.clone(), password.clone());
-        }
-        (None, None) => {}
-        _ => {
-            return Err(ConfigError(
-                "etcd.user and etcd.password: set both to authenticate to etcd, or neither".into(),
-            )
-            .into());
-        }
+    // Set together or not at all: the configuration refuses one alone.
+    if let (Some(user), Some(password)) = (&settings.etcd.user, &settings.etcd.password) {
+        options = options.with_user(user.clone(), password.clone());
     }
     if settings.etcd.tls_enabled() {
         options = etcd_tls(options, settings, &endpoints).await?;
@@ -105,10 +97,8 @@ async fn etcd_tls(
 ) -> Result<ConnectOptions, LeaseError> {
     use crate::security::{Section, TlsFiles, pem::Material, probe};
     let etcd = &settings.etcd;
-    let material = Material::load(TlsFiles::etcd(etcd)).map_err(|e| ConfigError(e.to_string()))?;
-    let config = material
-        .client_config()
-        .map_err(|e| ConfigError(e.to_string()))?;
+    let material = Material::load(TlsFiles::etcd(etcd))?;
+    let config = material.client_config()?;
     let sent_cert = etcd.tls.cert_file.is_some();
     let mut refused = None;
     for endpoint in endpoints {

@@ -5,7 +5,7 @@
 
 use super::registry::{InstanceRecord, Keys};
 use crate::config::{ConfigError, EtcdConfig, redact_urls};
-use crate::security::{Section, reason};
+use crate::security::{Section, SecurityError, reason};
 use std::future::Future;
 use std::time::{Duration, Instant};
 use tracing::debug;
@@ -21,6 +21,9 @@ pub enum LeaseError {
     SlotsExhausted { prefix: String },
     #[error(transparent)]
     Config(#[from] ConfigError),
+    /// The etcd TLS files cannot be used (`etcd.tls.*`).
+    #[error(transparent)]
+    Security(#[from] SecurityError),
 }
 
 /// Everything a claim needs that does not change between recoveries.

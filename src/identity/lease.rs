@@ -10,7 +10,7 @@ use super::etcd::{LeaseError, Settings};
 use super::floor;
 use super::registry::{InstanceRecord, Keys, rfc3339};
 use super::session::{self, Ended};
-use crate::config::{Config, ConfigError};
+use crate::config::Config;
 use crate::wire::messages::instance_id;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -55,18 +55,12 @@ impl Lease {
     /// Grants a lease, claims a slot, registers the instance and starts the
     /// keepalive and recovery task.
     pub async fn start(config: &Config, registration: Registration) -> Result<Lease, LeaseError> {
-        if config.lease_ttl_secs == 0 || config.lease_ttl_secs > i64::MAX as u64 {
-            return Err(ConfigError(format!(
-                "lease_ttl_secs: {} is not a usable lease TTL; expected a positive number of seconds",
-                config.lease_ttl_secs
-            ))
-            .into());
-        }
         let identity = Identity::new(config.id_layout, config.epoch_unix_ms()?);
         let settings = Settings {
             etcd: config.etcd.clone(),
             keys: Keys::new(&config.namespace),
-            ttl_secs: config.lease_ttl_secs as i64,
+            // The key table bounds it far below i64::MAX (etcd's longest lease).
+            ttl_secs: i64::try_from(config.lease_ttl_secs).unwrap_or(i64::MAX),
             record: InstanceRecord {
                 host: hostname(),
                 pid: std::process::id(),

@@ -3,7 +3,8 @@
 //! that tells the two modes apart by name.
 
 use super::{GenStream, Pipeline, Report, Runner, Stats};
-use crate::config::{Config, ConfigError, Mode};
+use crate::config::{Config, Mode};
+use crate::decision::{Rules, RulesError};
 use crate::identity::Identity;
 use crate::metrics::{Metrics, Readiness};
 use crate::redelivery::Redelivery;
@@ -19,8 +20,9 @@ use std::time::Duration;
 /// Why the worker could not start consuming.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
+    /// The decision rules cannot be made (checked at load already).
     #[error(transparent)]
-    Config(#[from] ConfigError),
+    Rules(#[from] RulesError),
     /// Core NATS: the subscriptions could not be made.
     #[error(transparent)]
     Transport(#[from] TransportError),
@@ -32,10 +34,7 @@ pub enum StartError {
 
 impl From<JetStreamError> for StartError {
     fn from(e: JetStreamError) -> StartError {
-        match e {
-            JetStreamError::Config(e) => StartError::Config(e),
-            other => StartError::JetStream(other),
-        }
+        StartError::JetStream(e)
     }
 }
 
@@ -71,7 +70,7 @@ pub async fn start(
     telemetry: Option<Telemetry>,
 ) -> Result<Worker, StartError> {
     let options = super::Options::from_config(config);
-    let rules = config.rules()?;
+    let rules = Rules::from_config(config)?;
     // The at-most-once pipeline; durable mode sets its redelivery and GEN.
     let pipeline = |sink| Pipeline {
         rules: rules.clone(),

@@ -1,8 +1,9 @@
 //! Secure transport material: TLS files for NATS and etcd, and the NATS
 //! NKey seed.
 //!
-//! Every file is read and parsed when the configuration is checked, before
-//! anything touches the network, and again (the same code) when a
+//! Every file is read and parsed when the configuration is loaded
+//! ([`TlsSettings::from_config`]), before anything touches the network, and
+//! again (the same code) when a
 //! connection is built, so a file that cannot work is a config error (exit 2)
 //! naming its key and path. Certificates, keys and seeds are never logged and
 //! never quoted in an error: messages name the file, not its content.
@@ -11,6 +12,7 @@
 //!   [`pem::Material`], and from it the rustls config for NATS and the
 //!   tonic TLS options for etcd.
 //! - [`nkey`]: the NKey user seed file.
+//! - `settings.rs`: [`TlsSettings::from_config`], all of it checked at load.
 //! - [`probe`]: one handshake on its own, when a client library hides why
 //!   the server refused it.
 //! - [`reason`]: a failed TLS handshake as one line that says why (unknown
@@ -20,18 +22,24 @@ pub mod nkey;
 pub mod pem;
 pub mod probe;
 pub mod reason;
+mod settings;
+
+pub use settings::TlsSettings;
 
 use std::path::Path;
 
 /// Why a TLS file or seed file cannot be used. Each message names the
-/// configuration key and the file, never the file's content.
+/// configuration key and the file, never the file's content; the reason
+/// from the file system or rustls is the error's source (shown after it by
+/// `{:#}`).
 #[derive(Debug, thiserror::Error)]
 pub enum SecurityError {
-    #[error("{key}: cannot read {path}: {reason}")]
+    #[error("{key}: cannot read {path}")]
     Unreadable {
         key: &'static str,
         path: String,
-        reason: String,
+        #[source]
+        source: std::io::Error,
     },
     #[error("{key}: {path} is not PEM: expected {expected}")]
     NotPem {
@@ -39,11 +47,14 @@ pub enum SecurityError {
         path: String,
         expected: &'static str,
     },
-    #[error("{key}: {path} holds a certificate that cannot be used: {reason}")]
+    #[error("{key}: {path} holds a certificate that cannot be used")]
     BadCertificate {
         key: &'static str,
         path: String,
-        reason: String,
+        /// Boxed: rustls' error is large, and this one travels in every
+        /// `Result` of loading and connecting.
+        #[source]
+        source: Box<rustls::Error>,
     },
     #[error(
         "{missing}: not set, but {set} is; a client certificate needs its key and the key its certificate"
@@ -53,17 +64,37 @@ pub enum SecurityError {
         set: &'static str,
     },
     #[error(
-        "{key_key}: the key in {key_path} does not belong to the certificate in {cert_path} ({cert_key}): {reason}"
+        "{key_key}: the key in {key_path} does not belong to the certificate in {cert_path} ({cert_key})"
     )]
     KeyMismatch {
         cert_key: &'static str,
         key_key: &'static str,
         cert_path: String,
         key_path: String,
-        reason: String,
+        /// Boxed: rustls' error is large, and this one travels in every
+        /// `Result` of loading and connecting.
+        #[source]
+        source: Box<rustls::Error>,
     },
+    #[error("nats.credentials_file: {path} is not a readable file")]
+    CredentialsFile { path: String },
+    #[error("nats.nkey_seed_file: {path} cannot be read")]
+    NkeyUnreadable {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// `reason` is ours: the nkeys parser's own error could quote the seed.
     #[error("nats.nkey_seed_file: {path} {reason}")]
-    NkeySeed { path: String, reason: String },
+    NkeySeed { path: String, reason: &'static str },
+    #[error(
+        "nats.tls.first: applies to nats:// and tls:// URLs only; a websocket URL negotiates TLS itself"
+    )]
+    FirstOverWebsocket,
+    #[error(
+        "etcd.endpoints: {endpoint:?} is http:// while etcd TLS is in use (an https:// endpoint or an etcd.tls.* file); use https:// for every endpoint"
+    )]
+    PlainEtcdEndpoint { endpoint: String },
     #[error(
         "no system root certificates were found to check the {what} server's certificate; set {key} to the CA that signs it"
     )]

@@ -6,12 +6,14 @@ use std::path::Path;
 /// The seed in `path`, checked to be an NKey user seed. Never logged; errors
 /// name the file only.
 pub fn read_seed(path: &Path) -> Result<String, SecurityError> {
-    let fail = |reason: &str| SecurityError::NkeySeed {
+    let fail = |reason: &'static str| SecurityError::NkeySeed {
         path: path.display().to_string(),
-        reason: reason.to_string(),
+        reason,
     };
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| fail(&format!("cannot be read: {}", e.kind())))?;
+    let text = std::fs::read_to_string(path).map_err(|source| SecurityError::NkeyUnreadable {
+        path: path.display().to_string(),
+        source,
+    })?;
     let seed = text.trim();
     let pair = nkeys::KeyPair::from_seed(seed)
         .map_err(|_| fail("does not hold an NKey seed; expected one line starting with SU (nsc or `nk -gen user` make one)"))?;

@@ -41,10 +41,10 @@ pub fn provider() -> Arc<CryptoProvider> {
 }
 
 fn read(key: &'static str, path: &Path) -> Result<Vec<u8>, SecurityError> {
-    std::fs::read(path).map_err(|e| SecurityError::Unreadable {
+    std::fs::read(path).map_err(|source| SecurityError::Unreadable {
         key,
         path: path.display().to_string(),
-        reason: e.kind().to_string(),
+        source,
     })
 }
 
@@ -91,10 +91,10 @@ impl Material {
                 for cert in &ca.parsed {
                     store
                         .add(cert.clone())
-                        .map_err(|e| SecurityError::BadCertificate {
+                        .map_err(|source| SecurityError::BadCertificate {
                             key: section.ca_key(),
                             path: path.display().to_string(),
-                            reason: e.to_string(),
+                            source: Box::new(source),
                         })?;
                 }
                 Some(ca)
@@ -158,12 +158,12 @@ impl Material {
     /// The config over `roots`; fails when the key does not belong to the
     /// client certificate (or is of a kind rustls cannot sign with).
     fn config_with(&self, roots: RootCertStore) -> Result<ClientConfig, SecurityError> {
-        let mismatch = |e: rustls::Error| SecurityError::KeyMismatch {
+        let mismatch = |source: rustls::Error| SecurityError::KeyMismatch {
             cert_key: self.section.cert_key(),
             key_key: self.section.key_key(),
             cert_path: self.cert_path.clone(),
             key_path: self.key_path.clone(),
-            reason: e.to_string(),
+            source: Box::new(source),
         };
         let builder = ClientConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()

@@ -12,9 +12,9 @@ mod diff;
 mod wanted;
 
 pub use diff::{Change, Mismatch, Report, consumer_mismatches, stream_mismatches};
-pub use wanted::{Wanted, consumer, duplicate_window, gen_stream, prefill_stream};
+pub use wanted::{Wanted, WantedError, consumer, duplicate_window, gen_stream, prefill_stream};
 
-use crate::config::{Config, ConfigError};
+use crate::config::Config;
 use async_nats::jetstream::{
     self,
     consumer::{FromConsumer, pull},
@@ -26,8 +26,9 @@ use std::time::Duration;
 /// What can go wrong setting up or opening the durable mode's objects.
 #[derive(Debug, thiserror::Error)]
 pub enum JetStreamError {
+    /// The configuration asks for objects that cannot work (exit 2).
     #[error(transparent)]
-    Config(#[from] ConfigError),
+    Wanted(#[from] WantedError),
     /// A JetStream API request failed (server unreachable, permission, ...).
     #[error("JetStream: {0}")]
     Api(String),

@@ -2,8 +2,13 @@
 //! pure functions of the [`Config`]. Only fields nats-server 2.9 understands
 //! are used (async-nats is built without its `server_2_10` features): one
 //! consumer, no `filter_subjects`.
+//!
+//! The names, ranges and storage words are the configuration's checks; what
+//! is refused here is what only the JetStream objects make impossible (the
+//! duplicate window the redelivery settings need). [`Wanted::from_config`]
+//! runs at load, so `run` and `setup` refuse it before any network contact.
 
-use crate::config::{Config, ConfigError};
+use crate::config::Config;
 use crate::redelivery::Redelivery;
 use async_nats::jetstream::{
     consumer::{AckPolicy, DeliverPolicy, pull},
@@ -19,59 +24,55 @@ pub struct Wanted {
     pub consumer: pull::Config,
 }
 
+/// The JetStream objects the configuration asks for cannot be made.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WantedError {
+    #[error(
+        "jetstream.max_deliver: -1 (unlimited) lets a decode job be redelivered after any time, longer than the GEN stream's duplicate window, which would then store it twice; set a delivery limit (20 covers 18 minutes at ack_wait_secs = 30), or set jetstream.gen_is_stream = false"
+    )]
+    UnlimitedRedelivery,
+    #[error(
+        "jetstream.duplicate_window_secs: the GEN stream needs a window of {window_secs} s (the longer of duplicate_window_secs, {configured_secs}, and the redelivery span, {span_secs} s: ack_wait_secs × max_deliver plus the nak delays), longer than jetstream.max_age_secs ({max_age_secs}); the server refuses a duplicate window longer than the stream's max age. Raise max_age_secs, or lower ack_wait_secs or max_deliver"
+    )]
+    WindowBeyondMaxAge {
+        window_secs: u64,
+        configured_secs: u64,
+        span_secs: u64,
+        max_age_secs: u64,
+    },
+}
+
 impl Wanted {
-    /// What the configuration asks for. Fails on values the server would refuse.
-    pub fn from_config(config: &Config) -> Result<Wanted, ConfigError> {
+    /// What a resolved configuration asks for. Fails on settings the
+    /// server would refuse or that would store a decode job twice.
+    pub fn from_config(config: &Config) -> Result<Wanted, WantedError> {
         Ok(Wanted {
-            prefill: prefill_stream(config)?,
+            prefill: prefill_stream(config),
             gen_jobs: gen_stream(config)?,
-            consumer: consumer(config)?,
+            consumer: consumer(config),
         })
     }
 }
 
-fn storage(config: &Config) -> Result<StorageType, ConfigError> {
+/// `jetstream.storage`, one of the two words the key table allows.
+fn storage(config: &Config) -> StorageType {
     match config.jetstream.storage.as_str() {
-        "file" => Ok(StorageType::File),
-        "memory" => Ok(StorageType::Memory),
-        other => Err(ConfigError(format!(
-            "jetstream.storage: {other:?} is not a storage type; expected \"file\" or \"memory\""
-        ))),
+        "memory" => StorageType::Memory,
+        _ => StorageType::File,
     }
-}
-
-fn check_name(key: &str, name: &str) -> Result<(), ConfigError> {
-    let bad = name.is_empty()
-        || name
-            .chars()
-            .any(|c| matches!(c, '.' | '*' | '>' | '/' | '\\') || c.is_whitespace());
-    if bad {
-        return Err(ConfigError(format!(
-            "{key}: {name:?} is not a JetStream name; use letters, digits, '-' and '_' (no dots, wildcards or spaces)"
-        )));
-    }
-    Ok(())
 }
 
 /// The work queue over the prefill subjects. Discard policy `new`: when the
 /// limits are reached, publishers get an error instead of the stream silently
 /// dropping results no worker has processed yet.
-pub fn prefill_stream(config: &Config) -> Result<stream::Config, ConfigError> {
+pub fn prefill_stream(config: &Config) -> stream::Config {
     let js = &config.jetstream;
-    check_name("jetstream.prefill_stream", &js.prefill_stream)?;
-    let subjects = config.prefill_subjects();
-    if subjects.is_empty() {
-        return Err(ConfigError(
-            "subjects.prefill_results: no subject given; the prefill stream needs at least one"
-                .into(),
-        ));
-    }
-    Ok(stream::Config {
+    stream::Config {
         name: js.prefill_stream.clone(),
-        subjects,
+        subjects: config.prefill_subjects(),
         retention: RetentionPolicy::WorkQueue,
         discard: DiscardPolicy::New,
-        storage: storage(config)?,
+        storage: storage(config),
         max_age: Duration::from_secs(js.max_age_secs),
         max_bytes: js.max_bytes,
         max_messages: -1,
@@ -79,22 +80,21 @@ pub fn prefill_stream(config: &Config) -> Result<stream::Config, ConfigError> {
         max_consumers: -1,
         num_replicas: js.replicas,
         ..Default::default()
-    })
+    }
 }
 
 /// The GEN stream: decode jobs, deduplicated by `Nats-Msg-Id` within the
 /// duplicate window. Retention `limits` (decode fleets bring their own
 /// consumers); discard `old` once the limits are reached.
-pub fn gen_stream(config: &Config) -> Result<stream::Config, ConfigError> {
+pub fn gen_stream(config: &Config) -> Result<stream::Config, WantedError> {
     let js = &config.jetstream;
-    check_name("jetstream.gen_stream", &js.gen_stream)?;
     let window = duplicate_window(config)?;
     Ok(stream::Config {
         name: js.gen_stream.clone(),
         subjects: vec![config.subjects.gen_jobs.clone()],
         retention: RetentionPolicy::Limits,
         discard: DiscardPolicy::Old,
-        storage: storage(config)?,
+        storage: storage(config),
         max_age: Duration::from_secs(js.max_age_secs),
         max_bytes: js.max_bytes,
         max_messages: -1,
@@ -115,13 +115,8 @@ pub fn gen_stream(config: &Config) -> Result<stream::Config, ConfigError> {
 /// the window covers every redelivery the consumer's settings allow
 /// ([`Redelivery::span`]), and an unbounded `max_deliver` is refused while
 /// decode jobs go into the stream.
-pub fn duplicate_window(config: &Config) -> Result<Duration, ConfigError> {
+pub fn duplicate_window(config: &Config) -> Result<Duration, WantedError> {
     let js = &config.jetstream;
-    if js.duplicate_window_secs == 0 {
-        return Err(ConfigError(
-            "jetstream.duplicate_window_secs: 0 disables duplicate detection; the GEN stream needs a window of at least 1 s so redelivered decode jobs are dropped".into(),
-        ));
-    }
     let redelivery = Redelivery {
         nak_delay: Duration::from_millis(js.nak_delay_ms),
         max_deliver: js.max_deliver,
@@ -131,18 +126,17 @@ pub fn duplicate_window(config: &Config) -> Result<Duration, ConfigError> {
             // Decode jobs do not go into the stream: nothing to deduplicate.
             return Ok(Duration::from_secs(js.duplicate_window_secs));
         }
-        return Err(ConfigError(format!(
-            "jetstream.max_deliver: {} (unlimited) lets a decode job be redelivered after any time, longer than the GEN stream's duplicate window, which would then store it twice; set a delivery limit (20 covers 18 minutes at ack_wait_secs = 30)",
-            js.max_deliver
-        )));
+        return Err(WantedError::UnlimitedRedelivery);
     };
     let span_secs = span.as_secs() + u64::from(span.subsec_nanos() > 0);
     let window_secs = js.duplicate_window_secs.max(span_secs);
     if js.max_age_secs != 0 && window_secs > js.max_age_secs {
-        return Err(ConfigError(format!(
-            "jetstream.duplicate_window_secs: the GEN stream needs a window of {window_secs} s (the longer of duplicate_window_secs, {}, and the redelivery span, {span_secs} s: ack_wait_secs × max_deliver plus the nak delays), longer than jetstream.max_age_secs ({}); the server refuses a duplicate window longer than the stream's max age. Raise max_age_secs, or lower ack_wait_secs or max_deliver",
-            js.duplicate_window_secs, js.max_age_secs
-        )));
+        return Err(WantedError::WindowBeyondMaxAge {
+            window_secs,
+            configured_secs: js.duplicate_window_secs,
+            span_secs,
+            max_age_secs: js.max_age_secs,
+        });
     }
     Ok(Duration::from_secs(window_secs))
 }
@@ -150,21 +144,9 @@ pub fn duplicate_window(config: &Config) -> Result<Duration, ConfigError> {
 /// The durable pull consumer all workers share: explicit ack, deliver all,
 /// `ack_wait`, `max_deliver` and `max_ack_pending` from the configuration. No filter subject:
 /// it is the only consumer the work queue allows over its subjects.
-pub fn consumer(config: &Config) -> Result<pull::Config, ConfigError> {
+pub fn consumer(config: &Config) -> pull::Config {
     let js = &config.jetstream;
-    check_name("jetstream.consumer", &js.consumer)?;
-    if js.ack_wait_secs == 0 {
-        return Err(ConfigError(
-            "jetstream.ack_wait_secs: must be at least 1; it is how long a worker may hold a message before it is redelivered".into(),
-        ));
-    }
-    if js.max_deliver == 0 || js.max_deliver < -1 {
-        return Err(ConfigError(format!(
-            "jetstream.max_deliver: {} is not allowed; use -1 (unlimited) or a positive count",
-            js.max_deliver
-        )));
-    }
-    Ok(pull::Config {
+    pull::Config {
         durable_name: Some(js.consumer.clone()),
         description: Some("prefill-handoff workers".into()),
         deliver_policy: DeliverPolicy::All,
@@ -173,7 +155,7 @@ pub fn consumer(config: &Config) -> Result<pull::Config, ConfigError> {
         max_deliver: js.max_deliver,
         max_ack_pending: js.max_ack_pending,
         ..Default::default()
-    })
+    }
 }
 
 #[cfg(test)]
@@ -221,18 +203,12 @@ mod tests {
         );
     }
 
+    /// What only the JetStream objects make impossible; every other value
+    /// is the configuration's to refuse (tests/offline/config).
     #[test]
     fn bad_values_name_their_key() {
         type Edit = fn(&mut Config);
         let rows: &[(Edit, &str)] = &[
-            (|c| c.jetstream.storage = "disk".into(), "jetstream.storage"),
-            (|c| c.jetstream.ack_wait_secs = 0, "jetstream.ack_wait_secs"),
-            (|c| c.jetstream.max_deliver = 0, "jetstream.max_deliver"),
-            (|c| c.jetstream.max_deliver = -5, "jetstream.max_deliver"),
-            (
-                |c| c.jetstream.duplicate_window_secs = 0,
-                "jetstream.duplicate_window_secs",
-            ),
             (
                 |c| c.jetstream.max_age_secs = 60,
                 "jetstream.duplicate_window_secs",
@@ -243,24 +219,17 @@ mod tests {
                 "jetstream.duplicate_window_secs",
             ),
             (|c| c.jetstream.max_deliver = -1, "jetstream.max_deliver"),
-            (
-                |c| c.jetstream.consumer = "a.b".into(),
-                "jetstream.consumer",
-            ),
-            (
-                |c| c.jetstream.prefill_stream = "X*".into(),
-                "jetstream.prefill_stream",
-            ),
-            (
-                |c| c.jetstream.gen_stream = "G EN".into(),
-                "jetstream.gen_stream",
-            ),
         ];
         for (edit, key) in rows {
             let mut config = base();
             edit(&mut config);
-            let err = Wanted::from_config(&config).expect_err(key);
-            assert!(err.0.starts_with(key), "{key}: {}", err.0);
+            let err = Wanted::from_config(&config).expect_err(key).to_string();
+            assert!(err.starts_with(key), "{key}: {err}");
         }
+        // Unlimited redelivery is fine while decode jobs stay out of the stream.
+        let mut config = base();
+        config.jetstream.max_deliver = -1;
+        config.jetstream.gen_is_stream = false;
+        assert!(Wanted::from_config(&config).is_ok());
     }
 }

@@ -21,10 +21,9 @@ mod settings;
 pub mod span;
 
 pub use identity::{IdentityEvent, IdentityEvents};
-pub use settings::{Protocol, Settings, SettingsError, is_collector_url};
+pub use settings::{Protocol, Settings, SettingsError};
 pub use span::{Arrival, ResultSpan};
 
-use crate::config::OtelConfig;
 use crate::decision::TraceHeaders;
 use crate::identity::IdentityState;
 use crate::metrics::Metrics;
@@ -45,9 +44,6 @@ pub const SERVICE_NAME: &str = "prefill-handoff";
 /// Tracing could not be started.
 #[derive(Debug, thiserror::Error)]
 pub enum TelemetryError {
-    /// A standard `OTEL_*` variable cannot be used: exit 2, like a bad key.
-    #[error(transparent)]
-    Settings(#[from] SettingsError),
     /// The OTLP exporter refused its configuration.
     #[error("cannot build the OTLP exporter for {endpoint}: {source}")]
     Exporter {
@@ -76,20 +72,9 @@ struct Inner {
 }
 
 impl Telemetry {
-    /// Tracing as `config` and the process environment say: `None` when no
-    /// endpoint is set. Call inside the tokio runtime (the export task runs
-    /// on it).
-    pub fn from_config(
-        config: &OtelConfig,
-        metrics: &Metrics,
-    ) -> Result<Option<Telemetry>, TelemetryError> {
-        let Some(settings) = Settings::resolve(config, |name| std::env::var(name).ok())? else {
-            return Ok(None);
-        };
-        Telemetry::start(settings, metrics).map(Some)
-    }
-
-    /// Starts the exporter and its task for `settings`.
+    /// Starts the exporter and its task for `settings`
+    /// ([`Settings::from_config`]). Call inside the tokio runtime (the
+    /// export task runs on it).
     pub fn start(settings: Settings, metrics: &Metrics) -> Result<Telemetry, TelemetryError> {
         use opentelemetry_otlp::WithExportConfig as _;
         let build = match settings.protocol {

@@ -1,8 +1,11 @@
 //! Where spans go: `otel.*` and the standard `OTEL_*` environment, resolved
-//! once at start. Pure (the environment is passed in), so the precedence is
-//! tested without touching the process's environment.
+//! once at load ([`Settings::from_config`]). Pure (the environment is passed
+//! in), so the precedence is tested without touching the process's
+//! environment. The ranges of `otel.*` are the key table's; what the
+//! endpoint and the protocol mean is checked here, for the key and the
+//! standard variables alike.
 
-use crate::config::OtelConfig;
+use crate::config::{OtelConfig, redact_urls};
 use std::time::Duration;
 
 /// The standard variables read when `otel.endpoint` / `otel.protocol` are
@@ -44,7 +47,7 @@ impl Protocol {
     }
 }
 
-/// Everything the exporter needs; `None` from [`Settings::resolve`] means
+/// Everything the exporter needs; `None` from [`Settings::from_config`] means
 /// tracing is off.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Settings {
@@ -56,17 +59,19 @@ pub struct Settings {
     pub export_timeout: Duration,
 }
 
-/// A standard variable that cannot be used. Exit 2, like a bad key.
+/// A key or standard variable that cannot be used (`name` is either).
+/// Exit 2, like any configuration error.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum SettingsError {
     #[error(
-        "{name}={value:?}: not a protocol this worker exports with; expected \"grpc\" or \"http/protobuf\" (or set otel.protocol)"
+        "{name}: {value:?} is not one of \"grpc\", \"http\" (\"http/protobuf\"), the protocols this worker exports with"
     )]
     Protocol { name: &'static str, value: String },
+    /// `shown`: the URL with any credentials hidden.
     #[error(
-        "{name}: not a collector URL; expected http://host:port (TLS to the collector is not supported: use a collector agent on the node), or set otel.endpoint"
+        "{name}: {shown:?} is not a collector URL; expected http://host:port (e.g. http://127.0.0.1:4317 for OTLP/gRPC, http://127.0.0.1:4318 for OTLP/HTTP; TLS to the collector is not supported: use a collector agent on the node)"
     )]
-    Endpoint { name: &'static str },
+    Endpoint { name: &'static str, shown: String },
 }
 
 impl Settings {
@@ -74,27 +79,32 @@ impl Settings {
     /// collector, as in every OpenTelemetry SDK: the signal-specific one used
     /// as it is, the generic one with `/v1/traces` added for HTTP. With no
     /// endpoint anywhere, or `OTEL_SDK_DISABLED=true`, tracing is off.
-    pub fn resolve(
+    ///
+    /// The key's values are checked even when tracing ends up off, so a bad
+    /// key is refused whatever the environment says.
+    pub fn from_config(
         config: &OtelConfig,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<Option<Settings>, SettingsError> {
         let var = |name: &str| env(name).filter(|v| !v.trim().is_empty());
+        let chosen = match &config.protocol {
+            Some(value) => Some(("otel.protocol", value.clone())),
+            None => [ENV_TRACES_PROTOCOL, ENV_PROTOCOL]
+                .into_iter()
+                .find_map(|name| var(name).map(|v| (name, v))),
+        };
+        let protocol = match chosen {
+            Some((name, value)) => {
+                Protocol::parse(&value).ok_or(SettingsError::Protocol { name, value })?
+            }
+            None => Protocol::Grpc,
+        };
+        if let Some(endpoint) = &config.endpoint {
+            collector_url("otel.endpoint", endpoint)?;
+        }
         if var(ENV_SDK_DISABLED).is_some_and(|v| v.trim().eq_ignore_ascii_case("true")) {
             return Ok(None);
         }
-        let protocol = match &config.protocol {
-            // Checked by the configuration already.
-            Some(p) => Protocol::parse(p).unwrap_or(Protocol::Grpc),
-            None => match [ENV_TRACES_PROTOCOL, ENV_PROTOCOL]
-                .into_iter()
-                .find_map(|name| var(name).map(|v| (name, v)))
-            {
-                Some((name, value)) => {
-                    Protocol::parse(&value).ok_or(SettingsError::Protocol { name, value })?
-                }
-                None => Protocol::Grpc,
-            },
-        };
         // (the URL, whether it is the generic kind that gets the HTTP path)
         let (endpoint, generic, name) = match &config.endpoint {
             Some(e) => (e.clone(), true, "otel.endpoint"),
@@ -105,9 +115,7 @@ impl Settings {
             },
         };
         let endpoint = endpoint.trim().to_string();
-        if !is_collector_url(&endpoint) {
-            return Err(SettingsError::Endpoint { name });
-        }
+        collector_url(name, &endpoint)?;
         let endpoint = match protocol {
             Protocol::Http if generic => with_traces_path(&endpoint),
             _ => endpoint,
@@ -116,8 +124,8 @@ impl Settings {
             endpoint,
             protocol,
             sampling_ratio: config.sampling_ratio,
-            queue_spans: config.queue_spans.max(1),
-            export_timeout: Duration::from_millis(config.export_timeout_ms.max(1)),
+            queue_spans: config.queue_spans,
+            export_timeout: Duration::from_millis(config.export_timeout_ms),
         }))
     }
 }
@@ -125,11 +133,19 @@ impl Settings {
 /// `http://host[:port][/path]`. Not `https://`: the exporter is built
 /// without TLS (the usual deployment sends to a collector agent on the
 /// node), and a URL it cannot use is better refused at start.
-pub fn is_collector_url(text: &str) -> bool {
+fn collector_url(name: &'static str, text: &str) -> Result<(), SettingsError> {
     let lower = text.trim().to_ascii_lowercase();
-    lower
+    let ok = lower
         .strip_prefix("http://")
-        .is_some_and(|rest| !rest.is_empty() && !rest.starts_with('/') && !rest.contains(' '))
+        .is_some_and(|rest| !rest.is_empty() && !rest.starts_with('/') && !rest.contains(' '));
+    if ok {
+        Ok(())
+    } else {
+        Err(SettingsError::Endpoint {
+            name,
+            shown: redact_urls(text),
+        })
+    }
 }
 
 /// `http://c:4318` → `http://c:4318/v1/traces`; a URL that has a path of its
@@ -252,7 +268,7 @@ mod tests {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect();
-            let got = Settings::resolve(&config(*endpoint, *protocol), |n| {
+            let got = Settings::from_config(&config(*endpoint, *protocol), |n| {
                 env.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone())
             })
             .unwrap();
@@ -272,7 +288,7 @@ mod tests {
                     .map(|(_, v)| v.to_string())
             }
         };
-        let bad_protocol = Settings::resolve(
+        let bad_protocol = Settings::from_config(
             &config(None, None),
             env(&[(ENV_ENDPOINT, "http://c:4317"), (ENV_PROTOCOL, "http/json")]),
         );
@@ -289,10 +305,13 @@ mod tests {
                 "https://c:4317" => &[(ENV_ENDPOINT, "https://c:4317")],
                 _ => &[(ENV_ENDPOINT, "http://")],
             };
-            let bad_url = Settings::resolve(&config(None, None), env(pairs));
+            let bad_url = Settings::from_config(&config(None, None), env(pairs));
             assert_eq!(
                 bad_url,
-                Err(SettingsError::Endpoint { name: ENV_ENDPOINT }),
+                Err(SettingsError::Endpoint {
+                    name: ENV_ENDPOINT,
+                    shown: url.into()
+                }),
                 "{url}"
             );
         }

@@ -27,6 +27,36 @@ fn run(args: &[&str], stdin: &[u8]) -> Output {
     child.wait_with_output().expect("the binary finishes")
 }
 
+/// `explain` with `HANDOFF_*` variables set (and none inherited).
+fn explain_with_env(args: &[&str], env: &[(&str, &str)], stdin: &[u8]) -> Json {
+    let mut cmd = bin();
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("HANDOFF_") {
+            cmd.env_remove(name);
+        }
+    }
+    let mut child = cmd
+        .arg("explain")
+        .args(args)
+        .envs(env.iter().copied())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the binary starts");
+    let mut input = child.stdin.take().expect("stdin");
+    let _ = input.write_all(stdin);
+    drop(input);
+    let out = child.wait_with_output().expect("the binary finishes");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("explain prints JSON")
+}
+
 fn explain(args: &[&str], stdin: &[u8]) -> Json {
     let out = run(&[&["explain"], args].concat(), stdin);
     assert_eq!(
@@ -186,6 +216,51 @@ fn explain_options_change_the_rules() {
         .as_u64()
         .expect("minted");
     assert_eq!(IdLayout::Rc21.decode(id).map(|d| d.machine_id), Ok(5));
+}
+
+/// `explain` reads the configuration as `run` does: file, environment,
+/// flags.
+#[test]
+fn explain_applies_the_configuration_of_run() {
+    let custom = json!({"request_id": "r", "reply_to": "custom.reply.x", "frames": [{"finish_reason": "eos"}]});
+    let custom = custom.to_string();
+    let refused = explain_with_env(&[], &[], custom.as_bytes());
+    assert_eq!(refused["code"], "reply_to_not_allowed");
+
+    let env = [("HANDOFF_ALLOWED_REPLY_SUBJECTS", "custom.reply.>")];
+    let allowed = explain_with_env(&[], &env, custom.as_bytes());
+    assert_eq!(allowed["outcome"], "terminal");
+    assert_eq!(allowed["subject"], "custom.reply.x");
+
+    let mut file = tempfile::Builder::new()
+        .suffix(".toml")
+        .tempfile()
+        .expect("temp file");
+    file.write_all(b"allowed_reply_subjects = [\"custom.reply.>\", \"_INBOX.>\"]\n[subjects]\ngen = \"custom.gen\"\n")
+        .expect("write");
+    let path = file.path().to_str().expect("utf-8 path");
+    let allowed = explain_with_env(&["--config", path], &[], custom.as_bytes());
+    assert_eq!(allowed["subject"], "custom.reply.x");
+    let job = explain_with_env(
+        &["--config", path],
+        &[],
+        trt_result(json!("length")).to_string().as_bytes(),
+    );
+    assert_eq!(job["subject"], "custom.gen");
+    // A flag beats the file, as for `run`.
+    let job = explain_with_env(
+        &["--config", path, "--set", "subjects.gen=flag.gen"],
+        &[],
+        trt_result(json!("length")).to_string().as_bytes(),
+    );
+    assert_eq!(job["subject"], "flag.gen");
+    // The worker's files are not read: explain runs where they are not.
+    let elsewhere = explain_with_env(
+        &["--set", "nats.tls.ca_file=/nonexistent/ca.pem"],
+        &[("HANDOFF_NATS__CREDENTIALS_FILE", "/nonexistent/nats.creds")],
+        custom.as_bytes(),
+    );
+    assert_eq!(elsewhere["code"], "reply_to_not_allowed");
 }
 
 #[test]

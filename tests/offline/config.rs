@@ -8,12 +8,15 @@ mod binary;
 mod epoch;
 #[path = "config/errors.rs"]
 mod errors;
+#[path = "config/reference.rs"]
+mod reference;
 #[path = "config/secure.rs"]
 mod secure;
 
 use clap::Parser;
+use prefill_handoff::cli::load::{JetStreamObjects, LoadError, Loaded};
 use prefill_handoff::cli::{Cli, Command};
-use prefill_handoff::config::{Config, ConfigError, env_name};
+use prefill_handoff::config::{Config, env_name};
 use std::io::Write;
 use std::path::Path;
 
@@ -33,14 +36,17 @@ fn toml_file(text: &str) -> tempfile::NamedTempFile {
     file
 }
 
-/// Loads with an optional file body, environment pairs and flag overrides.
+/// Loads with an optional file body, environment pairs and flag overrides,
+/// and checks every section as `run` does (no `OTEL_*` variables).
 fn load(
     file: Option<&str>,
     env: &[(&str, &str)],
     flags: &[(&str, &str)],
-) -> Result<Config, ConfigError> {
+) -> Result<Config, LoadError> {
     let file = file.map(toml_file);
-    Config::load_from(file.as_ref().map(|f| f.path()), &owned(env), &owned(flags))
+    let config = Config::load_from(file.as_ref().map(|f| f.path()), &owned(env), &owned(flags))?;
+    let loaded = Loaded::check(config, JetStreamObjects::WhenJetStreamMode, |_| None)?;
+    Ok(loaded.config)
 }
 
 fn defaults() -> Config {

@@ -7,7 +7,7 @@ use crate::decision_support;
 
 use decision_support::*;
 use prefill_handoff::config::Config;
-use prefill_handoff::decision::{DeadLetterCode, ErrorCode, Outcome, Refusal};
+use prefill_handoff::decision::{DeadLetterCode, ErrorCode, Outcome, Refusal, Rules};
 use prefill_handoff::wire::Encoding;
 use rmpv::Value;
 use serde_json::{Value as Json, json};
@@ -363,9 +363,8 @@ fn own_subjects_are_refused_even_when_every_reply_subject_is_allowed() {
         ),
     ]
     .map(|(k, v)| (k.to_string(), v.to_string()));
-    let rules = Config::load_from(None, &[], &overrides)
-        .and_then(|c| c.rules())
-        .expect("the configuration is valid");
+    let config = Config::load_from(None, &[], &overrides).expect("the configuration is valid");
+    let rules = Rules::from_config(&config).expect("rules");
     let rows: &[(&str, &str)] = &[
         ("first prefill subject", "llm.prefill.results"),
         ("second prefill subject", "llm.prefill.other"),

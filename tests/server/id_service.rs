@@ -5,6 +5,7 @@ use crate::common;
 use common::Nats;
 use futures::StreamExt;
 use prefill_handoff::config::Config;
+use prefill_handoff::decision::Rules;
 use prefill_handoff::id_service::{self, IdService};
 use prefill_handoff::identity::Identity;
 use prefill_handoff::ids::{DEFAULT_EPOCH_UNIX_MS, IdLayout, MachineId};
@@ -27,10 +28,15 @@ async fn connect(nats: &Nats) -> async_nats::Client {
         .expect("connect to the test nats-server")
 }
 
+fn service(config: &Config) -> IdService {
+    let rules = Rules::from_config(config).expect("rules");
+    IdService::from_config(config, &rules)
+}
+
 /// Starts one service instance on its own connection, as one worker would.
 async fn start(nats: &Nats, identity: Identity) -> Metrics {
     let metrics = Metrics::new();
-    let service = IdService::from_config(&config()).expect("service config");
+    let service = service(&config());
     assert_eq!(service.subject, IDS);
     id_service::serve(connect(nats).await, service, identity, metrics.clone())
         .await
@@ -319,7 +325,7 @@ async fn requests_that_cannot_be_answered_are_counted_and_never_published() {
 async fn the_service_stops_when_the_connection_drains() {
     let nats = Nats::start();
     let client = connect(&nats).await;
-    let service = IdService::from_config(&config()).unwrap();
+    let service = service(&config());
     let task = id_service::serve(client.clone(), service, fixed(5), Metrics::new())
         .await
         .unwrap();

@@ -75,6 +75,32 @@ fn the_binary_exits_2_on_a_bad_configuration() {
             &["run", "--mode", "core"],
             &[("HANDOFF_LEASE_TTL_SECS", "x")],
             "lease_ttl_secs",
+        ), // What the JetStream objects cannot be, refused before etcd or NATS
+        // is contacted: in JetStream mode for `run`, always for `setup`.
+        (
+            &[
+                "run",
+                "--mode",
+                "jetstream",
+                "--set",
+                "jetstream.max_deliver=-1",
+            ],
+            &[],
+            "jetstream.max_deliver",
+        ),
+        (
+            &["setup", "--set", "jetstream.max_age_secs=600"],
+            &[],
+            "jetstream.duplicate_window_secs",
+        ),
+        // A standard OTEL_* variable the exporter cannot use.
+        (
+            &["run"],
+            &[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4317"),
+                ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"),
+            ],
+            "OTEL_EXPORTER_OTLP_PROTOCOL",
         ),
     ];
     for (args, env, key) in cases {

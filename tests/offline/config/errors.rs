@@ -73,14 +73,14 @@ const BAD: &[&str] = &[
     r#"env | HANDOFF_NATS__URL= | nats.url"#,
     r#"env | HANDOFF_NATS__URL=nats://a:4222,,nats://b:4222 | nats.url"#,
     r#"env | HANDOFF_ETCD__ENDPOINTS=http://a:2379, | etcd.endpoints"#,
-    r#"env | HANDOFF_LEASE_TTL_SECS=1 | lease_ttl_secs ; at least 2 ; TTL/3 ; etcd"#,
-    r#"env | HANDOFF_LEASE_TTL_SECS=0 | lease_ttl_secs ; at least 2"#,
+    r#"env | HANDOFF_LEASE_TTL_SECS=1 | lease_ttl_secs ; 2 to 9000000000 ; TTL/3 ; etcd"#,
+    r#"env | HANDOFF_LEASE_TTL_SECS=0 | lease_ttl_secs ; 2 to 9000000000"#,
     r#"env | HANDOFF_SHUTDOWN_TIMEOUT_SECS=0 | shutdown_timeout_secs ; at least 1"#,
     r#"env | HANDOFF_MAX_PAYLOAD_BYTES=1023 | max_payload_bytes ; at least 1024"#,
     r#"env | HANDOFF_MAX_IN_FLIGHT=0 | max_in_flight ; at least 1"#,
     r#"env | HANDOFF_NATS__SUBSCRIPTION_CAPACITY=0 | nats.subscription_capacity ; at least 1"#,
     r#"env | HANDOFF_MAX_IN_FLIGHT_BYTES=1000 | max_in_flight_bytes ; smaller than max_payload_bytes"#,
-    r#"env | HANDOFF_MAX_IN_FLIGHT_BYTES=4294967296 | max_in_flight_bytes ; at most 4294967295"#,
+    r#"env | HANDOFF_MAX_IN_FLIGHT_BYTES=4294967296 | max_in_flight_bytes ; 1 to 4294967295"#,
     r#"env | HANDOFF_ETCD__CONNECT_TIMEOUT_MS=0 | etcd.connect_timeout_ms ; at least 1"#,
     r#"env | HANDOFF_ETCD__REQUEST_TIMEOUT_MS=0 | etcd.request_timeout_ms ; at least 1"#,
     r#"env | HANDOFF_JETSTREAM__ACK_WAIT_SECS=0 | jetstream.ack_wait_secs ; at least 1"#,
@@ -117,11 +117,15 @@ const BAD: &[&str] = &[
     r#"env | HANDOFF_NATS__URL=nats://u:hunter2@a:notaport | nats.url ; u:<redacted>@a | hunter2"#,
     r#"env | HANDOFF_NATS__URL=http://a:4222 | nats.url ; scheme"#,
     // The ID service's budget.
-    r#"env | HANDOFF_ID_SERVICE__IDS_PER_SEC=0 | id_service.ids_per_sec ; at least 1"#,
-    r#"env | HANDOFF_ID_SERVICE__IDS_PER_SEC=512001 | id_service.ids_per_sec ; at most 512000 ; decode jobs"#,
-    r#"env | HANDOFF_ID_SERVICE__MAX_COUNT=0 | id_service.max_count ; at least 1"#,
-    r#"env | HANDOFF_ID_SERVICE__MAX_COUNT=1025 | id_service.max_count ; at most 1024"#,
+    r#"env | HANDOFF_ID_SERVICE__IDS_PER_SEC=0 | id_service.ids_per_sec ; 1 to 512000"#,
+    r#"env | HANDOFF_ID_SERVICE__IDS_PER_SEC=512001 | id_service.ids_per_sec ; 1 to 512000 ; decode jobs"#,
+    r#"env | HANDOFF_ID_SERVICE__MAX_COUNT=0 | id_service.max_count ; 1 to 1024"#,
+    r#"env | HANDOFF_ID_SERVICE__MAX_COUNT=1025 | id_service.max_count ; 1 to 1024"#,
     r#"env | HANDOFF_NATS__CONNECT_TIMEOUT_SECS=0 | nats.connect_timeout_secs ; at least 1"#,
+    r#"env | HANDOFF_LEASE_TTL_SECS=9000000001 | lease_ttl_secs ; 2 to 9000000000"#,
+    // What `setup` would refuse, refused at load in JetStream mode.
+    r#"env | HANDOFF_MODE=jetstream & HANDOFF_JETSTREAM__MAX_DELIVER=-1 | jetstream.max_deliver ; -1 (unlimited) ; gen_is_stream"#,
+    r#"env | HANDOFF_MODE=jetstream & HANDOFF_JETSTREAM__MAX_AGE_SECS=600 | jetstream.duplicate_window_secs ; 1079 s ; max_age_secs (600)"#,
 ];
 
 fn pairs(text: &str) -> Vec<(&str, &str)> {

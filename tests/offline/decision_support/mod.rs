@@ -33,7 +33,7 @@ pub const FIRST_MINTED: u64 = 1_000_000;
 pub fn rules() -> Rules {
     Config::default()
         .resolve()
-        .and_then(|c| c.rules())
+        .map(|c| Rules::from_config(&c).expect("rules"))
         .expect("the default configuration is valid")
 }
 
