@@ -10,6 +10,7 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod fault_proxy;
 pub mod jetstream_support;
 pub mod otlp;
 pub mod tls;

@@ -11,6 +11,7 @@
 mod common;
 
 mod core_sink;
+mod fault_proxy;
 mod harness;
 mod hostile_publisher;
 mod id_service;
