@@ -27,6 +27,7 @@ mod jetstream_slow;
 mod loadgen;
 mod metrics;
 mod nats_parser;
+mod partition;
 mod secure_transport;
 mod supervision;
 mod telemetry;
