@@ -4,6 +4,7 @@
 use crate::common;
 
 use common::fault_proxy::{Fault, FaultProxy};
+use common::jetstream_support;
 use common::worker_support::{PREFILL, client, msgpack};
 use common::{Etcd, Nats, Worker, eventually, free_port, http_send};
 use futures::StreamExt;
@@ -22,9 +23,25 @@ fn readyz(metrics: &str) -> u16 {
 /// connection given up after three unanswered pings) the worker stayed
 /// ready through the whole cut.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_worker_behind_a_silent_nats_link_turns_not_ready_then_recovers_without_a_restart() {
+async fn a_core_worker_behind_a_silent_nats_link_turns_not_ready_then_recovers() {
+    black_holed_then_healed("core").await;
+}
+
+/// As in core mode; the result after the heal is stored in the prefill
+/// stream and taken by the durable consumer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jetstream_worker_behind_a_silent_nats_link_turns_not_ready_then_recovers() {
+    black_holed_then_healed("jetstream").await;
+}
+
+async fn black_holed_then_healed(mode: &str) {
     let nats = Nats::start();
     let etcd = Etcd::start();
+    let test = client(&nats.url()).await;
+    let js = async_nats::jetstream::new(test.clone());
+    if mode == "jetstream" {
+        jetstream_support::setup(&js, &jetstream_support::config(&nats)).await;
+    }
     let upstream: SocketAddr = nats.url().trim_start_matches("nats://").parse().unwrap();
     let proxy = FaultProxy::start(upstream);
     let (url, metrics) = (
@@ -35,7 +52,7 @@ async fn a_worker_behind_a_silent_nats_link_turns_not_ready_then_recovers_withou
     let args = [
         "run",
         "--mode",
-        "core",
+        mode,
         "--nats-url",
         &url,
         "--etcd-endpoints",
@@ -60,7 +77,6 @@ async fn a_worker_behind_a_silent_nats_link_turns_not_ready_then_recovers_withou
     assert_eq!(worker.pid(), pid, "the same process");
 
     // And it works again: a result through the healed link is answered.
-    let test = client(&nats.url()).await;
     let mut replies = test.subscribe("_INBOX.partition.>").await.unwrap();
     test.flush().await.unwrap();
     let body = msgpack(&json!({
@@ -70,8 +86,13 @@ async fn a_worker_behind_a_silent_nats_link_turns_not_ready_then_recovers_withou
     }));
     let answered = async {
         // Core mode is at most once: publish until the resubscribed worker
-        // answers one.
+        // answers one. JetStream mode keeps the one it stored.
         loop {
+            if mode == "jetstream" {
+                let ack = js.publish(PREFILL, body.clone().into()).await.unwrap();
+                ack.await.unwrap();
+                return replies.next().await.unwrap();
+            }
             test.publish(PREFILL, body.clone().into()).await.unwrap();
             let got = tokio::time::timeout(Duration::from_secs(1), replies.next()).await;
             if let Ok(Some(reply)) = got {
