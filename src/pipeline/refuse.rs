@@ -194,3 +194,41 @@ impl Pipeline {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_allowance_carries_refused_bytes_until_the_client_lets_go() {
+        let refusals = Refusals::new(10);
+        let input = Bytes::from(vec![7u8; 6]);
+        let first = refusals.carry(&input).expect("room for the first");
+        assert_eq!(first, input, "the same bytes");
+        assert!(refusals.carry(&input).is_none(), "6 + 6 is over 10");
+        let small = Bytes::from(vec![1u8; 4]);
+        let second = refusals.carry(&small).expect("6 + 4 fits");
+        drop(first);
+        let third = refusals.carry(&input).expect("room again once written");
+        drop((second, third));
+        assert_eq!(refusals.unwritten.load(Ordering::Acquire), 0);
+    }
+
+    #[test]
+    fn one_result_larger_than_the_allowance_is_still_carried_alone() {
+        let refusals = Refusals::new(4);
+        let big = Bytes::from(vec![0u8; 16]);
+        let carried = refusals.carry(&big).expect("alone, it goes");
+        assert!(refusals.carry(&Bytes::from_static(b"x")).is_none());
+        drop(carried);
+        assert!(refusals.carry(&Bytes::from_static(b"x")).is_some());
+    }
+
+    #[test]
+    fn carrying_does_not_copy() {
+        let refusals = Refusals::new(1 << 20);
+        let input = Bytes::from(vec![3u8; 1024]);
+        let carried = refusals.carry(&input).unwrap();
+        assert_eq!(carried.as_ptr(), input.as_ptr());
+    }
+}
