@@ -128,7 +128,7 @@ impl Pipeline {
                 refused,
                 held,
                 max_in_flight_bytes,
-                without_bytes = without,
+                last_without_bytes = without,
                 "results refused: the worker's byte budget is spent; each got an over_budget dead letter (with its bytes while the dead letters before it were written) and its client an over_budget error when named. Add workers, raise max_in_flight_bytes (and the memory limit), or use jetstream mode"
             );
         }
