@@ -6,10 +6,11 @@
 use super::handoff::{self, describe};
 use super::request::{self, Request};
 use super::{
-    Backend, DEADLINE_HEADER, DeadLetterCode, Decision, ErrorCode, FinishReason, IdSource, Input,
-    Outcome, Release, Rules, content_type, dead_letter, deadline, error_text, msg_id,
-    prefill_failed, release_msg_id,
+    Backend, DeadLetterCode, Decision, ErrorCode, FinishReason, IdSource, Input, Outcome, Release,
+    Rules, content_type, dead_letter, deadline, error_text, prefill_failed,
 };
+use crate::headers::names::{HANDOFF_DEADLINE, NATS_MSG_ID};
+use crate::headers::{msg_id, release_msg_id};
 use crate::wire::{self, Encoding, map, messages};
 use rmpv::Value;
 
@@ -108,7 +109,7 @@ impl Reply {
             handoff.ids.machine_id(),
         );
         let mut headers = content_type(self.encoding);
-        headers.push("Nats-Msg-Id", &release_msg_id(handoff.request_id));
+        headers.push(NATS_MSG_ID, &release_msg_id(handoff.request_id));
         let release = Release {
             subject: rules.release_subject.clone(),
             headers,
@@ -256,9 +257,9 @@ fn decide_request(
         extra: rest,
     };
     let mut headers = content_type(reply.encoding);
-    headers.push("Nats-Msg-Id", &msg_id(&request_id));
+    headers.push(NATS_MSG_ID, &msg_id(&request_id));
     if let Some(ms) = reply.deadline_ms {
-        headers.push(DEADLINE_HEADER, &ms.to_string());
+        headers.push(HANDOFF_DEADLINE, &ms.to_string());
     }
     Decision {
         outcome,

@@ -40,19 +40,6 @@ pub use source::{Admission, Admitted, Feed, Limits, Source};
 
 pub(crate) use delivery::Settler;
 
-use async_nats::HeaderMap;
-
-/// The first value of the header `name`, matched without regard to case, as
-/// HTTP and most NATS clients do. Every header read in this crate goes
-/// through here.
-pub fn first_header<'a>(headers: Option<&'a HeaderMap>, name: &str) -> Option<&'a str> {
-    headers?
-        .iter()
-        .find(|(n, _)| AsRef::<str>::as_ref(n).eq_ignore_ascii_case(name))
-        .and_then(|(_, values)| values.first())
-        .map(|v| v.as_str())
-}
-
 /// Why the core transport could not be set up. Failures after start
 /// (disconnects, publish errors) are logged and counted, not returned.
 #[derive(Debug, thiserror::Error)]
