@@ -23,7 +23,10 @@
 //! bytes in. The connection itself is made by [`crate::connect`], from the
 //! configuration.
 
+mod ack;
+mod admission;
 mod delivery;
+mod publish_error;
 mod sink;
 mod source;
 
@@ -32,11 +35,14 @@ pub mod jetstream;
 
 pub mod budget;
 
+pub use ack::Settle;
+pub use admission::{Admission, Admitted, Limits};
 pub use budget::Held;
 pub use core::{CoreSink, Outbox};
-pub use delivery::{Attempt, Delivery, Settle};
-pub use sink::{PublishError, Sink, Target};
-pub use source::{Admission, Admitted, Feed, Limits, Source};
+pub use delivery::{Attempt, Delivery};
+pub use publish_error::PublishError;
+pub use sink::{Sink, Target};
+pub use source::{Feed, Source};
 
 pub(crate) use delivery::Settler;
 
