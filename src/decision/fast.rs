@@ -579,8 +579,10 @@ impl<'a> Answer<'a, '_> {
     }
 
     /// The decode job, or the refusal of a handoff that was cancelled or
-    /// came past its deadline. Long: the job's fields in their order, each a
-    /// few lines, read best as one.
+    /// came past its deadline. Long, and not split: the job's fields are
+    /// written in their wire order in one pass over the input's spans, each
+    /// a few lines; pieces would hand the same borrowed spans, the minted ID
+    /// and the output buffer from one to the next.
     fn handoff(
         self,
         read: &Body<'a>,

@@ -200,6 +200,8 @@ mod tests {
     /// (name, input headers, expected)
     type Row<'a> = (&'a str, Vec<(&'a str, &'a str)>, Want<'a>);
 
+    /// One row per rule of the module's doc. Not split: the rows are the
+    /// specification, read as one table.
     #[test]
     fn table() {
         use TraceHeader::{Traceparent as P, Tracestate as S};

@@ -223,24 +223,13 @@ impl Pipeline {
             }
             // The failure paths are boxed: rare, and inline they would grow
             // every result's future.
-            Err(e) => match fallback_code(&e) {
-                Some(code) => {
-                    let instead =
-                        self.dead_letter_instead(&delivery, &trace, &decision, code, &e, outbox);
-                    match Box::pin(instead).await {
-                        Ok(()) => {
-                            let outcome = Outcome::DeadLetter { code };
-                            let subject = &self.rules.dead_letter_subject;
-                            span.published(&outcome, subject, delivery.payload.len());
-                            (outcome, Settle::Term)
-                        }
-                        Err(e) => {
-                            return Box::pin(self.failed(&delivery, &decision, e, span)).await;
-                        }
-                    }
+            Err(e) => {
+                let instead = self.not_published(&delivery, &trace, &decision, e, outbox, span);
+                match Box::pin(instead).await {
+                    Ok(done) => done,
+                    Err(handled) => return handled,
                 }
-                None => return Box::pin(self.failed(&delivery, &decision, e, span)).await,
-            },
+            }
         };
 
         log::outcome(&outcome, &decision, &delivery.subject, attempt);
@@ -352,6 +341,37 @@ impl Pipeline {
         self.sink
             .publish(&decision.subject, headers, payload, Target::Stream, outbox)
             .await
+    }
+
+    /// The output did not go out (`e`). One that can never be sent (too
+    /// large, a subject the client refuses) is replaced by the input's dead
+    /// letter: `Ok` with that outcome and its settlement. Otherwise, or when
+    /// the dead letter fails too, the one failure path ([`Pipeline::failed`]):
+    /// `Err` with what was handled.
+    async fn not_published(
+        &self,
+        delivery: &Delivery,
+        trace: &TraceHeaders,
+        decision: &Decision,
+        e: PublishError,
+        outbox: Option<&mut Outbox>,
+        span: &mut ResultSpan,
+    ) -> Result<(Outcome, Settle), Handled> {
+        let Some(code) = fallback_code(&e) else {
+            return Err(self.failed(delivery, decision, e, span).await);
+        };
+        match self
+            .dead_letter_instead(delivery, trace, decision, code, &e, outbox)
+            .await
+        {
+            Ok(()) => {
+                let outcome = Outcome::DeadLetter { code };
+                let subject = &self.rules.dead_letter_subject;
+                span.published(&outcome, subject, delivery.payload.len());
+                Ok((outcome, Settle::Term))
+            }
+            Err(e) => Err(self.failed(delivery, decision, e, span).await),
+        }
     }
 
     /// The one failure path: the output (or its dead letter) is not known to
