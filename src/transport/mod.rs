@@ -52,10 +52,12 @@ pub(crate) use delivery::Settler;
 pub enum TransportError {
     #[error("subjects.prefill_results is empty; the worker needs at least one subject to consume")]
     NoSubjects,
-    #[error("cannot subscribe to {subject:?} (queue group {queue_group:?}): {reason}")]
+    /// The client's error is the source (`{:#}` shows it after the message).
+    #[error("cannot subscribe to {subject:?} (queue group {queue_group:?})")]
     Subscribe {
         subject: String,
         queue_group: String,
-        reason: String,
+        #[source]
+        source: async_nats::SubscribeError,
     },
 }

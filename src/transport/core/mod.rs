@@ -54,10 +54,10 @@ impl Subscriptions {
             let subscriber = client
                 .queue_subscribe(subject.clone(), queue_group.to_string())
                 .await
-                .map_err(|e| TransportError::Subscribe {
+                .map_err(|source| TransportError::Subscribe {
                     subject: subject.clone(),
                     queue_group: queue_group.to_string(),
-                    reason: e.to_string(),
+                    source,
                 })?;
             tracing::info!(%subject, %queue_group, "subscribed (core NATS queue group)");
             subscriptions.push(subscriber);
