@@ -29,7 +29,9 @@ use async_nats::header::HEADER_BLOCK_ERROR;
 use async_nats::{HeaderMap, HeaderName, HeaderValue};
 
 /// The first value of the header `name`, matched without regard to case.
-/// Every read of an incoming header goes through here or [`block_error`].
+/// Every read of a received message's headers goes through here or
+/// [`block_error`] (the transport, which imports nothing of the crate, reads
+/// only the `Nats-Msg-Id` of decode jobs the worker stored itself).
 pub fn first<'a>(headers: Option<&'a HeaderMap>, name: &str) -> Option<&'a str> {
     headers?
         .iter()
