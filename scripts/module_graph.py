@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The import graph of src/, folder by folder, and its cycles.
 
-    scripts/module_graph.py [--allow FILE] [--quiet | --evidence]
+    scripts/module_graph.py [--allow FILE] [--quiet | --evidence] [--max-lines N]
     scripts/module_graph.py --long-functions N
 
 For every folder of src/ (src/ itself included) the graph's nodes are the
@@ -33,8 +33,11 @@ with whether a comment at their head (doc comment, or the first lines of
 the body) says why they are not split (it mentions "split"), and which are
 tests. It only reports.
 
-Exits 1 on a cycle that is not allowed or an allow line that is stale or
-malformed, 0 otherwise.
+--max-lines N (with the graph) fails on a function longer than N lines
+whose head gives no reason, as --long-functions N would mark it.
+
+Exits 1 on a cycle that is not allowed, an allow line that is stale or
+malformed, or (with --max-lines) an unexplained long function; 0 otherwise.
 """
 
 import argparse
@@ -399,6 +402,8 @@ def main():
     parser.add_argument("--quiet", action="store_true", help="print the cycles only")
     parser.add_argument("--evidence", action="store_true", help="where each edge comes from")
     parser.add_argument("--long-functions", type=int, metavar="N", help="list functions over N lines")
+    parser.add_argument("--max-lines", type=int, metavar="N",
+                        help="fail on a function over N lines that gives no reason")
     parser.add_argument("--root", default=SRC)
     args = parser.parse_args()
 
@@ -454,6 +459,11 @@ def main():
         if key not in used:
             problems.append("%s: %s -> %s is allowed but that folder has no such edge (%s)"
                             % (key[0], key[1][0], key[1][1], where))
+    if args.max_lines:
+        for length, where, name, reason in sorted(long_functions(crate, args.max_lines), reverse=True):
+            if reason.startswith("no reason"):
+                problems.append("%s: %s is %d lines, more than %d, and its head does not say why it "
+                                "is not split" % (where, name, length, args.max_lines))
     for p in problems:
         print("check-modules: %s" % p, file=sys.stderr)
     if cycles_found:
@@ -461,7 +471,9 @@ def main():
               % cycles_found, file=sys.stderr)
     if cycles_found or problems:
         return 1
-    print("check-modules: no import cycle%s" % (" beyond the allowed edges" if allowed else ""))
+    print("check-modules: no import cycle%s%s" % (
+        " beyond the allowed edges" if allowed else "",
+        ", no function over %d lines without its reason" % args.max_lines if args.max_lines else ""))
     return 0
 
 

@@ -2,8 +2,7 @@
 # Every check of the project, as CI runs it (.ci/run):
 #   1. install what is missing (scripts/install-deps.sh)
 #   2. cargo fmt --check, no import cycle between the modules of src/
-#      (scripts/check-modules.sh; the cycles still being removed are listed
-#      in scripts/module-cycles.allow), and vendor/async-nats is the release
+#      (scripts/check-modules.sh), and vendor/async-nats is the release
 #      with vendor/patches/ applied (scripts/vendor-async-nats.sh --check)
 #   3. clippy's lints as `cargo clippy --all-targets -- -D warnings` has them,
 #      applied while every target is built (see the step for why)

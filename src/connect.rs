@@ -24,10 +24,20 @@ pub enum ConnectError {
     Url(crate::config::ConfigError),
     #[error("nats.user and nats.password must be set together")]
     HalfUserPassword,
-    #[error("nats.credentials_file {path:?} cannot be used: {reason}")]
-    Credentials { path: String, reason: String },
-    #[error("cannot connect to NATS at {url}: {reason}")]
-    Connect { url: String, reason: String },
+    /// The reason (the file's error) is the source, as every error with a
+    /// source here: `{:#}` shows it after the message.
+    #[error("nats.credentials_file {path:?} cannot be used")]
+    Credentials {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot connect to NATS at {url}")]
+    Connect {
+        url: String,
+        #[source]
+        source: async_nats::ConnectError,
+    },
     #[error(
         "cannot connect to NATS at {url}: no server answered within {secs} s (nats.connect_timeout_secs); check that nats-server runs there and is reachable"
     )]
@@ -78,9 +88,9 @@ pub async fn connect_watched(
     let client = options
         .connect(servers.addrs)
         .await
-        .map_err(|e| ConnectError::Connect {
+        .map_err(|source| ConnectError::Connect {
             url: shown.clone(),
-            reason: e.to_string(),
+            source,
         })?;
     tracing::info!(url = %shown, name = %config.name, "connecting to NATS");
     let timeout = Duration::from_secs(config.connect_timeout_secs);
@@ -123,13 +133,14 @@ pub async fn auth_options(
     }
     options = with_url_credentials(options, url_credentials);
     if let Some(path) = &config.credentials_file {
-        options = options
-            .credentials_file(path)
-            .await
-            .map_err(|e| ConnectError::Credentials {
-                path: path.display().to_string(),
-                reason: e.to_string(),
-            })?;
+        options =
+            options
+                .credentials_file(path)
+                .await
+                .map_err(|source| ConnectError::Credentials {
+                    path: path.display().to_string(),
+                    source,
+                })?;
     }
     tls_options(options, config).await
 }

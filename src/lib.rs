@@ -17,6 +17,9 @@
 //!   and drains on shutdown.
 //! - [`wire`]: MessagePack and JSON codecs over value trees that keep unknown
 //!   fields, and the output messages.
+//! - [`headers`]: NATS headers in and out: read without regard to case,
+//!   the W3C trace headers passed on, an output's headers built from the
+//!   decision's names and values.
 //! - [`decision`]: the pure core: one prefill result in, one outcome out;
 //!   error and dead-letter codes; the reply-subject allowlist; deadlines.
 //! - [`cancel`]: cancels of requests, held in a bounded set the decision
@@ -48,6 +51,7 @@ pub mod clock;
 pub mod config;
 pub mod connect;
 pub mod decision;
+pub mod headers;
 pub mod id_service;
 pub mod identity;
 pub mod ids;

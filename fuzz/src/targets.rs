@@ -5,13 +5,12 @@
 use crate::decision_support::{SOURCE, TestIds, invariants, jetstream_rules, rules};
 use async_nats::{HeaderMap, HeaderName, HeaderValue};
 
-use prefill_handoff::decision::{
-    Decision, Input, MAX_TRACESTATE_BYTES, Rules, TRACEPARENT_LEN, TraceHeader, decide,
-    decide_in_place, decide_values,
+use prefill_handoff::decision::{Decision, Input, Rules, decide, decide_in_place, decide_values};
+use prefill_handoff::headers::names::{CONTENT_TYPE, HANDOFF_DEADLINE};
+use prefill_handoff::headers::{
+    self, MAX_TRACESTATE_BYTES, TRACEPARENT_LEN, TraceHeader, TraceHeaders,
 };
-use prefill_handoff::pipeline::decide::decide_now;
-use prefill_handoff::pipeline::headers::{header_block, output_headers, trace_headers};
-use prefill_handoff::transport;
+use prefill_handoff::pipeline::decide::decide_received_inline;
 use prefill_handoff::wire::{self, Encoding, MAX_DEPTH, scan};
 use rmpv::Value;
 use std::sync::LazyLock;
@@ -151,10 +150,10 @@ const NOW_MS: u64 = 1_767_225_600_000;
 
 /// The decision's invariants ([`invariants::check`]: one output, on an
 /// allowed subject, no CR or LF in a header, a body the worker can read
-/// back), and the headers going through the pipeline's header builder.
+/// back), and the headers going through the one header builder.
 fn check_decision(d: &Decision, payload: &[u8], encoding: Encoding, rules: &Rules) {
     invariants::check(d, payload, encoding, rules);
-    let _ = output_headers(&d.headers, &trace_headers(None));
+    let _ = headers::outgoing(d.headers.clone(), &TraceHeaders::read(None));
 }
 
 /// The decision on arbitrary bytes as a MessagePack body, in each of the
@@ -238,10 +237,10 @@ fn delivered(data: &[u8]) -> (Option<HeaderMap>, &[u8]) {
 /// ([`delivered`]; the client's own parser is tested against a fake server,
 /// tests/server/nats_parser.rs):
 /// - no header value it delivers holds CR or LF;
-/// - the content type read from the headers ([`transport::first_header`]),
-///   [`decide_now`] (which dead-letters an unparsable header block)
-///   and the output's headers with the input's trace headers copied
-///   ([`output_headers`], [`header_block`]) never panic, and the decision keeps its
+/// - the content type read from the headers ([`headers::first`]),
+///   [`decide_received_inline`] (which dead-letters an unparsable header
+///   block) and the output's headers with the input's trace headers copied
+///   ([`headers::outgoing`]) never panic, and the decision keeps its
 ///   invariants ([`invariants::check`]);
 /// - every trace header of the input reaches the output unchanged.
 pub fn nats_headers(data: &[u8]) {
@@ -257,8 +256,7 @@ pub fn nats_headers(data: &[u8]) {
                 );
             }
         }
-        let encoding =
-            Encoding::from_content_type(transport::first_header(headers.as_ref(), "content-type"));
+        let encoding = Encoding::from_content_type(headers::first(headers.as_ref(), CONTENT_TYPE));
         for (rules, _, fenced) in situations() {
             let fenced = *fenced;
             let input = Input {
@@ -266,37 +264,28 @@ pub fn nats_headers(data: &[u8]) {
                 encoding,
                 subject,
                 nats_reply: reply,
-                deadline_header: transport::first_header(
-                    headers.as_ref(),
-                    prefill_handoff::decision::DEADLINE_HEADER,
-                ),
+                deadline_header: headers::first(headers.as_ref(), HANDOFF_DEADLINE),
                 now_ms: NOW_MS,
                 cancels: prefill_handoff::decision::NO_CANCELS,
             };
             let headers = headers.as_ref();
-            let d = decide_now(input, headers, rules, &mut ids(fenced));
+            let d = decide_received_inline(input, headers, rules, &mut ids(fenced));
             invariants::check(&d, payload, encoding, rules);
-            let trace = trace_headers(headers);
-            // The block as it goes on the wire: framed, one `name: value`
-            // line each, no line break inside a line.
-            let block =
-                header_block(&d.headers, &trace).unwrap_or_else(|| b"NATS/1.0\r\n\r\n".to_vec());
-            let text = std::str::from_utf8(&block).expect("a header block is UTF-8");
-            let lines = text
-                .strip_prefix("NATS/1.0\r\n")
-                .and_then(|t| t.strip_suffix("\r\n"))
-                .expect("a header block is framed");
-            let out: Vec<(&str, &str)> = lines
-                .split_terminator("\r\n")
-                .map(|line| {
-                    line.split_once(": ")
-                        .expect("a header line is `name: value`")
+            let trace = TraceHeaders::read(headers);
+            // The headers as they go to the client, which frames them: one
+            // `name: value` each, no line break in either, no colon in a name.
+            let map = headers::outgoing(d.headers.clone(), &trace);
+            let out: Vec<(&str, &str)> = map
+                .iter()
+                .flat_map(|(name, values)| {
+                    let name: &str = name.as_ref();
+                    values.iter().map(move |value| (name, value.as_str()))
                 })
                 .collect();
             for (name, value) in &out {
                 assert!(
                     !name.contains(['\r', '\n', ':']) && !value.contains(['\r', '\n']),
-                    "header line {name:?}: {value:?}"
+                    "header {name:?}: {value:?}"
                 );
             }
             for (name, max) in [

@@ -7,6 +7,7 @@ use super::{ConfigArgs, UsageError};
 use crate::cancel::{Cancel, message};
 use crate::config::Mode;
 use crate::decision::MAX_REQUEST_ID_BYTES;
+use crate::headers::TraceHeaders;
 use crate::wire::Encoding;
 use anyhow::Context;
 
@@ -56,10 +57,8 @@ pub fn run(args: CancelArgs) -> anyhow::Result<()> {
                 request_id: request_id.clone(),
                 reason: args.reason.clone(),
             };
-            let mut headers = async_nats::HeaderMap::new();
-            if let Some(content_type) = encoding.content_type() {
-                headers.insert("Content-Type", content_type);
-            }
+            let set = crate::decision::content_type(encoding);
+            let headers = crate::headers::outgoing(set, &TraceHeaders::default());
             let body = message::encode(&cancel, encoding).into();
             if config.mode == Mode::Jetstream {
                 // Stored before this says so: a worker started later loads it.

@@ -167,7 +167,7 @@ pub fn render(d: &Decision, input: &[u8], encoding: Encoding) -> Json {
     Json::Object(out)
 }
 
-fn headers_json(headers: &decision::Headers) -> Json {
+fn headers_json(headers: &crate::headers::Headers) -> Json {
     Json::Object(
         headers
             .iter()

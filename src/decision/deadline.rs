@@ -13,11 +13,9 @@
 
 use super::ErrorCode;
 use super::handoff::describe;
-use super::headers::truncate;
+use super::header_values::truncate;
+use crate::headers::names::HANDOFF_DEADLINE;
 use rmpv::Value;
-
-/// The header that carries a deadline, on prefill results and on decode jobs.
-pub const DEADLINE_HEADER: &str = "Handoff-Deadline";
 
 /// The largest deadline accepted: 2^63 - 1 (a deadline is in [0, 2^63)).
 pub const MAX_DEADLINE_MS: u64 = (1 << 63) - 1;
@@ -84,7 +82,7 @@ pub fn effective(field: Field<'_>, header: Option<&str>) -> Result<Option<u64>, 
             Some(ms) => Some(ms),
             None => {
                 return Err(format!(
-                    "the {DEADLINE_HEADER} header is {:?}; expected a decimal integer in [0, 2^63): Unix epoch milliseconds",
+                    "the {HANDOFF_DEADLINE} header is {:?}; expected a decimal integer in [0, 2^63): Unix epoch milliseconds",
                     truncate(raw, 64)
                 ));
             }

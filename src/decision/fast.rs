@@ -24,10 +24,11 @@ use super::deadline::{self, Cancels};
 use super::handoff::MISSING_CTX_REQUEST_ID;
 use super::known::{self, Key, Kind, NOT_PASSED_ON, Set, TRTLLM, VLLM, fixstr, fixstrs};
 use super::{
-    Backend, Decision, ErrorCode, FinishReason, Headers, IdSource, Input, Outcome, Release, Rules,
+    Backend, Decision, ErrorCode, FinishReason, IdSource, Input, Outcome, Release, Rules,
     prefill_failed,
 };
 use crate::decision::request::MAX_REQUEST_ID_BYTES;
+use crate::headers::Headers;
 use crate::wire::msgpack::{write_map_len, write_str, write_uint};
 use crate::wire::{Encoding, scan};
 use std::mem::MaybeUninit;
@@ -294,8 +295,14 @@ impl<'a> Body<'a> {
     }
 }
 
-/// The decision for `input`, or `None` when the value-tree path must decide.
-pub(super) fn decide(input: Input<'_>, rules: &Rules, ids: &mut dyn IdSource) -> Option<Decision> {
+/// [`super::decide`] on the input's bytes in place, or `None` (with no ID
+/// minted) when the input is not one of the cases handled that way and the
+/// value-tree path must decide.
+pub fn decide_in_place(
+    input: Input<'_>,
+    rules: &Rules,
+    ids: &mut dyn IdSource,
+) -> Option<Decision> {
     let body = input.payload;
     if input.encoding != Encoding::MsgPack || body.len() > rules.max_payload_bytes {
         return None;
@@ -572,8 +579,10 @@ impl<'a> Answer<'a, '_> {
     }
 
     /// The decode job, or the refusal of a handoff that was cancelled or
-    /// came past its deadline. Long: the job's fields in their order, each a
-    /// few lines, read best as one.
+    /// came past its deadline. Long, and not split: the job's fields are
+    /// written in their wire order in one pass over the input's spans, each
+    /// a few lines; pieces would hand the same borrowed spans, the minted ID
+    /// and the output buffer from one to the next.
     fn handoff(
         self,
         read: &Body<'a>,

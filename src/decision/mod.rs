@@ -15,35 +15,29 @@ mod complex;
 pub mod deadline;
 mod fast;
 mod handoff;
-mod headers;
+mod header_values;
 mod known;
 pub mod reply;
 mod request;
 mod rules;
-mod trace;
 mod tree;
 
 pub use crate::wire::messages::{Backend, InstanceId};
 pub use codes::{DeadLetterCode, ErrorCode, FinishReason};
 pub use complex::MAX_TREE_VALUES;
-pub use deadline::{Cancelled, Cancels, DEADLINE_HEADER, NO_CANCELS, NoCancels};
+pub use deadline::{Cancelled, Cancels, NO_CANCELS, NoCancels};
+pub use fast::decide_in_place;
 pub use handoff::{backend_of, describe};
-pub use headers::{
-    HEAD as HEADER_BLOCK_HEAD, Headers, PAYLOAD_OMITTED, content_type, dead_letter_headers, msg_id,
-    push_line, release_msg_id, without_payload,
-};
+pub use header_values::{content_type, dead_letter_headers, without_payload};
 pub use reply::{Refusal, ReplyPolicy};
 pub use request::MAX_REQUEST_ID_BYTES;
 pub use rules::RulesError;
-pub use trace::{
-    MAX_TRACESTATE_BYTES, TRACEPARENT, TRACEPARENT_LEN, TRACESTATE, TraceHeader, TraceHeaders,
-    trace_headers,
-};
 pub use tree::decide_values;
 
+use crate::headers::Headers;
 use crate::ids::MachineId;
 use crate::wire::{self, Encoding, map};
-use headers::{push_content_type, truncate};
+use header_values::{push_content_type, truncate};
 use rmpv::Value;
 use std::sync::Arc;
 
@@ -166,7 +160,8 @@ pub struct Decision {
     /// The GEN and dead-letter subjects are the rules' own, shared (a copy
     /// per decode job was an allocation and a copy per result).
     pub subject: Arc<str>,
-    /// Headers to set besides the trace headers copied by the transport.
+    /// Headers to set besides the trace headers copied from the input
+    /// (`crate::headers::outgoing` puts them together).
     pub headers: Headers,
     pub payload: Vec<u8>,
     /// Frames after the first: they never change the outcome, only get counted.
@@ -198,7 +193,7 @@ pub struct Release {
 /// that the in-place path declines is refused as `malformed` instead (see
 /// `complex`), so no input costs more than a bounded tree.
 pub fn decide(input: Input<'_>, rules: &Rules, ids: &mut dyn IdSource) -> Decision {
-    if let Some(decision) = fast::decide(input, rules, ids) {
+    if let Some(decision) = decide_in_place(input, rules, ids) {
         return decision;
     }
     if input.payload.len() <= rules.max_payload_bytes
@@ -209,23 +204,13 @@ pub fn decide(input: Input<'_>, rules: &Rules, ids: &mut dyn IdSource) -> Decisi
     decide_values(input, rules, ids)
 }
 
-/// [`decide`] on the input's bytes in place, or `None` (with no ID minted)
-/// when the input is not one of the cases handled that way.
-pub fn decide_in_place(
-    input: Input<'_>,
-    rules: &Rules,
-    ids: &mut dyn IdSource,
-) -> Option<Decision> {
-    fast::decide(input, rules, ids)
-}
-
 /// The original bytes, unchanged, to the dead-letter subject. A JSON input
 /// keeps its `Content-Type`, so the dead letter can be replayed as it is.
 /// The decision for a message whose NATS header block could not be parsed
 /// (`what` says what was wrong): a `malformed` dead letter, whatever its body,
 /// since the headers it was sent with (content type, trace context) are
 /// unknown. The transports recognize such a message
-/// ([`crate::pipeline::decide::decide_now`]).
+/// ([`crate::headers::block_error`]).
 pub fn unreadable_headers(input: Input<'_>, rules: &Rules, what: &str) -> Decision {
     let why = format!("the message's NATS header block could not be parsed: {what}");
     dead_letter(input, rules, DeadLetterCode::Malformed, why)

@@ -9,8 +9,7 @@ use super::{DeadLetterCode, Input, Refusal, Rules, describe};
 use crate::wire::map;
 use rmpv::Value;
 
-/// The longest accepted `request_id`, in bytes.
-pub const MAX_REQUEST_ID_BYTES: usize = 256;
+pub use crate::wire::messages::MAX_REQUEST_ID_BYTES;
 
 /// The parts of a well-formed prefill result.
 pub(super) struct Request {

@@ -6,10 +6,11 @@
 use super::handoff::{self, describe};
 use super::request::{self, Request};
 use super::{
-    Backend, DEADLINE_HEADER, DeadLetterCode, Decision, ErrorCode, FinishReason, IdSource, Input,
-    Outcome, Release, Rules, content_type, dead_letter, deadline, error_text, msg_id,
-    prefill_failed, release_msg_id,
+    Backend, DeadLetterCode, Decision, ErrorCode, FinishReason, IdSource, Input, Outcome, Release,
+    Rules, content_type, dead_letter, deadline, error_text, prefill_failed,
 };
+use crate::headers::names::{HANDOFF_DEADLINE, NATS_MSG_ID};
+use crate::headers::{msg_id, release_msg_id};
 use crate::wire::{self, Encoding, map, messages};
 use rmpv::Value;
 
@@ -54,7 +55,7 @@ pub fn decide_values(input: Input<'_>, rules: &Rules, ids: &mut dyn IdSource) ->
             reply.request_id = malformed.request_id;
             reply.error(ErrorCode::Malformed, malformed.why, 0)
         }
-        Ok(request) => decide_request(request, reply, input, rules, ids),
+        Ok(request) => decide_frames(request, reply, input, rules, ids),
     }
 }
 
@@ -108,7 +109,7 @@ impl Reply {
             handoff.ids.machine_id(),
         );
         let mut headers = content_type(self.encoding);
-        headers.push("Nats-Msg-Id", &release_msg_id(handoff.request_id));
+        headers.push(NATS_MSG_ID, &release_msg_id(handoff.request_id));
         let release = Release {
             subject: rules.release_subject.clone(),
             headers,
@@ -130,9 +131,22 @@ struct Handoff<'a> {
     ids: &'a dyn IdSource,
 }
 
-/// Rules 1 to 5 for a result whose envelope is well formed. Long: the
-/// contract's rules in their order, each a few lines, read best as one.
-fn decide_request(
+/// What a decode job is made of, once rules 1 to 3 let a result through.
+struct JobParts {
+    request_id: String,
+    /// The first frame, without its `disaggregated_params`.
+    first: Vec<(Value, Value)>,
+    /// The first frame's `disaggregated_params`, as it came.
+    params: Option<Value>,
+    request: Option<Value>,
+    rest: Vec<(Value, Value)>,
+    trailing: usize,
+}
+
+/// The deadline and rules 1 to 3 for a result whose envelope is well formed
+/// (an error response or a terminal response), then rules 4 and 5
+/// ([`decide_handoff`]).
+fn decide_frames(
     request: Request,
     mut reply: Reply,
     input: Input<'_>,
@@ -198,13 +212,35 @@ fn decide_request(
             release: None,
         };
     }
+    let parts = JobParts {
+        request_id,
+        first,
+        params,
+        request,
+        rest,
+        trailing,
+    };
+    decide_handoff(parts, reply, input, rules, ids)
+}
+
+/// Rules 4 and 5: the handoff checked (or refused, by a deadline or a
+/// cancel), its request ID minted when it needs one, and the decode job.
+fn decide_handoff(
+    mut parts: JobParts,
+    reply: Reply,
+    input: Input<'_>,
+    rules: &Rules,
+    ids: &mut dyn IdSource,
+) -> Decision {
+    let trailing = parts.trailing;
     // Rule 4.
-    let params = match params {
+    let params = match parts.params.take() {
         Some(Value::Map(params)) => params,
         other => {
             let why = format!(
                 "the first frame needs decode (finish_reason {}) but disaggregated_params is {}; a decode handoff needs the engine's params map",
-                map::get_non_nil(&first, "finish_reason").map_or_else(|| "absent".into(), describe),
+                map::get_non_nil(&parts.first, "finish_reason")
+                    .map_or_else(|| "absent".into(), describe),
                 other.as_ref().map_or_else(|| "missing".into(), describe),
             );
             return reply.error(ErrorCode::NoDisaggregatedParams, why, trailing);
@@ -215,25 +251,42 @@ fn decide_request(
         Err((code, why)) => return reply.error(code, why, trailing),
     };
     if let Some(refusal) = deadline::refusal(
-        &request_id,
+        &parts.request_id,
         reply.deadline_ms,
         input.now_ms,
         rules.deadline_skew_ms,
         input.cancels,
     ) {
         let handoff = Handoff {
-            request_id: &request_id,
+            request_id: &parts.request_id,
             backend,
             params,
             ids,
         };
         return reply.refused(refusal, handoff, rules, trailing);
     }
-    let handoff = match handoff::complete(params, backend, ids) {
-        Ok(h) => h,
-        Err((code, why)) => return reply.error(code, why, trailing),
-    };
-    // Rule 5.
+    match handoff::complete(params, backend, ids) {
+        Ok(handoff) => decode_job(parts, handoff, reply, rules, ids),
+        Err((code, why)) => reply.error(code, why, trailing),
+    }
+}
+
+/// Rule 5: the decode job, to GEN.
+fn decode_job(
+    parts: JobParts,
+    handoff: handoff::Handoff,
+    reply: Reply,
+    rules: &Rules,
+    ids: &dyn IdSource,
+) -> Decision {
+    let JobParts {
+        request_id,
+        first,
+        request,
+        rest,
+        trailing,
+        ..
+    } = parts;
     let outcome = Outcome::Decode {
         backend: handoff.backend,
         minted: handoff.minted.is_some(),
@@ -256,9 +309,9 @@ fn decide_request(
         extra: rest,
     };
     let mut headers = content_type(reply.encoding);
-    headers.push("Nats-Msg-Id", &msg_id(&request_id));
+    headers.push(NATS_MSG_ID, &msg_id(&request_id));
     if let Some(ms) = reply.deadline_ms {
-        headers.push(DEADLINE_HEADER, &ms.to_string());
+        headers.push(HANDOFF_DEADLINE, &ms.to_string());
     }
     Decision {
         outcome,

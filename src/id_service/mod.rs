@@ -145,7 +145,7 @@ pub fn answer(
 }
 
 /// The answer to a request whose NATS header block the client could not
-/// parse (`what` says why, as [`crate::pipeline::decide::header_block_error`]
+/// parse (`what` says why, as [`crate::headers::block_error`]
 /// returns it): `malformed`, whatever its body, as the pipeline dead-letters
 /// such a result. The headers it was sent with are unknown, its content type
 /// among them, so the answer is MessagePack (contract 3's default), and no

@@ -4,6 +4,7 @@
 use super::{Budget, IdRequestResult, answer, unreadable_headers};
 use crate::config::Config;
 use crate::decision::{ReplyPolicy, Rules};
+use crate::headers::{self, TraceHeaders, names::CONTENT_TYPE};
 use crate::identity::Identity;
 use crate::metrics::Metrics;
 use crate::wire::Encoding;
@@ -123,11 +124,11 @@ async fn handle(
         return;
     }
     // Matched without regard to case, like a prefill result's.
-    let content_type = crate::transport::first_header(request.headers.as_ref(), "content-type");
+    let content_type = headers::first(request.headers.as_ref(), CONTENT_TYPE);
     let encoding = Encoding::from_content_type(content_type);
     // A header block the client could not parse: refused like the pipeline
     // refuses such a result, before its body is read or the budget touched.
-    let answer = match crate::pipeline::decide::header_block_error(request.headers.as_ref()) {
+    let answer = match headers::block_error(request.headers.as_ref()) {
         Some(what) => unreadable_headers(what),
         None => answer(
             &request.payload,
@@ -138,12 +139,12 @@ async fn handle(
         ),
     };
 
-    // The pipeline's header policy: the answer's own headers, then the
-    // request's trace headers (W3C-valid, canonical names).
+    // As every output: the answer's own headers, then the request's trace
+    // headers (W3C-valid, canonical names).
     let set = crate::decision::content_type(encoding);
-    let trace = crate::pipeline::headers::trace_headers(request.headers.as_ref());
+    let trace = TraceHeaders::read(request.headers.as_ref());
     metrics.trace_headers_dropped(&trace.dropped);
-    let headers = crate::pipeline::headers::output_headers(&set, &trace);
+    let headers = headers::outgoing(set, &trace);
     // Counted before publishing, so a requester that sees the answer sees the
     // count. Minted IDs count even when the answer is lost: they are burnt,
     // never handed out again.

@@ -4,7 +4,7 @@
 //! reserve IDs above it (`floor.rs`). Also the lease revoke used on the way
 //! out.
 
-use super::etcd::{LeaseError, Settings, etcd_reason};
+use super::etcd::{EtcdError, LeaseError, Settings};
 use super::floor;
 use super::keepalive::{Beat, KeepAlive};
 use super::registry::probe_order;
@@ -48,10 +48,7 @@ impl Claimed {
 pub(super) async fn connect(settings: &Settings) -> Result<Client, LeaseError> {
     let endpoints = settings.endpoints();
     if endpoints.is_empty() {
-        return Err(LeaseError::Etcd(
-            "etcd.endpoints is empty; expected comma-separated URLs such as http://127.0.0.1:2379"
-                .into(),
-        ));
+        return Err(EtcdError::NoEndpoints.into());
     }
     // HTTP/2 pings no more often than etcd's --grpc-keepalive-min-time
     // (5 s by default): a client pinging every second while its requests
@@ -73,16 +70,16 @@ pub(super) async fn connect(settings: &Settings) -> Result<Client, LeaseError> {
     let bound = settings.connect_timeout() + settings.request_timeout();
     match tokio::time::timeout(bound, Client::connect(&endpoints, Some(options))).await {
         Ok(Ok(client)) => Ok(client),
-        Ok(Err(e)) => Err(LeaseError::Etcd(format!(
-            "cannot connect to etcd at {}: {}",
-            redact_urls(&settings.etcd.endpoints),
-            etcd_reason(&e)
-        ))),
-        Err(_) => Err(LeaseError::Etcd(format!(
-            "cannot connect to etcd at {} within {} ms",
-            redact_urls(&settings.etcd.endpoints),
-            bound.as_millis()
-        ))),
+        Ok(Err(error)) => Err(EtcdError::Connect {
+            endpoints: redact_urls(&settings.etcd.endpoints),
+            error,
+        }
+        .into()),
+        Err(_) => Err(EtcdError::ConnectTimeout {
+            endpoints: redact_urls(&settings.etcd.endpoints),
+            ms: bound.as_millis(),
+        }
+        .into()),
     }
 }
 
@@ -113,10 +110,11 @@ async fn etcd_tls(
         }
     }
     if let Some(why) = refused {
-        return Err(LeaseError::Etcd(format!(
-            "TLS to etcd at {} failed: {why}",
-            crate::config::redact_urls(&etcd.endpoints)
-        )));
+        return Err(EtcdError::Tls {
+            endpoints: crate::config::redact_urls(&etcd.endpoints),
+            why,
+        }
+        .into());
     }
     Ok(options.with_tls(material.etcd_options()))
 }
@@ -137,19 +135,19 @@ pub(super) async fn establish(
         .await?;
     let lease_id = grant.id();
     if grant.ttl() <= 0 {
-        return Err(LeaseError::Etcd(format!(
-            "etcd granted lease {} with TTL {}; expected a positive TTL",
-            instance_id(lease_id),
-            grant.ttl()
-        )));
+        return Err(EtcdError::NonPositiveTtl {
+            lease: instance_id(lease_id).to_string(),
+            ttl: grant.ttl(),
+        }
+        .into());
     }
     let ttl = Duration::from_secs(grant.ttl().unsigned_abs());
     let Some(valid_until) = sent.checked_add(ttl) else {
-        return Err(LeaseError::Etcd(format!(
-            "etcd granted lease {} with an unusable TTL of {} s",
-            instance_id(lease_id),
-            grant.ttl()
-        )));
+        return Err(EtcdError::UnusableTtl {
+            lease: instance_id(lease_id).to_string(),
+            ttl: grant.ttl(),
+        }
+        .into());
     };
     identity.set_lease(lease_id);
     info!(lease = %instance_id(lease_id), ttl_secs = grant.ttl(), "etcd lease granted");
@@ -294,14 +292,15 @@ impl Claim<'_> {
                 self.valid_until = valid_until;
                 Ok(())
             }
-            Ok(Beat::Gone) => Err(LeaseError::Etcd(format!(
-                "lease {} expired while claiming a slot",
-                instance_id(self.lease_id)
-            ))),
-            Err(e) if Instant::now() >= self.valid_until => Err(LeaseError::Etcd(format!(
-                "lease {} may have expired while claiming a slot: {e}",
-                instance_id(self.lease_id)
-            ))),
+            Ok(Beat::Gone) => Err(EtcdError::ExpiredWhileClaiming {
+                lease: instance_id(self.lease_id).to_string(),
+            }
+            .into()),
+            Err(error) if Instant::now() >= self.valid_until => Err(EtcdError::MayHaveExpired {
+                lease: instance_id(self.lease_id).to_string(),
+                error,
+            }
+            .into()),
             Err(_) => Ok(()),
         }
     }

@@ -3,6 +3,7 @@
 //! error they end in. Below every step of the etcd side (claim, session,
 //! floor, lease), which all share it.
 
+use super::keepalive::KeepAliveError;
 use super::registry::{InstanceRecord, Keys};
 use crate::config::{ConfigError, EtcdConfig, redact_urls};
 use crate::security::{Section, SecurityError, reason};
@@ -13,8 +14,10 @@ use tracing::debug;
 /// Why the etcd side of the identity could not do what it was asked.
 #[derive(Debug, thiserror::Error)]
 pub enum LeaseError {
+    /// etcd could not be reached, refused or did not answer a request, or
+    /// answered one in a way that leaves the claim unusable.
     #[error("{0}")]
-    Etcd(String),
+    Etcd(EtcdError),
     #[error(
         "all 1021 machine-ID slots under {prefix} are held by live leases; stop a worker or use another namespace"
     )]
@@ -24,6 +27,67 @@ pub enum LeaseError {
     /// The etcd TLS files cannot be used (`etcd.tls.*`).
     #[error(transparent)]
     Security(#[from] SecurityError),
+}
+
+/// What went wrong talking to etcd. The client's error, where there is one,
+/// is kept as it came (`error`), and written into the message in one line
+/// ([`etcd_reason`]); it is not the error's `source`, which `{:#}` would
+/// print a second time.
+#[derive(Debug, thiserror::Error)]
+pub enum EtcdError {
+    #[error("etcd.endpoints is empty; expected comma-separated URLs such as http://127.0.0.1:2379")]
+    NoEndpoints,
+    #[error("cannot connect to etcd at {endpoints}: {}", etcd_reason(.error))]
+    Connect {
+        endpoints: String,
+        error: etcd_client::Error,
+    },
+    #[error("cannot connect to etcd at {endpoints} within {ms} ms")]
+    ConnectTimeout { endpoints: String, ms: u128 },
+    #[error("TLS to etcd at {endpoints} failed: {why}")]
+    Tls { endpoints: String, why: String },
+    #[error("{what} failed at etcd {endpoints}: {}", etcd_reason(.error))]
+    Request {
+        what: String,
+        endpoints: String,
+        error: etcd_client::Error,
+    },
+    #[error("{what} failed at etcd {endpoints} ({attempts} tries): {error}")]
+    Retried {
+        what: String,
+        endpoints: String,
+        attempts: usize,
+        error: etcd_client::Error,
+    },
+    #[error("{what}: etcd at {endpoints} did not answer within {ms} ms (etcd.request_timeout_ms)")]
+    Timeout {
+        what: String,
+        endpoints: String,
+        ms: u64,
+    },
+    #[error("etcd granted lease {lease} with TTL {ttl}; expected a positive TTL")]
+    NonPositiveTtl { lease: String, ttl: i64 },
+    #[error("etcd granted lease {lease} with an unusable TTL of {ttl} s")]
+    UnusableTtl { lease: String, ttl: i64 },
+    #[error("lease {lease} expired while claiming a slot")]
+    ExpiredWhileClaiming { lease: String },
+    #[error("lease {lease} may have expired while claiming a slot: {error}")]
+    MayHaveExpired {
+        lease: String,
+        error: KeepAliveError,
+    },
+    #[error("the ID floor {floor} was not written: slot {slot} is no longer held by lease {lease}")]
+    FloorNotWritten {
+        floor: String,
+        slot: String,
+        lease: String,
+    },
+}
+
+impl From<EtcdError> for LeaseError {
+    fn from(e: EtcdError) -> LeaseError {
+        LeaseError::Etcd(e)
+    }
 }
 
 /// Everything a claim needs that does not change between recoveries.
@@ -62,16 +126,18 @@ impl Settings {
     ) -> Result<T, LeaseError> {
         match tokio::time::timeout(self.request_timeout(), request).await {
             Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(LeaseError::Etcd(format!(
-                "{what} failed at etcd {}: {}",
-                redact_urls(&self.etcd.endpoints),
-                etcd_reason(&e)
-            ))),
-            Err(_) => Err(LeaseError::Etcd(format!(
-                "{what}: etcd at {} did not answer within {} ms (etcd.request_timeout_ms)",
-                redact_urls(&self.etcd.endpoints),
-                self.etcd.request_timeout_ms
-            ))),
+            Ok(Err(error)) => Err(EtcdError::Request {
+                what: what.to_string(),
+                endpoints: redact_urls(&self.etcd.endpoints),
+                error,
+            }
+            .into()),
+            Err(_) => Err(EtcdError::Timeout {
+                what: what.to_string(),
+                endpoints: redact_urls(&self.etcd.endpoints),
+                ms: self.etcd.request_timeout_ms,
+            }
+            .into()),
         }
     }
 }
@@ -105,16 +171,22 @@ impl Settings {
                 Err(_) => break,
             }
         }
+        let what = what.to_string();
+        let endpoints = self.etcd.endpoints.clone();
         Err(match last {
-            Some(e) => LeaseError::Etcd(format!(
-                "{what} failed at etcd {} ({attempts} tries): {e}",
-                self.etcd.endpoints
-            )),
-            None => LeaseError::Etcd(format!(
-                "{what}: etcd at {} did not answer within {} ms (etcd.request_timeout_ms)",
-                self.etcd.endpoints, self.etcd.request_timeout_ms
-            )),
-        })
+            Some(error) => EtcdError::Retried {
+                what,
+                endpoints,
+                attempts,
+                error,
+            },
+            None => EtcdError::Timeout {
+                what,
+                endpoints,
+                ms: self.etcd.request_timeout_ms,
+            },
+        }
+        .into())
     }
 }
 

@@ -48,7 +48,7 @@
 //! `ETCD_ELECTION_TIMEOUT=1500 ETCD_HEARTBEAT_INTERVAL=150`) this schedule
 //! keeps every client's ID (`docs/performance.md`).
 
-use super::etcd::{LeaseError, Settings};
+use super::etcd::{EtcdError, LeaseError, Settings};
 use super::registry::Keys;
 use super::{Identity, Reservation};
 use crate::ids::MachineId;
@@ -369,12 +369,14 @@ fn outcome(
     if answer.succeeded() {
         Ok(())
     } else {
-        Err(WriteError::SlotMoved(LeaseError::Etcd(format!(
-            "the ID floor {} was not written: slot {} is no longer held by lease {}",
-            keys.id_floor(machine_id),
-            keys.slot(machine_id),
-            instance_id(lease_id)
-        ))))
+        Err(WriteError::SlotMoved(
+            EtcdError::FloorNotWritten {
+                floor: keys.id_floor(machine_id).to_string(),
+                slot: keys.slot(machine_id).to_string(),
+                lease: instance_id(lease_id).to_string(),
+            }
+            .into(),
+        ))
     }
 }
 

@@ -15,7 +15,7 @@ const FAILOVER_TRIES: u32 = 6;
 
 /// Why a keepalive round trip proved nothing; the caller tries again.
 #[derive(Debug, thiserror::Error)]
-pub(super) enum KeepAliveError {
+pub enum KeepAliveError {
     #[error("cannot open the keepalive stream: {0}")]
     Open(#[source] etcd_client::Error),
     #[error("cannot send the keepalive: {0}")]

@@ -41,7 +41,7 @@ mod lease;
 pub mod registry;
 mod session;
 
-pub use etcd::LeaseError;
+pub use etcd::{EtcdError, LeaseError};
 pub use inspect::read_slots;
 #[doc(hidden)]
 pub use inspect::write_floor_as;

@@ -26,7 +26,8 @@ pub use readiness::{Readiness, ReadinessReport};
 pub use server::{ServeError, Server, serve};
 pub use watch::{IdentityTracker, RateLimitedLog, on_nats_event};
 
-use crate::decision::{Backend, DeadLetterCode, ErrorCode, FinishReason, Outcome, TraceHeader};
+use crate::decision::{Backend, DeadLetterCode, ErrorCode, FinishReason, Outcome};
+use crate::headers::TraceHeader;
 use prometheus_client::encoding::prometheus_text;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;

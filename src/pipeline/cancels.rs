@@ -3,10 +3,9 @@
 //! JetStream mode the cancels the server kept, loaded before the worker
 //! pulls.
 
-use super::decide::header_block_error;
 use crate::cancel::{CancelError, Cancellations, Taken};
+use crate::headers::{self, names::CONTENT_TYPE};
 use crate::metrics::{CancelEvent, Metrics, RateLimitedLog};
-use crate::transport::first_header;
 use crate::wire::Encoding;
 use async_nats::{Client, HeaderMap};
 use futures::StreamExt;
@@ -34,13 +33,13 @@ impl Intake {
     /// Takes one cancel message, published at `at_ms` (Unix ms), and counts
     /// what it did.
     pub fn take(&self, payload: &[u8], headers: Option<&HeaderMap>, at_ms: u64) {
-        let taken = match header_block_error(headers) {
+        let taken = match headers::block_error(headers) {
             Some(what) => Taken::Malformed(CancelError::Undecodable {
                 encoding: "a NATS message",
                 why: format!("its header block could not be parsed: {what}"),
             }),
             None => {
-                let content_type = first_header(headers, "content-type");
+                let content_type = headers::first(headers, CONTENT_TYPE);
                 let encoding = Encoding::from_content_type(content_type);
                 self.cancellations.take(payload, encoding, at_ms)
             }

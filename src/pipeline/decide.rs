@@ -3,14 +3,10 @@
 //!
 //! ## Messages whose NATS header block could not be parsed
 //!
-//! The header block comes verbatim from whoever published. The vendored
-//! client (docs/vendor-async-nats.md) delivers a message whose block it could
-//! not parse with one header only, [`HEADER_BLOCK_ERROR`], saying what was
-//! wrong. The client sets it and never takes it from the wire (a block using
-//! that name is itself unparsable), so a publisher forging it only gets its
-//! own message dead-lettered. [`header_block_error`] is the one place that
-//! recognizes the marker: the pipeline dead-letters such a message, the ID
-//! service (`crate::id_service`) answers it `malformed`.
+//! The header block comes verbatim from whoever published; the client
+//! delivers one it could not parse marked ([`headers::block_error`]). The
+//! pipeline dead-letters such a message as `malformed`, whatever its body;
+//! the ID service (`crate::id_service`) answers it `malformed`.
 //!
 //! ## Deciding a large result without stalling the connection
 //!
@@ -30,8 +26,8 @@
 //! CPU's worth of room.
 
 use crate::decision::{self, Decision, IdSource, Input, Rules};
+use crate::headers;
 use async_nats::HeaderMap;
-use async_nats::header::HEADER_BLOCK_ERROR;
 use std::sync::OnceLock;
 use tokio::runtime::{Handle, RuntimeFlavor};
 use tokio::sync::Semaphore;
@@ -50,9 +46,9 @@ fn slots() -> &'static Semaphore {
     })
 }
 
-/// [`decide_now`] (the header block checked, then the decision); beside
-/// the runtime, a few at a time, for large inputs.
-pub async fn decide<I: IdSource + Send>(
+/// [`decide_received_inline`] (the header block checked, then the
+/// decision); beside the runtime, a few at a time, for large inputs.
+pub async fn decide_received<I: IdSource + Send>(
     input: Input<'_>,
     headers: Option<&HeaderMap>,
     rules: &Rules,
@@ -64,31 +60,24 @@ pub async fn decide<I: IdSource + Send>(
             .is_ok_and(|runtime| runtime.runtime_flavor() == RuntimeFlavor::MultiThread)
     };
     if input.payload.len() < LARGE || !multi_thread() {
-        return decide_now(input, headers, rules, ids);
+        return decide_received_inline(input, headers, rules, ids);
     }
     // Never closed: on error, decide without a slot rather than not at all.
     let _slot = slots().acquire().await;
-    tokio::task::block_in_place(|| decide_now(input, headers, rules, ids))
+    tokio::task::block_in_place(|| decide_received_inline(input, headers, rules, ids))
 }
 
-/// The decision for one received message, in both modes: a `malformed` dead
-/// letter when the client could not parse its header block, otherwise
-/// [`decision::decide`].
-pub fn decide_now(
+/// The decision for one received message, in both modes, on the caller's
+/// thread: a `malformed` dead letter when the client could not parse its
+/// header block, otherwise [`decision::decide`].
+pub fn decide_received_inline(
     input: Input<'_>,
     headers: Option<&HeaderMap>,
     rules: &Rules,
     ids: &mut dyn IdSource,
 ) -> Decision {
-    match header_block_error(headers) {
+    match headers::block_error(headers) {
         Some(what) => decision::unreadable_headers(input, rules, what),
         None => decision::decide(input, rules, ids),
     }
-}
-
-/// What was wrong with the message's NATS header block, when the client could
-/// not parse it; `None` for a well-formed block or none at all. Its headers
-/// are then unknown (content type, trace context): only the marker is there.
-pub fn header_block_error(headers: Option<&HeaderMap>) -> Option<&str> {
-    headers?.get(HEADER_BLOCK_ERROR).map(|what| what.as_str())
 }

@@ -1,8 +1,9 @@
 //! The dead letters that stand in for an output that cannot go out, so a
 //! result still gets its one output.
 
-use super::{Pipeline, headers};
-use crate::decision::{self, DeadLetterCode, Decision, TraceHeaders};
+use super::Pipeline;
+use crate::decision::{self, DeadLetterCode, Decision};
+use crate::headers::{self, Headers, TraceHeaders};
 use crate::transport::{Delivery, Outbox, PublishError, Target};
 use bytes::Bytes;
 
@@ -54,12 +55,12 @@ impl Pipeline {
 
     pub(super) async fn dead_letter(
         &self,
-        set: &decision::Headers,
+        set: &Headers,
         trace: &TraceHeaders,
         payload: Bytes,
         outbox: Option<&mut Outbox>,
     ) -> Result<(), PublishError> {
-        let headers = headers::output_headers(set, trace);
+        let headers = headers::outgoing(set.clone(), trace);
         self.sink
             .publish(
                 &self.rules.dead_letter_subject,

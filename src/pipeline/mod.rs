@@ -6,8 +6,7 @@
 //! - here: [`Pipeline::handle`], where a delivery starts and ends.
 //! - [`decide`]: the header block checked, then the decision, large inputs
 //!   beside the runtime.
-//! - [`headers`]: the one header policy (trace headers copied W3C-valid,
-//!   under their canonical names).
+//!   Headers, read and written, are [`crate::headers`]'.
 //! - [`settle`]: the pure rules: ack, term, or nak with backoff.
 //! - `fallback.rs`: the dead letters that stand in for an output that cannot
 //!   go out (too large, invalid subject) and for a result the byte budget
@@ -24,7 +23,6 @@
 pub mod cancels;
 pub mod decide;
 mod fallback;
-pub mod headers;
 mod log;
 mod refuse;
 pub mod run;
@@ -38,12 +36,14 @@ pub use run::{Options, Report, Runner};
 pub use stats::{Counts, Stats};
 
 use crate::cancel::Cancellations;
-use crate::decision::{self, DeadLetterCode, Decision, Input, Outcome, Rules, TraceHeaders};
+use crate::decision::{DeadLetterCode, Decision, Input, Outcome, Rules};
+use crate::headers::names::{CONTENT_TYPE, HANDOFF_DEADLINE};
+use crate::headers::{self, TraceHeaders};
 use crate::identity::Identity;
 use crate::metrics::{Metrics, NakReason};
 use crate::redelivery::Redelivery;
 use crate::telemetry::{Arrival, ResultSpan, Telemetry};
-use crate::transport::{self, Delivery, Outbox, PublishError, Settle, Sink, Target};
+use crate::transport::{Delivery, Outbox, PublishError, Settle, Sink, Target};
 use crate::wire::Encoding;
 use async_nats::HeaderMap;
 use bytes::Bytes;
@@ -151,7 +151,7 @@ impl Pipeline {
     /// and counts it. Without one (JetStream mode), the output is out (or
     /// not) when this returns, and counted.
     pub async fn handle(&self, delivery: Box<Delivery>, outbox: Option<&mut Outbox>) -> Handled {
-        let mut trace = headers::trace_headers(delivery.headers.as_ref());
+        let mut trace = TraceHeaders::read(delivery.headers.as_ref());
         let arrival = Arrival {
             subject: &delivery.subject,
             size: delivery.payload.len(),
@@ -201,7 +201,7 @@ impl Pipeline {
         self.metrics.trace_headers_dropped(&trace.dropped);
         let release = decision.release.take();
         self.expire_at_deadline(&mut decision, now_ms);
-        let outgoing = headers::finish_headers(std::mem::take(&mut decision.headers), &trace);
+        let outgoing = headers::outgoing(std::mem::take(&mut decision.headers), &trace);
         let payload = Bytes::from(std::mem::take(&mut decision.payload));
         let output_size = payload.len();
         let queued = outbox.is_some();
@@ -223,24 +223,13 @@ impl Pipeline {
             }
             // The failure paths are boxed: rare, and inline they would grow
             // every result's future.
-            Err(e) => match fallback_code(&e) {
-                Some(code) => {
-                    let instead =
-                        self.dead_letter_instead(&delivery, &trace, &decision, code, &e, outbox);
-                    match Box::pin(instead).await {
-                        Ok(()) => {
-                            let outcome = Outcome::DeadLetter { code };
-                            let subject = &self.rules.dead_letter_subject;
-                            span.published(&outcome, subject, delivery.payload.len());
-                            (outcome, Settle::Term)
-                        }
-                        Err(e) => {
-                            return Box::pin(self.failed(&delivery, &decision, e, span)).await;
-                        }
-                    }
+            Err(e) => {
+                let instead = self.not_published(&delivery, &trace, &decision, e, outbox, span);
+                match Box::pin(instead).await {
+                    Ok(done) => done,
+                    Err(handled) => return handled,
                 }
-                None => return Box::pin(self.failed(&delivery, &decision, e, span)).await,
-            },
+            }
         };
 
         log::outcome(&outcome, &decision, &delivery.subject, attempt);
@@ -259,22 +248,20 @@ impl Pipeline {
     }
 
     /// The decision for a delivery: its encoding from its `content-type`,
-    /// its header block checked, then the decision ([`decide::decide`]).
+    /// its header block checked, then the decision ([`decide::decide_received`]).
     async fn decision_for(&self, delivery: &Delivery, now_ms: u64) -> Decision {
         let incoming: Option<&HeaderMap> = delivery.headers.as_ref();
         let input = Input {
             payload: &delivery.payload,
-            encoding: Encoding::from_content_type(transport::first_header(
-                incoming,
-                "content-type",
-            )),
+            encoding: Encoding::from_content_type(headers::first(incoming, CONTENT_TYPE)),
             subject: &delivery.subject,
             nats_reply: delivery.reply.as_deref(),
-            deadline_header: transport::first_header(incoming, decision::DEADLINE_HEADER),
+            deadline_header: headers::first(incoming, HANDOFF_DEADLINE),
             now_ms,
             cancels: &*self.cancellations,
         };
-        let decision = decide::decide(input, incoming, &self.rules, &mut &self.identity).await;
+        let decision =
+            decide::decide_received(input, incoming, &self.rules, &mut &self.identity).await;
         if let Some(deadline) = decision.deadline_ms {
             let left = Duration::from_millis(deadline.saturating_sub(now_ms));
             self.metrics.deadline_remaining(left);
@@ -329,9 +316,8 @@ impl Pipeline {
             && delivery.attempt.number > 1
             && gen_stream.may_have_forgotten(stored_at)
         {
-            // As the decision set it (its headers went into the outgoing
-            // block, which is not a map to look in).
-            let msg_id = decision::msg_id(decision.request_id.as_deref().unwrap_or_default());
+            // As the decision set it (its headers moved into `headers`).
+            let msg_id = headers::msg_id(decision.request_id.as_deref().unwrap_or_default());
             let msg_id = msg_id.as_str();
             // Boxed: rare, and inline it would more than double every
             // result's future (moved several times per result).
@@ -355,6 +341,37 @@ impl Pipeline {
         self.sink
             .publish(&decision.subject, headers, payload, Target::Stream, outbox)
             .await
+    }
+
+    /// The output did not go out (`e`). One that can never be sent (too
+    /// large, a subject the client refuses) is replaced by the input's dead
+    /// letter: `Ok` with that outcome and its settlement. Otherwise, or when
+    /// the dead letter fails too, the one failure path ([`Pipeline::failed`]):
+    /// `Err` with what was handled.
+    async fn not_published(
+        &self,
+        delivery: &Delivery,
+        trace: &TraceHeaders,
+        decision: &Decision,
+        e: PublishError,
+        outbox: Option<&mut Outbox>,
+        span: &mut ResultSpan,
+    ) -> Result<(Outcome, Settle), Handled> {
+        let Some(code) = fallback_code(&e) else {
+            return Err(self.failed(delivery, decision, e, span).await);
+        };
+        match self
+            .dead_letter_instead(delivery, trace, decision, code, &e, outbox)
+            .await
+        {
+            Ok(()) => {
+                let outcome = Outcome::DeadLetter { code };
+                let subject = &self.rules.dead_letter_subject;
+                span.published(&outcome, subject, delivery.payload.len());
+                Ok((outcome, Settle::Term))
+            }
+            Err(e) => Err(self.failed(delivery, decision, e, span).await),
+        }
     }
 
     /// The one failure path: the output (or its dead letter) is not known to

@@ -11,10 +11,11 @@
 //! [`Refusals::allowance`]; past it a dead letter goes without its bytes
 //! (saying how many) and only the notice tells the client to retry.
 
-use super::{Handled, Pipeline, headers};
-use crate::decision::{self, DeadLetterCode, ErrorCode, Outcome, TraceHeaders};
+use super::{Handled, Pipeline};
+use crate::decision::{self, DeadLetterCode, ErrorCode, Outcome};
+use crate::headers::{self, TraceHeaders, names::CONTENT_TYPE};
 use crate::metrics::RateLimitedLog;
-use crate::transport::{self, Delivery, PublishError, Settle, Target};
+use crate::transport::{Delivery, PublishError, Settle, Target};
 use crate::wire::peek::{self, ReplyTo};
 use crate::wire::{self, Encoding, messages};
 use bytes::Bytes;
@@ -101,7 +102,7 @@ impl Pipeline {
         let why = format!(
             "the worker held {held} bytes of results (max_in_flight_bytes {max_in_flight_bytes}) and had no room for this one's {bytes} bytes; it was not decided"
         );
-        let trace = headers::trace_headers(delivery.headers.as_ref());
+        let trace = TraceHeaders::read(delivery.headers.as_ref());
         self.metrics.trace_headers_dropped(&trace.dropped);
         let outcome = Outcome::DeadLetter {
             code: DeadLetterCode::OverBudget,
@@ -164,7 +165,7 @@ impl Pipeline {
     /// passes the reply policy. A side output: its failure is logged and
     /// counted, and changes nothing else.
     async fn tell_over_budget(&self, delivery: &Delivery, trace: &TraceHeaders, why: &str) {
-        let content_type = transport::first_header(delivery.headers.as_ref(), "content-type");
+        let content_type = headers::first(delivery.headers.as_ref(), CONTENT_TYPE);
         let encoding = Encoding::from_content_type(content_type);
         let peeked = peek::peek(&delivery.payload, encoding);
         let subject = match (peeked.reply_to, &delivery.reply) {
@@ -179,7 +180,7 @@ impl Pipeline {
         let code = ErrorCode::OverBudget;
         let message = format!("{why}; retry with backoff");
         let body = messages::error_response(peeked.request_id.as_deref(), code.as_str(), &message);
-        let headers = headers::output_headers(&decision::content_type(encoding), trace);
+        let headers = headers::outgoing(decision::content_type(encoding), trace);
         let payload = Bytes::from(wire::encode(&body, encoding));
         let sent = self
             .sink

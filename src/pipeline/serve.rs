@@ -13,7 +13,7 @@ use crate::redelivery::Redelivery;
 use crate::setup::{self, JetStreamError};
 use crate::telemetry::Telemetry;
 use crate::transport::jetstream::{self, Puller, confirm::Confirmer, publish::Publisher};
-use crate::transport::{self, CoreSink, Sink, Source, TransportError};
+use crate::transport::{CoreSink, Sink, Source, TransportError};
 use async_nats::Client;
 use std::future::Future;
 use std::sync::Arc;
@@ -101,7 +101,7 @@ pub async fn start(
         Mode::Core => {
             let sink = Sink::Core(CoreSink::new(client.clone(), &config.subjects.gen_jobs));
             let runner = Runner::new(pipeline(sink), options);
-            let source = transport::core::subscribe(
+            let source = Source::core(
                 client,
                 &config.prefill_subjects(),
                 &config.queue_group,

@@ -2,14 +2,12 @@
 //! refused handoff, and the `Nats-TTL` that expires a decode job at its
 //! deadline in the GEN stream.
 
-use super::{Pipeline, headers};
-use crate::decision::{Decision, Outcome, Release, TraceHeaders};
+use super::Pipeline;
+use crate::decision::{Decision, Outcome, Release};
+use crate::headers::names::NATS_TTL;
+use crate::headers::{self, TraceHeaders};
 use crate::transport::Target;
 use bytes::Bytes;
-
-/// The header that asks a stream (nats-server 2.11+, `allow_msg_ttl`) to
-/// drop a message after a time.
-pub const MSG_TTL_HEADER: &str = "Nats-TTL";
 
 /// The `Nats-TTL` of a decode job whose deadline is `deadline` at `now_ms`:
 /// the time left in whole seconds, rounded up (a stream's TTLs are whole
@@ -31,9 +29,7 @@ impl Pipeline {
         if let (true, Outcome::Decode { .. }, Some(deadline)) =
             (ttl_stream, &decision.outcome, decision.deadline_ms)
         {
-            decision
-                .headers
-                .push(MSG_TTL_HEADER, &msg_ttl(deadline, now_ms));
+            decision.headers.push(NATS_TTL, &msg_ttl(deadline, now_ms));
         }
     }
 
@@ -60,7 +56,7 @@ impl Pipeline {
             headers,
             payload,
         } = release;
-        let outgoing = headers::finish_headers(headers, trace);
+        let outgoing = headers::outgoing(headers, trace);
         let sent = self
             .sink
             .publish(

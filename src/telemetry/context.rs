@@ -1,10 +1,11 @@
 //! W3C `traceparent` to OpenTelemetry's span context and back.
 //!
-//! The input's headers are checked once, by [`crate::decision::trace_headers`]
+//! The input's headers are checked once, by [`TraceHeaders::read`]
 //! (the rule that decides what outputs carry); this reads what that rule
 //! let through, so a header it dropped is never a parent either.
 
-use crate::decision::{TRACEPARENT, TRACESTATE, TraceHeaders};
+use crate::headers::TraceHeaders;
+use crate::headers::names::{TRACEPARENT, TRACESTATE};
 use opentelemetry::trace::{SpanContext, SpanId, TraceFlags, TraceId, TraceState};
 use std::str::FromStr;
 
@@ -12,7 +13,7 @@ use std::str::FromStr;
 /// `tracestate`), or `None`: the result starts a new trace.
 pub fn remote_parent(trace: &TraceHeaders) -> Option<SpanContext> {
     let value = header(trace, TRACEPARENT)?;
-    // `00-{32 hex}-{16 hex}-{2 hex}`, checked by decision::trace_headers.
+    // `00-{32 hex}-{16 hex}-{2 hex}`, checked by TraceHeaders::read.
     let trace_id = TraceId::from_hex(value.get(3..35)?).ok()?;
     let span_id = SpanId::from_hex(value.get(36..52)?).ok()?;
     let flags = u8::from_str_radix(value.get(53..55)?, 16).ok()?;
@@ -55,13 +56,12 @@ fn header<'a>(trace: &'a TraceHeaders, name: &str) -> Option<&'a str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decision::trace_headers;
 
     const TP: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 
     #[test]
     fn a_copied_traceparent_is_the_remote_parent() {
-        let trace = trace_headers([("traceparent", TP), ("tracestate", "rojo=1")]);
+        let trace = TraceHeaders::from_pairs([("traceparent", TP), ("tracestate", "rojo=1")]);
         let parent = remote_parent(&trace).unwrap();
         assert_eq!(
             parent.trace_id().to_string(),
@@ -77,7 +77,7 @@ mod tests {
     #[test]
     fn the_sampled_flag_is_kept_as_it_came() {
         let unsampled = TP.replace("-01", "-00");
-        let trace = trace_headers([("traceparent", unsampled.as_str())]);
+        let trace = TraceHeaders::from_pairs([("traceparent", unsampled.as_str())]);
         let parent = remote_parent(&trace).unwrap();
         assert!(!parent.is_sampled());
         assert_eq!(traceparent(&parent), unsampled);
@@ -85,22 +85,22 @@ mod tests {
 
     #[test]
     fn no_parent_without_a_copied_traceparent() {
-        assert!(remote_parent(&trace_headers([])).is_none());
+        assert!(remote_parent(&TraceHeaders::from_pairs([])).is_none());
         // Dropped by the header rule (upper-case hex), so no parent either.
         let upper = "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01";
-        assert!(remote_parent(&trace_headers([("traceparent", upper)])).is_none());
+        assert!(remote_parent(&TraceHeaders::from_pairs([("traceparent", upper)])).is_none());
     }
 
     #[test]
     fn the_outgoing_traceparent_replaces_or_leads() {
         let mine = "00-4bf92f3577b34da6a3ce929d0e0e4736-1111111111111111-01".to_string();
-        let mut trace = trace_headers([("traceparent", TP), ("tracestate", "a=1")]);
+        let mut trace = TraceHeaders::from_pairs([("traceparent", TP), ("tracestate", "a=1")]);
         set_traceparent(&mut trace, mine.clone());
         assert_eq!(
             trace.copy,
             vec![(TRACEPARENT, mine.clone()), (TRACESTATE, "a=1".to_string())]
         );
-        let mut root = trace_headers([]);
+        let mut root = TraceHeaders::from_pairs([]);
         set_traceparent(&mut root, mine.clone());
         assert_eq!(root.copy, vec![(TRACEPARENT, mine)]);
     }

@@ -24,7 +24,7 @@ pub use identity::{IdentityEvent, IdentityEvents};
 pub use settings::{Protocol, Settings, SettingsError};
 pub use span::{Arrival, ResultSpan};
 
-use crate::decision::TraceHeaders;
+use crate::headers::TraceHeaders;
 use crate::identity::IdentityState;
 use crate::metrics::Metrics;
 use opentelemetry::trace::TraceContextExt as _;

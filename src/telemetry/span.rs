@@ -8,7 +8,8 @@
 //! in the outgoing `traceparent`; it records nothing and is never exported.
 
 use super::context;
-use crate::decision::{Decision, Outcome, TraceHeaders};
+use crate::decision::{Decision, Outcome};
+use crate::headers::TraceHeaders;
 use opentelemetry::KeyValue;
 use opentelemetry::trace::{Span as _, SpanContext, Status};
 use opentelemetry_sdk::trace::Span;
@@ -203,7 +204,6 @@ pub(super) fn start_attributes(arrival: &Arrival<'_>, machine_id: Option<u16>) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decision::trace_headers;
 
     const TP: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 
@@ -215,11 +215,11 @@ mod tests {
         assert!(span.context().is_none());
         assert!(!span.is_sampled());
         assert!(span.log_span().is_disabled());
-        let mut trace = trace_headers([("traceparent", TP), ("tracestate", "a=1")]);
+        let mut trace = TraceHeaders::from_pairs([("traceparent", TP), ("tracestate", "a=1")]);
         let before = trace.clone();
         span.propagate(&mut trace);
         assert_eq!(trace, before);
-        let mut root = trace_headers([]);
+        let mut root = TraceHeaders::from_pairs([]);
         span.propagate(&mut root);
         assert!(root.is_empty(), "no traceparent is invented for a root");
         assert_eq!(

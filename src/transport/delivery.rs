@@ -1,5 +1,6 @@
 //! One delivery: what arrived, which attempt it is, and how it is settled.
 
+use super::ack::{self, Settle};
 use async_nats::{HeaderMap, Subject};
 use bytes::Bytes;
 use futures::future::Either;
@@ -41,17 +42,6 @@ impl Attempt {
     };
 }
 
-/// What is done with a delivery once its fate is known.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Settle {
-    /// Done: never deliver it again.
-    Ack,
-    /// Done, and never to be redelivered: marked terminated, not done.
-    Term,
-    /// Not done: deliver it again after the delay.
-    Nak(Duration),
-}
-
 /// How a delivery is settled with its transport.
 pub(crate) enum Settler {
     /// Core NATS: at most once, nothing to settle.
@@ -85,7 +75,7 @@ impl Delivery {
     /// server's ack wait redelivers the message anyway.
     pub async fn settle(&self, settle: Settle) {
         if let Settler::JetStream { acker, .. } = &self.settler {
-            super::jetstream::settle(acker, settle).await;
+            ack::settle(acker, settle).await;
         }
     }
 
@@ -101,9 +91,9 @@ impl Delivery {
         // loop) was several times its size.
         match &self.settler {
             Settler::AtMostOnce => Either::Left(work),
-            Settler::JetStream { acker, every } => Either::Right(Box::pin(
-                super::jetstream::with_progress(work, acker, *every),
-            )),
+            Settler::JetStream { acker, every } => {
+                Either::Right(Box::pin(ack::with_progress(work, acker, *every)))
+            }
         }
     }
 }

@@ -23,7 +23,10 @@
 //! bytes in. The connection itself is made by [`crate::connect`], from the
 //! configuration.
 
+mod ack;
+mod admission;
 mod delivery;
+mod publish_error;
 mod sink;
 mod source;
 
@@ -32,26 +35,16 @@ pub mod jetstream;
 
 pub mod budget;
 
+pub use ack::Settle;
+pub use admission::{Admission, Admitted, Limits};
 pub use budget::Held;
 pub use core::{CoreSink, Outbox};
-pub use delivery::{Attempt, Delivery, Settle};
-pub use sink::{PublishError, Sink, Target};
-pub use source::{Admission, Admitted, Feed, Limits, Source};
+pub use delivery::{Attempt, Delivery};
+pub use publish_error::PublishError;
+pub use sink::{Sink, Target};
+pub use source::{Feed, Source};
 
 pub(crate) use delivery::Settler;
-
-use async_nats::HeaderMap;
-
-/// The first value of the header `name`, matched without regard to case, as
-/// HTTP and most NATS clients do. Every header read in this crate goes
-/// through here.
-pub fn first_header<'a>(headers: Option<&'a HeaderMap>, name: &str) -> Option<&'a str> {
-    headers?
-        .iter()
-        .find(|(n, _)| AsRef::<str>::as_ref(n).eq_ignore_ascii_case(name))
-        .and_then(|(_, values)| values.first())
-        .map(|v| v.as_str())
-}
 
 /// Why the core transport could not be set up. Failures after start
 /// (disconnects, publish errors) are logged and counted, not returned.
@@ -59,10 +52,12 @@ pub fn first_header<'a>(headers: Option<&'a HeaderMap>, name: &str) -> Option<&'
 pub enum TransportError {
     #[error("subjects.prefill_results is empty; the worker needs at least one subject to consume")]
     NoSubjects,
-    #[error("cannot subscribe to {subject:?} (queue group {queue_group:?}): {reason}")]
+    /// The client's error is the source (`{:#}` shows it after the message).
+    #[error("cannot subscribe to {subject:?} (queue group {queue_group:?})")]
     Subscribe {
         subject: String,
         queue_group: String,
-        reason: String,
+        #[source]
+        source: async_nats::SubscribeError,
     },
 }

@@ -1,64 +1,13 @@
-//! Where deliveries come from: the in-flight limits a source admits within,
-//! and the one [`Source`] both transports feed.
+//! Where deliveries come from: the one [`Source`] both transports feed.
 
-use super::Delivery;
-use super::budget::{ByteBudget, Held};
+use super::admission::{Admission, Limits};
 use super::core::intake::Intake;
-use std::sync::Arc;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
-
-/// The in-flight bounds every source admits deliveries within, shared with
-/// the runner that frees them: processing slots (`max_in_flight`) and bytes
-/// (`max_in_flight_bytes`).
-#[derive(Clone, Debug)]
-pub struct Limits {
-    pub slots: Arc<Semaphore>,
-    pub budget: ByteBudget,
-}
-
-impl Limits {
-    pub fn new(max_in_flight: usize, max_in_flight_bytes: usize) -> Limits {
-        // At least one, or nothing would ever be taken; the runner's options
-        // cap it at u32::MAX, far below the semaphore's limit.
-        let slots = max_in_flight.max(1);
-        Limits {
-            slots: Arc::new(Semaphore::new(slots)),
-            budget: ByteBudget::new(max_in_flight_bytes),
-        }
-    }
-}
-
-/// A delivery taken, holding its bytes (and, once given, its processing
-/// slot) until dropped.
-#[derive(Debug)]
-pub struct Admitted {
-    /// Boxed: an admission moves from the subscription through the runner's
-    /// queue, a batch and a task into the pipeline's future, and a
-    /// 240-byte `Delivery` copied at each step cost about 750 instructions
-    /// of `memcpy` per result in core-mode bursts (callgrind,
-    /// `scripts/instructions.sh`); the box costs one allocation, about 60.
-    pub delivery: Box<Delivery>,
-    pub held: Held,
-    /// The processing slot, when the source took one before it pulled; the
-    /// runner takes one otherwise.
-    pub slot: Option<OwnedSemaphorePermit>,
-}
-
-/// What a source hands on.
-#[derive(Debug)]
-pub enum Admission {
-    Admitted(Admitted),
-    /// The byte budget had no room: the delivery (with its payload, `bytes`
-    /// long, outside the budget) must be answered without being decided,
-    /// and its bytes let go of before the next read.
-    OverBudget {
-        delivery: Box<Delivery>,
-        bytes: usize,
-    },
-}
+use super::{TransportError, core};
+use async_nats::Client;
+use tokio::sync::{mpsc, oneshot};
 
 /// Where deliveries come from, whichever the mode: core NATS results are
-/// read in place from the subscriptions ([`super::core::subscribe`]);
+/// read in place from the subscriptions ([`Source::core`]);
 /// JetStream's pull loop, a task of its own ([`super::jetstream::start`]),
 /// hands its deliveries on through a channel.
 pub struct Source {
@@ -101,11 +50,19 @@ impl Source {
         (source, feed)
     }
 
-    /// A source read in place from core NATS subscriptions.
-    pub(super) fn core(intake: Intake) -> Source {
-        Source {
+    /// Core NATS: subscribes to each subject in `queue_group`, and reads
+    /// the results in place within `limits`' byte budget
+    /// ([`core::subscribe`]).
+    pub async fn core(
+        client: &Client,
+        subjects: &[String],
+        queue_group: &str,
+        limits: &Limits,
+    ) -> Result<Source, TransportError> {
+        let intake: Intake = core::subscribe(client, subjects, queue_group, limits).await?;
+        Ok(Source {
             kind: Kind::Core(Box::new(intake)),
-        }
+        })
     }
 
     /// The next admission; `None` once the source is drained or closed and

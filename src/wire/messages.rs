@@ -5,6 +5,11 @@ use super::map::from_pairs;
 use crate::ids::{IdLayout, MachineId};
 use rmpv::Value;
 
+/// The longest accepted `request_id`, in bytes. Defined here, beside the
+/// messages that carry it, for the readers below the decision (a refused
+/// body's peek); the decision re-exports it.
+pub const MAX_REQUEST_ID_BYTES: usize = 256;
+
 /// Which engine's handoff shape a decode job carries (its `backend` field).
 /// Defined here with the message it names; the decision re-exports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

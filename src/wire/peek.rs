@@ -7,15 +7,13 @@
 //! serde_json on the prefix; either stops at the first value cut off by the
 //! prefix's end, keeping what it read before.
 
+use super::messages::MAX_REQUEST_ID_BYTES;
 use super::{Encoding, scan};
 use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
 use std::fmt;
 
 /// How much of a body is looked at.
 pub const PEEK_BYTES: usize = 4096;
-
-/// The longest `request_id` the contract accepts (as the decision has it).
-const MAX_REQUEST_ID_BYTES: usize = crate::decision::MAX_REQUEST_ID_BYTES;
 
 /// What the first [`PEEK_BYTES`] of a body say about where its answer goes.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

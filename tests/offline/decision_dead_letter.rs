@@ -431,7 +431,7 @@ fn a_header_block_the_client_cannot_parse_is_a_malformed_dead_letter() {
     for (name, what) in rows {
         let headers = marked(what);
         let mut ids = TestIds::holding_slot();
-        let d = prefill_handoff::pipeline::decide::decide_now(
+        let d = prefill_handoff::pipeline::decide::decide_received_inline(
             input,
             Some(&headers),
             &rules(),
@@ -462,8 +462,12 @@ fn a_header_block_the_client_cannot_parse_is_a_malformed_dead_letter() {
         async_nats::HeaderValue::from_lossy("00-ab-01"),
     );
     let mut ids = TestIds::holding_slot();
-    let d =
-        prefill_handoff::pipeline::decide::decide_now(input, Some(&headers), &rules(), &mut ids);
+    let d = prefill_handoff::pipeline::decide::decide_received_inline(
+        input,
+        Some(&headers),
+        &rules(),
+        &mut ids,
+    );
     assert!(
         matches!(d.outcome, Outcome::Decode { .. }),
         "{:?}",

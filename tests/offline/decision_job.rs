@@ -218,7 +218,7 @@ fn nats_msg_id_is_handoff_dash_request_id_and_cannot_inject_a_header() {
         ("é", "handoff-%C3%A9"),
     ];
     for (request_id, msg_id) in cases {
-        assert_eq!(prefill_handoff::decision::msg_id(request_id), msg_id);
+        assert_eq!(prefill_handoff::headers::msg_id(request_id), msg_id);
         let message = with(needs_decode(sglang()), "request_id", json!(request_id));
         let d = decide_json_as_msgpack(message);
         assert_eq!(header(&d, "Nats-Msg-Id"), Some(msg_id));

@@ -225,7 +225,7 @@ async fn jetstream_input_too_large_to_dead_letter_whole_goes_without_its_bytes()
     assert!(seen[0].payload.is_empty(), "sent without the input's bytes");
     assert_eq!(header("Handoff-Error-Code").as_deref(), Some("too_large"));
     assert_eq!(
-        header(prefill_handoff::decision::PAYLOAD_OMITTED),
+        header(prefill_handoff::headers::names::HANDOFF_PAYLOAD_OMITTED),
         Some(size.to_string())
     );
     assert_eq!(

@@ -8,7 +8,7 @@ use async_nats::HeaderMap;
 use bytes::Bytes;
 use common::{Etcd, Nats, Worker, http_get, prometheus_samples};
 use futures::StreamExt;
-use prefill_handoff::decision::PAYLOAD_OMITTED;
+use prefill_handoff::headers::names::HANDOFF_PAYLOAD_OMITTED as PAYLOAD_OMITTED;
 use prefill_handoff::wire::{Encoding, encode};
 use rmpv::Value;
 use serde_json::json;

@@ -420,7 +420,7 @@ async fn an_input_too_large_to_dead_letter_whole_is_dead_lettered_without_its_by
         assert_eq!(
             header(
                 out.headers.as_ref(),
-                prefill_handoff::decision::PAYLOAD_OMITTED
+                prefill_handoff::headers::names::HANDOFF_PAYLOAD_OMITTED
             ),
             Some((max - 60).to_string().as_str())
         );

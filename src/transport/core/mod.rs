@@ -10,7 +10,7 @@ mod sink;
 pub use outbox::Outbox;
 pub use sink::CoreSink;
 
-use crate::transport::{Attempt, Delivery, Limits, Settler, Source, TransportError};
+use crate::transport::{Attempt, Delivery, Limits, Settler, TransportError};
 use async_nats::{Client, Subscriber};
 use futures::{Stream, StreamExt};
 use std::pin::Pin;
@@ -28,16 +28,16 @@ pub(super) struct Subscriptions {
 }
 
 /// Subscribes to each subject in `queue_group`, and starts taking results
-/// within `limits`' byte budget.
-pub async fn subscribe(
+/// within `limits`' byte budget: the intake a [`crate::transport::Source`]
+/// reads in place.
+pub(super) async fn subscribe(
     client: &Client,
     subjects: &[String],
     queue_group: &str,
     limits: &Limits,
-) -> Result<Source, TransportError> {
+) -> Result<intake::Intake, TransportError> {
     let subscriptions = Subscriptions::subscribe(client, subjects, queue_group).await?;
-    let intake = intake::Intake::new(subscriptions, limits.budget.clone());
-    Ok(Source::core(intake))
+    Ok(intake::Intake::new(subscriptions, limits.budget.clone()))
 }
 
 impl Subscriptions {
@@ -54,10 +54,10 @@ impl Subscriptions {
             let subscriber = client
                 .queue_subscribe(subject.clone(), queue_group.to_string())
                 .await
-                .map_err(|e| TransportError::Subscribe {
+                .map_err(|source| TransportError::Subscribe {
                     subject: subject.clone(),
                     queue_group: queue_group.to_string(),
-                    reason: e.to_string(),
+                    source,
                 })?;
             tracing::info!(%subject, %queue_group, "subscribed (core NATS queue group)");
             subscriptions.push(subscriber);

@@ -5,8 +5,7 @@
 //! ([`CoreSink::send`]); one outside a batch leaves at once.
 
 use super::Outbox;
-use crate::transport::PublishError;
-use crate::transport::sink::publish_error;
+use crate::transport::publish_error::{PublishError, publish_error};
 use async_nats::client::traits::Publisher as _;
 use async_nats::message::OutboundMessage;
 use async_nats::{Client, HeaderMap, Subject};

@@ -16,8 +16,8 @@
 //!   subject.
 //!
 //! Settling a delivery (ack, nak with a delay, term, in-progress) is
-//! [`crate::transport::Delivery`]'s; which settlement follows what happened
-//! is the pipeline's rule.
+//! [`crate::transport::Delivery`]'s, sent as `transport/ack.rs` sends it;
+//! which settlement follows what happened is the pipeline's rule.
 
 pub mod ack_subject;
 pub mod confirm;
@@ -26,12 +26,6 @@ pub mod publish;
 pub mod sweep;
 
 pub use consume::{Puller, open, start};
-
-use super::Settle;
-use async_nats::jetstream::{AckKind, message::Acker};
-use std::future::Future;
-use std::time::Duration;
-use tracing::debug;
 
 /// Why the durable consumer could not be opened.
 #[derive(Debug, thiserror::Error)]
@@ -43,42 +37,4 @@ pub enum OpenError {
     /// The stream or consumer does not exist.
     #[error("{0}")]
     Missing(String),
-}
-
-/// Sends a settlement. If it is lost, the ack wait expires and the message
-/// comes again anyway.
-pub(super) async fn settle(acker: &Acker, settle: Settle) {
-    // A plain ack, not a confirmed one: confirming would cost a round trip
-    // per message and change nothing, since a lost ack means the same either
-    // way (the message comes again and its output repeats; the GEN stream
-    // drops a repeated decode job). Shutdown flushes the connection, so acks
-    // taken before it reach the server.
-    let kind = match settle {
-        Settle::Ack => AckKind::Ack,
-        Settle::Term => AckKind::Term,
-        Settle::Nak(delay) => AckKind::Nak(Some(delay)),
-    };
-    // Boxed: inline, the ack's publish made every result's future 768
-    // bytes larger (`-Zprint-type-sizes`), moved several times per result.
-    if let Err(e) = Box::pin(acker.ack_with(kind)).await {
-        debug!(error = %e, ?settle, "settlement not sent; the message is redelivered after the ack wait");
-    }
-}
-
-/// Runs `work`, sending an in-progress ack every `every` while it is pending.
-pub(super) async fn with_progress<F: Future>(work: F, acker: &Acker, every: Duration) -> F::Output {
-    let every = every.max(Duration::from_millis(100));
-    tokio::pin!(work);
-    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-    loop {
-        tokio::select! {
-            out = &mut work => return out,
-            _ = ticks.tick() => {
-                // Boxed: rare, and inline it would grow every result's future.
-                if let Err(e) = Box::pin(acker.ack_with(AckKind::Progress)).await {
-                    debug!(error = %e, "in-progress ack not sent");
-                }
-            }
-        }
-    }
 }

@@ -7,8 +7,7 @@
 //!   round trip follows the publish (see [`Publisher::confirmed`]).
 
 use super::confirm::Confirmer;
-use crate::transport::PublishError;
-use crate::transport::sink::publish_error;
+use crate::transport::publish_error::{PublishError, publish_error};
 use async_nats::jetstream::{self, message::PublishMessage};
 use async_nats::{Client, HeaderMap};
 use bytes::Bytes;

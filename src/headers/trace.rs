@@ -16,10 +16,9 @@
 //! `traceparent` it belongs to, so it is dropped when that is (W3C 3.3.1:
 //! "MUST NOT attempt to parse tracestate" then).
 
-/// The W3C `traceparent` header name, as written on outputs.
-pub const TRACEPARENT: &str = "traceparent";
-/// The W3C `tracestate` header name, as written on outputs.
-pub const TRACESTATE: &str = "tracestate";
+use super::names::{TRACEPARENT, TRACESTATE};
+use async_nats::HeaderMap;
+
 /// `traceparent` of version 00: `00-{32 hex}-{16 hex}-{2 hex}`.
 pub const TRACEPARENT_LEN: usize = 55;
 /// The largest `tracestate` copied (W3C: vendors SHOULD propagate at least 512).
@@ -58,50 +57,62 @@ impl TraceHeaders {
     pub fn is_empty(&self) -> bool {
         self.copy.is_empty()
     }
-}
 
-/// The trace headers of an input given as `(name, value)` pairs (names in any
-/// case; one pair per value of a repeated header). Other headers are ignored.
-pub fn trace_headers<'a>(input: impl IntoIterator<Item = (&'a str, &'a str)>) -> TraceHeaders {
-    let mut parents: Vec<&str> = Vec::new();
-    let mut states: Vec<&str> = Vec::new();
-    for (name, value) in input {
-        if name.eq_ignore_ascii_case(TRACEPARENT) {
-            parents.push(value);
-        } else if name.eq_ignore_ascii_case(TRACESTATE) {
-            states.push(value);
-        }
+    /// The trace headers a received message passes on to its outputs.
+    pub fn read(headers: Option<&HeaderMap>) -> TraceHeaders {
+        let Some(headers) = headers else {
+            return TraceHeaders::default();
+        };
+        TraceHeaders::from_pairs(headers.iter().flat_map(|(name, values)| {
+            let name: &str = name.as_ref();
+            values.iter().map(move |value| (name, value.as_str()))
+        }))
     }
-    let mut out = TraceHeaders::default();
-    let parent = match parents[..] {
-        [] => None,
-        [one] if is_traceparent(one) => Some(one),
-        _ => {
-            out.dropped.push(TraceHeader::Traceparent);
-            None
+
+    /// The trace headers of an input given as `(name, value)` pairs (names
+    /// in any case; one pair per value of a repeated header). Other headers
+    /// are ignored.
+    pub fn from_pairs<'a>(input: impl IntoIterator<Item = (&'a str, &'a str)>) -> TraceHeaders {
+        let mut parents: Vec<&str> = Vec::new();
+        let mut states: Vec<&str> = Vec::new();
+        for (name, value) in input {
+            if name.eq_ignore_ascii_case(TRACEPARENT) {
+                parents.push(value);
+            } else if name.eq_ignore_ascii_case(TRACESTATE) {
+                states.push(value);
+            }
         }
-    };
-    let Some(parent) = parent else {
-        if !states.is_empty() {
-            out.dropped.push(TraceHeader::Tracestate);
+        let mut out = TraceHeaders::default();
+        let parent = match parents[..] {
+            [] => None,
+            [one] if is_traceparent(one) => Some(one),
+            _ => {
+                out.dropped.push(TraceHeader::Traceparent);
+                None
+            }
+        };
+        let Some(parent) = parent else {
+            if !states.is_empty() {
+                out.dropped.push(TraceHeader::Tracestate);
+            }
+            return out;
+        };
+        out.copy.push((TRACEPARENT, parent.to_string()));
+        if states.is_empty() {
+            return out;
         }
-        return out;
-    };
-    out.copy.push((TRACEPARENT, parent.to_string()));
-    if states.is_empty() {
-        return out;
+        // Cheap bound before joining: whatever the join, more bytes than this
+        // cannot fit.
+        let total: usize = states.iter().map(|s| s.len() + 1).sum();
+        let state = (total <= MAX_TRACESTATE_BYTES + 1)
+            .then(|| states.join(","))
+            .filter(|s| is_tracestate(s));
+        match state {
+            Some(state) => out.copy.push((TRACESTATE, state)),
+            None => out.dropped.push(TraceHeader::Tracestate),
+        }
+        out
     }
-    // Cheap bound before joining: whatever the join, more bytes than this
-    // cannot fit.
-    let total: usize = states.iter().map(|s| s.len() + 1).sum();
-    let state = (total <= MAX_TRACESTATE_BYTES + 1)
-        .then(|| states.join(","))
-        .filter(|s| is_tracestate(s));
-    match state {
-        Some(state) => out.copy.push((TRACESTATE, state)),
-        None => out.dropped.push(TraceHeader::Tracestate),
-    }
-    out
 }
 
 /// `00-{trace-id: 32 lowercase hex, not all zero}-{parent-id: 16 lowercase
@@ -189,6 +200,8 @@ mod tests {
     /// (name, input headers, expected)
     type Row<'a> = (&'a str, Vec<(&'a str, &'a str)>, Want<'a>);
 
+    /// One row per rule of the module's doc. Not split: the rows are the
+    /// specification, read as one table.
     #[test]
     fn table() {
         use TraceHeader::{Traceparent as P, Tracestate as S};
@@ -400,7 +413,7 @@ mod tests {
             ),
         ];
         for (name, input, (parent, state, dropped)) in rows {
-            let got = trace_headers(input.iter().copied());
+            let got = TraceHeaders::from_pairs(input.iter().copied());
             let mut want = Vec::new();
             if let Some(p) = parent {
                 want.push((TRACEPARENT, p.to_string()));
