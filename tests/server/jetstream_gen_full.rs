@@ -137,7 +137,11 @@ async fn jetstream_full_gen_holds_results_until_room_returns() {
         })
     });
     assert!(accepting, "ready again once GEN accepts:\n{}", worker.log());
-    assert!(worker.log().contains("the GEN stream accepts decode jobs again"));
+    assert!(
+        worker
+            .log()
+            .contains("the GEN stream accepts decode jobs again")
+    );
 }
 
 /// Core mode publishes a decode job without waiting for a stream: a full

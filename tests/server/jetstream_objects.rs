@@ -61,7 +61,10 @@ async fn jetstream_workers_recreate_a_deleted_consumer_and_stream() {
     // The consumer deleted: results published meanwhile stay stored, and
     // the workers' recreated consumer delivers them.
     let stream = js.get_stream(STREAM).await.expect("prefill stream");
-    stream.delete_consumer(CONSUMER).await.expect("delete consumer");
+    stream
+        .delete_consumer(CONSUMER)
+        .await
+        .expect("delete consumer");
     let more = batch(100, 100);
     publish_all(&js, &more).await;
     inputs.extend(more);
@@ -77,7 +80,9 @@ async fn jetstream_workers_recreate_a_deleted_consumer_and_stream() {
 
     // The stream deleted (its stored results with it, by the operator's
     // hand): the workers recreate it and its consumer, and new results flow.
-    js.delete_stream(STREAM).await.expect("delete prefill stream");
+    js.delete_stream(STREAM)
+        .await
+        .expect("delete prefill stream");
     assert!(
         wait_recreated(&js, Duration::from_secs(30)).await,
         "the stream and consumer are back"
@@ -136,7 +141,10 @@ async fn jetstream_workers_without_create_turn_unready_until_setup_runs() {
     assert!(wait_drained(&js, Duration::from_secs(30)).await);
 
     let stream = js.get_stream(STREAM).await.expect("prefill stream");
-    stream.delete_consumer(CONSUMER).await.expect("delete consumer");
+    stream
+        .delete_consumer(CONSUMER)
+        .await
+        .expect("delete consumer");
     let more = batch(50, 50);
     publish_all(&js, &more).await;
     inputs.extend(more);
@@ -158,7 +166,9 @@ async fn jetstream_workers_without_create_turn_unready_until_setup_runs() {
         queue_state(&js).await
     );
 
-    js.delete_stream(STREAM).await.expect("delete prefill stream");
+    js.delete_stream(STREAM)
+        .await
+        .expect("delete prefill stream");
     unready("the stream is deleted");
     assert!(
         worker.wait_for_log("stream LLM_PREFILL does not exist", Duration::from_secs(10)),
