@@ -8,20 +8,34 @@
 use crate::common;
 use crate::common::jetstream_support::*;
 
-use async_nats::jetstream::{self, stream::DiscardPolicy};
+use async_nats::jetstream;
 use common::{Etcd, Nats, Worker, http_get, prometheus_samples};
 use std::collections::BTreeSet;
 use std::time::Duration;
 use tokio::task::block_in_place;
 
 /// Sets the GEN stream's message limit with discard policy `new`, as an
-/// operator would (`nats stream edit`); `-1` lifts it.
+/// operator would (`nats stream edit`); `-1` lifts it. Through the raw API,
+/// so that fields the client's stream config does not know (the per-message
+/// TTL of nats-server 2.11+, which cannot be switched off) are sent back as
+/// the server holds them.
 async fn limit_gen(js: &jetstream::Context, max_messages: i64) {
-    let mut stream = js.get_stream("LLM_GEN").await.expect("GEN stream");
-    let mut config = stream.info().await.expect("GEN info").config.clone();
-    config.discard = DiscardPolicy::New;
-    config.max_messages = max_messages;
-    js.update_stream(config).await.expect("update GEN");
+    let client = js.client();
+    let info = client
+        .request("$JS.API.STREAM.INFO.LLM_GEN", "".into())
+        .await
+        .expect("GEN info");
+    let info: serde_json::Value = serde_json::from_slice(&info.payload).expect("GEN info JSON");
+    let mut config = info["config"].clone();
+    config["discard"] = "new".into();
+    config["max_msgs"] = max_messages.into();
+    let body = serde_json::to_vec(&config).expect("config JSON");
+    let reply = client
+        .request("$JS.API.STREAM.UPDATE.LLM_GEN", body.into())
+        .await
+        .expect("update GEN");
+    let reply: serde_json::Value = serde_json::from_slice(&reply.payload).expect("reply JSON");
+    assert!(reply.get("error").is_none(), "update GEN: {reply}");
 }
 
 async fn gen_stored(js: &jetstream::Context) -> u64 {
