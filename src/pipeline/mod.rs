@@ -29,6 +29,7 @@ mod fallback;
 pub mod gen_gate;
 pub mod headers;
 mod log;
+mod refuse;
 pub mod run;
 pub mod serve;
 pub mod settle;
