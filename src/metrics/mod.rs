@@ -77,6 +77,8 @@ struct Inner {
     /// Published, then failed.
     release_notices: [Counter; 2],
     deadline_remaining: LatencyHistogram,
+    gen_refusing: Gauge,
+    gen_refusals: Counter,
 }
 
 /// Registers a counter family with one label and creates every series of it.
@@ -288,6 +290,17 @@ impl Metrics {
                 );
                 h
             },
+            gen_refusing: gauge(
+                &mut r,
+                "gen_refusing",
+                "1 while the GEN stream refuses decode jobs (at its max_msgs or max_bytes with discard policy new, or its store failing) and their results are held, else 0",
+                0,
+            ),
+            gen_refusals: counter(
+                &mut r,
+                "gen_refusals",
+                "Decode jobs the GEN stream refused to store; each is tried again, its result held meanwhile",
+            ),
             registry: r,
         };
         Metrics {
@@ -403,6 +416,16 @@ impl Metrics {
     /// A result with a deadline was decided with this much time left.
     pub fn deadline_remaining(&self, left: Duration) {
         self.inner.deadline_remaining.observe(left);
+    }
+
+    /// Whether the GEN stream refuses decode jobs now.
+    pub fn gen_refusing(&self, refusing: bool) {
+        self.inner.gen_refusing.set(i64::from(refusing));
+    }
+
+    /// The GEN stream refused one decode job.
+    pub fn gen_refused(&self) {
+        self.inner.gen_refusals.inc();
     }
 
     /// Counts an input as in flight until the returned guard drops.

@@ -1,9 +1,10 @@
 //! What `/readyz` checks: the worker is ready only while NATS is connected, a
-//! lease and machine-ID slot are held (not fenced), and it is consuming.
+//! lease and machine-ID slot are held (not fenced), it is consuming, and
+//! the GEN stream accepts its decode jobs (JetStream mode).
 //!
 //! A load balancer or Kubernetes takes a worker that is not ready out of
-//! rotation; a worker that is recovering its lease, reconnecting or draining
-//! reports which of the three it is missing.
+//! rotation; a worker that is recovering its lease, reconnecting, draining
+//! or holding results GEN refuses reports which of the four it is missing.
 
 use crate::identity::IdentityState;
 use std::sync::Arc;
@@ -20,6 +21,7 @@ pub struct Readiness {
 struct Inner {
     nats_connected: AtomicBool,
     consuming: AtomicBool,
+    gen_accepting: AtomicBool,
     identity: watch::Receiver<IdentityState>,
 }
 
@@ -29,6 +31,7 @@ pub struct ReadinessReport {
     pub nats_connected: bool,
     pub slot_held: bool,
     pub consuming: bool,
+    pub gen_accepting: bool,
 }
 
 impl ReadinessReport {
@@ -42,6 +45,7 @@ impl ReadinessReport {
             (self.nats_connected, "nats_connected"),
             (self.slot_held, "slot_held"),
             (self.consuming, "consuming"),
+            (self.gen_accepting, "gen_accepting"),
         ]
         .into_iter()
         .filter(|(ok, _)| !ok)
@@ -57,12 +61,14 @@ impl ReadinessReport {
 
 impl Readiness {
     /// Starts not ready: NATS not connected, not consuming; the slot is
-    /// whatever `identity` (from `Identity::watch`) says.
+    /// whatever `identity` (from `Identity::watch`) says; GEN accepts until
+    /// it refuses a decode job.
     pub fn new(identity: watch::Receiver<IdentityState>) -> Readiness {
         Readiness {
             inner: Arc::new(Inner {
                 nats_connected: AtomicBool::new(false),
                 consuming: AtomicBool::new(false),
+                gen_accepting: AtomicBool::new(true),
                 identity,
             }),
         }
@@ -79,12 +85,18 @@ impl Readiness {
         self.inner.consuming.store(consuming, Ordering::Relaxed);
     }
 
+    /// False while the GEN stream refuses decode jobs (`pipeline::gen_gate`).
+    pub fn set_gen_accepting(&self, accepting: bool) {
+        self.inner.gen_accepting.store(accepting, Ordering::Relaxed);
+    }
+
     pub fn report(&self) -> ReadinessReport {
         let identity = *self.inner.identity.borrow();
         ReadinessReport {
             nats_connected: self.inner.nats_connected.load(Ordering::Relaxed),
             slot_held: !identity.fenced && identity.machine_id.is_some(),
             consuming: self.inner.consuming.load(Ordering::Relaxed),
+            gen_accepting: self.inner.gen_accepting.load(Ordering::Relaxed),
         }
     }
 }
@@ -96,7 +108,7 @@ mod tests {
     use crate::ids::{DEFAULT_EPOCH_UNIX_MS, IdLayout, MachineId};
 
     #[test]
-    fn ready_only_when_all_three_hold() {
+    fn ready_only_when_all_four_hold() {
         let identity = Identity::new(IdLayout::Rc22, DEFAULT_EPOCH_UNIX_MS);
         let readiness = Readiness::new(identity.watch());
         let missing = |r: &Readiness| r.report().missing();
@@ -118,5 +130,10 @@ mod tests {
         identity.install(6, MachineId::new(6).unwrap(), None);
         readiness.set_consuming(false);
         assert_eq!(missing(&readiness), ["consuming"]);
+        readiness.set_consuming(true);
+        readiness.set_gen_accepting(false);
+        assert_eq!(missing(&readiness), ["gen_accepting"]);
+        readiness.set_gen_accepting(true);
+        assert!(readiness.report().ready());
     }
 }

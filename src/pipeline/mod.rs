@@ -14,6 +14,8 @@
 //! - `log.rs`: the one outcome log.
 //! - `side.rs`: what goes out beside the one output: the KV release notice
 //!   of a refused handoff, `Nats-TTL` on a decode job with a deadline.
+//! - [`gen_gate`]: a GEN stream that refuses decode jobs (full, discard
+//!   `new`): their results held, one probe at a time, until it has room.
 //! - [`cancels`]: the cancel subject every worker listens on, and the
 //!   cancels a JetStream stream kept, into the set the decision asks.
 //! - [`run`]: the runner: bounded in-flight work and drain, for both modes.
@@ -23,6 +25,7 @@
 pub mod cancels;
 pub mod decide;
 mod fallback;
+pub mod gen_gate;
 mod log;
 mod refuse;
 pub mod run;
@@ -127,6 +130,8 @@ pub struct Pipeline {
     pub redelivery: Redelivery,
     /// Decode jobs are published into this stream and wait for its ack.
     pub gen_stream: Option<GenStream>,
+    /// Holds decode jobs while the GEN stream refuses them.
+    pub gen_gate: Arc<gen_gate::GenGate>,
     /// How long the late-redelivery lookup in GEN may take.
     pub lookup_bound: Duration,
     /// Each delivery's span (`crate::telemetry`); `None`: no tracing, and
@@ -338,8 +343,7 @@ impl Pipeline {
                 return Ok(());
             }
         }
-        self.sink
-            .publish(&decision.subject, headers, payload, Target::Stream, outbox)
+        self.store_decode_job(&decision.subject, headers, payload)
             .await
     }
 
@@ -374,6 +378,39 @@ impl Pipeline {
         }
     }
 
+    /// Publishes a decode job into the GEN stream and waits for its store
+    /// ack; while GEN refuses it (full), holds it and tries again
+    /// ([`gen_gate`]). Durable mode only: no outbox.
+    async fn store_decode_job(
+        &self,
+        subject: &str,
+        headers: HeaderMap,
+        payload: Bytes,
+    ) -> Result<(), PublishError> {
+        loop {
+            let pass = self.gen_gate.pass().await;
+            // Cloned for a try after a refusal: the publish takes them.
+            let stored = self
+                .sink
+                .publish(
+                    subject,
+                    headers.clone(),
+                    payload.clone(),
+                    Target::Stream,
+                    None,
+                )
+                .await;
+            match stored {
+                Ok(()) => {
+                    self.gen_gate.stored(pass);
+                    return Ok(());
+                }
+                Err(PublishError::Refused { reason, .. }) => self.gen_gate.refused(pass, &reason),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
     /// The one failure path: the output (or its dead letter) is not known to
     /// be out. Redelivered later where the transport can; otherwise, or
     /// when it can never be published, this result has no output.
@@ -388,7 +425,10 @@ impl Pipeline {
         span.not_published(&decision.outcome, &e.to_string());
         let request_id = decision.request_id.as_deref();
         let attempt = delivery.attempt.number;
-        let permanent = !matches!(e, PublishError::Failed { .. });
+        let permanent = matches!(
+            e,
+            PublishError::TooLarge(_) | PublishError::InvalidSubject { .. }
+        );
         if permanent || !delivery.redeliverable() {
             tracing::error!(
                 kind = decision.outcome.kind(),
@@ -434,6 +474,6 @@ fn fallback_code(e: &PublishError) -> Option<DeadLetterCode> {
     match e {
         PublishError::TooLarge(_) => Some(DeadLetterCode::TooLarge),
         PublishError::InvalidSubject { .. } => Some(DeadLetterCode::ReplyToNotAllowed),
-        PublishError::Failed { .. } => None,
+        PublishError::Failed { .. } | PublishError::Refused { .. } => None,
     }
 }

@@ -86,7 +86,12 @@ pub async fn start(
     let intake = listen::Intake::new(cancellations.clone(), metrics.clone());
     let cancels = listen::listen(client, &config.subjects.cancel, intake.clone()).await?;
     // The at-most-once pipeline; durable mode sets its redelivery and GEN.
+    let gen_gate = Arc::new(super::gen_gate::GenGate::new(
+        metrics.clone(),
+        readiness.clone(),
+    ));
     let pipeline = |sink| Pipeline {
+        gen_gate: gen_gate.clone(),
         rules: rules.clone(),
         identity: identity.clone(),
         metrics: metrics.clone(),

@@ -15,6 +15,12 @@ pub enum PublishError {
     /// Worth retrying later: the server, the connection or the stream failed.
     #[error("publishing to {subject}: {reason}")]
     Failed { subject: String, reason: String },
+    /// The stream answered that it cannot store the message (JetStream
+    /// error 10077: at its `max_msgs` or `max_bytes` with discard policy
+    /// `new`, or its store failing). Every message into it is refused
+    /// alike until it has room: worth retrying then, not sooner.
+    #[error("the stream on {subject} did not store the message: {reason}")]
+    Refused { subject: String, reason: String },
 }
 
 /// What a client publish error means for the output.

@@ -192,24 +192,20 @@ impl Puller {
         // When shutdown came, if it did: the drain ends `drain_timeout` later.
         let mut stopped_at: Option<tokio::time::Instant> = None;
         let mut last_sweep = Instant::now();
+        let mut unopened = Unopened::default();
         tokio::pin!(shutdown);
         self.set_consuming(true);
         while stopped_at.is_none() {
             let current = match consumer.take() {
                 Some(c) => c,
-                None => {
-                    tokio::select! {
-                        opened = self.reopen() => match opened {
-                            Ok(c) => c,
-                            Err(e) => {
-                                warn!(error = %e, "cannot open the JetStream consumer; retrying");
-                                pause(&mut shutdown, &mut stopped_at).await;
-                                continue;
-                            }
-                        },
-                        () = &mut shutdown => break,
-                    }
-                }
+                None => match self
+                    .open_again(&mut unopened, &mut shutdown, &mut stopped_at)
+                    .await
+                {
+                    Reopened::Open(c) => c,
+                    Reopened::NotYet => continue,
+                    Reopened::Shutdown => break,
+                },
             };
             let Some((mut permits, mut bytes)) = self.room(&limits, &mut shutdown).await else {
                 break;
@@ -259,6 +255,30 @@ impl Puller {
             }
         }
         self.set_consuming(false);
+    }
+
+    /// Opens the consumer again; after a failure, pauses (counted and
+    /// logged by `unopened`) before the caller tries again.
+    async fn open_again(
+        &self,
+        unopened: &mut Unopened,
+        shutdown: &mut std::pin::Pin<&mut impl Future<Output = ()>>,
+        stopped_at: &mut Option<tokio::time::Instant>,
+    ) -> Reopened {
+        tokio::select! {
+            opened = self.reopen() => match opened {
+                Ok(c) => {
+                    unopened.opened(self);
+                    Reopened::Open(c)
+                }
+                Err(e) => {
+                    let wait = unopened.failed(self, &e);
+                    pause_for(wait, shutdown, stopped_at).await;
+                    Reopened::NotYet
+                }
+            },
+            () = shutdown.as_mut() => Reopened::Shutdown,
+        }
     }
 
     /// Room for the next pull: a slot for each message (at least one,
@@ -370,12 +390,71 @@ async fn pause(
     shutdown: &mut std::pin::Pin<&mut impl Future<Output = ()>>,
     stopped_at: &mut Option<tokio::time::Instant>,
 ) {
+    pause_for(RETRY_PAUSE, shutdown, stopped_at).await;
+}
+
+/// Waits `wait`, or less if shutdown comes first, as [`pause`].
+async fn pause_for(
+    wait: Duration,
+    shutdown: &mut std::pin::Pin<&mut impl Future<Output = ()>>,
+    stopped_at: &mut Option<tokio::time::Instant>,
+) {
     if stopped_at.is_some() {
         return;
     }
     tokio::select! {
-        () = tokio::time::sleep(RETRY_PAUSE) => {}
+        () = tokio::time::sleep(wait) => {}
         () = shutdown.as_mut() => *stopped_at = Some(tokio::time::Instant::now()),
+    }
+}
+
+/// The consumer failing to open, once or more in a row: a stream or
+/// consumer deleted under the worker (and not to be created, or not
+/// creatable), or the server not answering. Meanwhile the worker takes no
+/// input, so it is not consuming (`/readyz`); the reason is logged when it
+/// starts or changes, not on every try, and the tries slow down from
+/// [`RETRY_PAUSE`] to [`REOPEN_PAUSE_MAX`].
+#[derive(Default)]
+struct Unopened {
+    /// Failures in a row.
+    failures: u32,
+    /// The last reason logged.
+    reason: String,
+}
+
+/// The longest pause between two tries to open a consumer that failed.
+const REOPEN_PAUSE_MAX: Duration = Duration::from_secs(5);
+
+impl Unopened {
+    /// One more failure; returns how long to wait before the next try.
+    fn failed(&mut self, puller: &Puller, e: &OpenError) -> Duration {
+        if self.failures == 0 {
+            puller.set_consuming(false);
+        }
+        self.failures = self.failures.saturating_add(1);
+        let reason = e.to_string();
+        if reason != self.reason {
+            warn!(error = %reason, "cannot open the JetStream consumer; not consuming, trying again");
+            self.reason = reason;
+        } else {
+            debug!(error = %reason, failures = self.failures, "cannot open the JetStream consumer");
+        }
+        let doublings = self.failures.saturating_sub(1).min(4);
+        RETRY_PAUSE
+            .saturating_mul(1 << doublings)
+            .min(REOPEN_PAUSE_MAX)
+    }
+
+    /// Opened: consuming again, if it had failed.
+    fn opened(&mut self, puller: &Puller) {
+        if self.failures > 0 {
+            info!(
+                failures = self.failures,
+                "JetStream consumer open again; consuming"
+            );
+            puller.set_consuming(true);
+        }
+        *self = Unopened::default();
     }
 }
 
@@ -385,4 +464,12 @@ async fn sleep_until_drained(stopped_at: Option<tokio::time::Instant>, drain_tim
         Some(at) => tokio::time::sleep_until(at + drain_timeout).await,
         None => std::future::pending().await,
     }
+}
+
+/// What [`Puller::open_again`] came to.
+enum Reopened {
+    Open(PullConsumer),
+    /// Failed, and paused: try again.
+    NotYet,
+    Shutdown,
 }

@@ -20,6 +20,15 @@ fn failed(subject: &str, reason: impl std::fmt::Display) -> PublishError {
     }
 }
 
+/// Whether a stream's publish ack says it could not store the message
+/// (error 10077, "maximum messages exceeded", "maximum bytes exceeded", or
+/// its store failing), as opposed to the publish not reaching it.
+fn store_refused(e: &jetstream::context::PublishError) -> bool {
+    std::error::Error::source(e)
+        .and_then(|source| source.downcast_ref::<jetstream::Error>())
+        .is_some_and(|api| api.error_code() == jetstream::ErrorCode::STREAM_STORE_FAILED)
+}
+
 /// The one connection outputs go out on.
 #[derive(Clone)]
 pub struct Publisher {
@@ -51,6 +60,12 @@ impl Publisher {
                 _ => failed(subject, &e),
             })?;
         let ack = ack.await.map_err(|e| {
+            if store_refused(&e) {
+                return PublishError::Refused {
+                    subject: subject.to_string(),
+                    reason: e.to_string(),
+                };
+            }
             failed(
                 subject,
                 format_args!("the GEN stream did not store the decode job: {e}"),
