@@ -70,9 +70,22 @@ fi
 
 TMP=${SOAK_OUT:-$(mktemp -d -t prefill-soak.XXXXXX)}
 mkdir -p "$TMP"
+# What an earlier run into the same directory left: its markers would end
+# this run's sampling at once.
+rm -f "$TMP"/*.pid "$TMP"/*.done "$TMP"/*.verdict
 PIDS=()
 cleanup() {
-    local pid
+    local pid file i workers=()
+    # The workers first, while the servers still answer their shutdown
+    # (drain, flush, revoke). They run inside the per-mode subshells, so
+    # their PIDs are in files, and `wait` cannot wait for them.
+    for file in "$TMP"/*.pid; do
+        [ -s "$file" ] && workers+=("$(cat "$file")")
+    done
+    for pid in "${workers[@]}"; do kill "$pid" 2>/dev/null || true; done
+    for pid in "${workers[@]}"; do
+        for i in $(seq 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    done
     for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
     for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
     rm -rf "$TMP/jetstream" "$TMP/etcd"
@@ -154,9 +167,6 @@ for mode in $SOAK_MODES; do
     PIDS+=($!)
 done
 for job in "${started[@]}"; do wait "$job" || true; done
-for mode in $SOAK_MODES; do
-    [ -s "$TMP/$mode.pid" ] && PIDS+=("$(cat "$TMP/$mode.pid")")
-done
 
 python3 - "$TMP" "$SOAK_WARMUP_SECS" "$SOAK_MAX_RSS_KIB_PER_MIN" "$SOAK_MAX_FDS_PER_MIN" \
     "$SOAK_MAX_TASKS_PER_MIN" $SOAK_MODES <<'PY'

@@ -189,12 +189,12 @@ fi
 # scripts/soak.sh for 60 s in both modes at once, on the dev binary step 3
 # built: a mixed load at a steady rate, failing on any output lost or
 # duplicated, a result left in flight, or a sampled curve (RSS, descriptors,
-# threads, tokio tasks, held cancels) growing after a 12 s warm-up. A minute
+# threads, tokio tasks, held cancels) growing after a 20 s warm-up. A minute
 # is too short to see a slow leak in RSS (the allocator is still settling):
 # the limit here is 1 MiB a minute, which a leak of 100 bytes per result at
 # 200 results a second exceeds; the full 30-minute run keeps the default.
 begin "soak, 60 s in both modes (scripts/soak.sh)"
-SOAK_SECS=60 SOAK_SAMPLE_SECS=5 SOAK_MAX_RSS_KIB_PER_MIN=1024 \
+SOAK_SECS=60 SOAK_SAMPLE_SECS=5 SOAK_WARMUP_SECS=20 SOAK_MAX_RSS_KIB_PER_MIN=1024 \
     SOAK_BIN="${CARGO_TARGET_DIR:-target}/debug/prefill-handoff" bash scripts/soak.sh
 
 # --- Deployment kit ------------------------------------------------------------
