@@ -11,6 +11,7 @@
 mod common;
 
 mod cancel_flood;
+mod cancel_reconnect;
 mod core_sink;
 mod deadlines;
 mod fault_proxy;
