@@ -12,9 +12,10 @@
 #   6. the JetStream tests again against the second nats-server build
 #   7. a short smoke run of every fuzz target (scripts/fuzz.sh --smoke,
 #      15 s each, coverage-guided, built on what step 3 compiled); it runs
-#      in the background at the lowest CPU priority during steps 5 and 6,
+#      in the background at the lowest CPU priority during steps 5 to 8,
 #      which mostly wait on servers, and its output follows theirs
-#   8. the deployment kit's checks (scripts/check-deploy.sh: manifests,
+#   8. a 60-second soak in both modes (scripts/soak.sh)
+#   9. the deployment kit's checks (scripts/check-deploy.sh: manifests,
 #      alert rules and their tests, the systemd unit, live workers' metrics)
 # Exits non-zero on the first failure and says which step it was.
 #
@@ -182,6 +183,18 @@ if [ -n "$other" ]; then
         -E '(!kind(test) & test(/jetstream/)) | (kind(test) & test(/jetstream[^:]*$/)) | (binary(server) & test(/^(hostile_publisher::|nats_parser::|core_sink::|supervision::|partition::|worker_bounds::a_burst_of_2000)/))'
     second="ran with $version"
 fi
+
+# --- Soak, short form -------------------------------------------------------------
+# scripts/soak.sh for 60 s in both modes at once, on the dev binary step 3
+# built: a mixed load at a steady rate, failing on any output lost or
+# duplicated, a result left in flight, or a sampled curve (RSS, descriptors,
+# threads, tokio tasks, held cancels) growing after a 20 s warm-up. A minute
+# is too short to see a slow leak in RSS (the allocator is still settling):
+# the limit here is 1 MiB a minute, which a leak of 100 bytes per result at
+# 200 results a second exceeds; the full 30-minute run keeps the default.
+begin "soak, 60 s in both modes (scripts/soak.sh)"
+SOAK_SECS=60 SOAK_SAMPLE_SECS=5 SOAK_WARMUP_SECS=20 SOAK_MAX_RSS_KIB_PER_MIN=1024 \
+    SOAK_BIN="${CARGO_TARGET_DIR:-target}/debug/prefill-handoff" bash scripts/soak.sh
 
 # --- Deployment kit ------------------------------------------------------------
 # Manifests (kubernetes-validate), alert rules (promtool check/test rules),

@@ -5,8 +5,10 @@
 //! The slot is lost when the keepalive answers TTL 0, when the slot key
 //! changes under us (deleted by a revoke or by hand, or overwritten), or when
 //! etcd refuses a floor write because the key is no longer ours. etcd not
-//! answering does not lose it: the holder keeps trying (a new etcd leader
-//! keeps every lease), and minting meanwhile stays within the reservation.
+//! answering does not lose it at once: the holder keeps trying (a new etcd
+//! leader keeps every lease), and minting meanwhile stays within the
+//! reservation. Once the reservation is used up with etcd still silent, the
+//! slot is given up (fenced), and a new one claimed when etcd answers.
 
 use super::Identity;
 use super::claim::Claimed;
@@ -32,9 +34,9 @@ pub(super) enum Ended {
 pub(super) enum Loss {
     /// The keepalive answered TTL 0: the lease expired or was revoked.
     LeaseGone,
-    /// A mint found the lease's validity run out and fenced the identity
-    /// (only without a reservation: a slot claimed in etcd is bounded by its
-    /// ID floor instead).
+    /// etcd did not confirm the lease before the slot's reservation (its ID
+    /// floor) was used up; or, without a reservation, a mint found the
+    /// lease's validity run out and fenced the identity.
     Unreachable,
     /// The slot key was deleted or rewritten while the lease lived.
     SlotChanged,
@@ -51,7 +53,9 @@ impl fmt::Display for Loss {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Loss::LeaseGone => "the keepalive answered TTL 0 (lease expired or revoked)",
-            Loss::Unreachable => "the lease's validity ran out before a keepalive confirmed it",
+            Loss::Unreachable => {
+                "no keepalive confirmed the lease before its reservation or validity ran out"
+            }
             Loss::SlotChanged => "the slot key was deleted or rewritten",
         })
     }
@@ -115,8 +119,9 @@ async fn keep_alive(
             },
             _ = tokio::time::sleep_until(next_beat.into()) => {
                 // No deadline from the lease's validity: a lease that cannot be
-                // confirmed is not given up (minting is bounded by the
-                // reservation, not by it). Bounded by etcd.request_timeout_ms.
+                // confirmed is not given up while the reservation lasts
+                // (minting is bounded by it, not by the lease). Bounded by
+                // etcd.request_timeout_ms.
                 let deadline = Instant::now() + settings.request_timeout();
                 let beat = tokio::select! {
                     beat = claimed.keepalive.beat(deadline) => beat,
@@ -141,6 +146,14 @@ async fn keep_alive(
                         }
                     }
                     Ok(Beat::Gone) => return Ended::Lost(Loss::LeaseGone),
+                    // Unconfirmed and nothing left to mint with: say so
+                    // (fenced, not ready) instead of holding a slot that
+                    // refuses every mint. The lease may still live (a new
+                    // etcd leader keeps it); supervise revokes it once etcd
+                    // answers, and recovery claims a slot afresh.
+                    Err(_) if identity.reserved_for_ms() == Some(0) => {
+                        return Ended::Lost(Loss::Unreachable);
+                    }
                     Err(e) => {
                         warn!(
                             lease = %hex,

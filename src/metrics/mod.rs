@@ -71,6 +71,7 @@ struct Inner {
     fenced: Gauge,
     machine_id: Gauge,
     in_flight: Gauge,
+    tasks: Gauge,
     latency: LatencyHistogram,
     cancels: [Counter; CancelEvent::ALL.len()],
     cancels_held: Gauge,
@@ -250,6 +251,12 @@ impl Metrics {
                 &mut r,
                 "in_flight",
                 "Inputs received whose output is not yet published",
+                0,
+            ),
+            tasks: gauge(
+                &mut r,
+                "tasks",
+                "Tasks alive in the worker's tokio runtime, read at each scrape (a slow leak shows here first)",
                 0,
             ),
             latency: {
@@ -448,6 +455,14 @@ impl Metrics {
     /// Every metric in the Prometheus text format (version 0.0.4, see
     /// [`CONTENT_TYPE`]).
     pub fn encode(&self) -> String {
+        // Read here rather than kept current: the runtime counts its own
+        // tasks, and a scrape is the only reader.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let alive = runtime.metrics().num_alive_tasks();
+            self.inner
+                .tasks
+                .set(i64::try_from(alive).unwrap_or(i64::MAX));
+        }
         let mut out = String::with_capacity(8 * 1024);
         // Writing into a String cannot fail.
         let _ = prometheus_text::encode(&mut out, &self.inner.registry);

@@ -147,6 +147,7 @@ fn every_series_exists_at_zero_from_the_start() {
         "publish_failures_total",
         "jetstream_redeliveries_total",
         "in_flight",
+        "tasks",
         "latency_seconds_count",
         "latency_seconds_sum",
     ] {

@@ -33,6 +33,7 @@ mod loadgen;
 mod metrics;
 mod nats_parser;
 mod partition;
+mod secure_late_redelivery;
 mod secure_transport;
 mod supervision;
 mod telemetry;

@@ -22,13 +22,18 @@ const START: Duration = Duration::from_secs(45);
 type Env = Vec<(String, String)>;
 
 #[derive(Clone, Copy, PartialEq)]
-enum Mode {
+pub(crate) enum Mode {
     Core,
     Jetstream,
 }
 
 /// Starts `run` with `env` and waits until it consumes.
-fn spawn_worker(nats: &Nats, etcd: &Etcd, mode: Mode, env: &[(String, String)]) -> Worker {
+pub(crate) fn spawn_worker(
+    nats: &Nats,
+    etcd: &Etcd,
+    mode: Mode,
+    env: &[(String, String)],
+) -> Worker {
     let worker = spawn(nats, etcd, mode, env);
     let ready = match mode {
         Mode::Core => "consuming prefill results",
@@ -310,7 +315,7 @@ fn permissions_file() -> &'static Path {
 /// `include` relative to its own file only): user `core` and user
 /// `jetstream` get the mode's set, user `test` everything. (nats-server
 /// refuses a defined variable that no user references.)
-fn least_privilege_server(monitor: u16) -> Nats {
+pub(crate) fn least_privilege_server(monitor: u16) -> Nats {
     let permissions = std::fs::read_to_string(permissions_file()).expect("the shipped file");
     Nats::start_with_config(&format!(
         "http: \"127.0.0.1:{monitor}\"\n{permissions}\nauthorization {{ users = [ \

@@ -7,5 +7,6 @@ mod support;
 
 mod claim;
 mod floor;
+mod partition;
 mod recovery;
 mod slots_cli;
