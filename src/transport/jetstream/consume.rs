@@ -202,7 +202,7 @@ impl Puller {
                     .open_again(&mut unopened, &mut shutdown, &mut stopped_at)
                     .await
                 {
-                    Reopened::Open(c) => c,
+                    Reopened::Open(c) => *c,
                     Reopened::NotYet => continue,
                     Reopened::Shutdown => break,
                 },
@@ -269,7 +269,7 @@ impl Puller {
             opened = self.reopen() => match opened {
                 Ok(c) => {
                     unopened.opened(self);
-                    Reopened::Open(c)
+                    Reopened::Open(Box::new(c))
                 }
                 Err(e) => {
                     let wait = unopened.failed(self, &e);
@@ -468,7 +468,8 @@ async fn sleep_until_drained(stopped_at: Option<tokio::time::Instant>, drain_tim
 
 /// What [`Puller::open_again`] came to.
 enum Reopened {
-    Open(PullConsumer),
+    /// Boxed: a consumer is a kilobyte, the other variants nothing.
+    Open(Box<PullConsumer>),
     /// Failed, and paused: try again.
     NotYet,
     Shutdown,
