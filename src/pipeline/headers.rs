@@ -180,6 +180,25 @@ mod tests {
     }
 
     #[test]
+    fn the_clients_map_holds_every_line_of_the_block_once() {
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let mut input = HeaderMap::new();
+        input.insert("traceparent", tp);
+        input.insert("tracestate", "k=v: w");
+        let trace = trace_headers(Some(&input));
+        let mut set = Headers::job("r1", Some(1_700_000_000_123));
+        set.push("Handoff-Detail", "a: b");
+        let map = finish_headers(set, &trace);
+        let get = |name: &str| map.get_all(name).map(|v| v.as_str()).collect::<Vec<_>>();
+        assert_eq!(map.len(), 5, "{map:?}");
+        assert_eq!(get("Nats-Msg-Id"), ["handoff-r1"]);
+        assert_eq!(get("Handoff-Deadline"), ["1700000000123"]);
+        assert_eq!(get("Handoff-Detail"), ["a: b"]);
+        assert_eq!(get("traceparent"), [tp]);
+        assert_eq!(get("tracestate"), ["k=v: w"]);
+    }
+
+    #[test]
     fn a_line_break_in_a_value_becomes_a_space() {
         let mut set = Headers::new();
         set.push("Handoff-Detail", "one\r\ntwo\n");
