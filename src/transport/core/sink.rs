@@ -48,7 +48,8 @@ impl CoreSink {
         payload: Bytes,
     ) -> Result<OutboundMessage, PublishError> {
         let gen_jobs = subject == self.gen_jobs.as_str();
-        if !(gen_jobs && self.gen_jobs_valid) && !valid_subject(subject) {
+        let checked_once = gen_jobs && self.gen_jobs_valid;
+        if !checked_once && !valid_subject(subject) {
             return Err(PublishError::InvalidSubject {
                 subject: subject.to_string(),
                 reason: "a subject must be non-empty and hold no space, tab or line break"
