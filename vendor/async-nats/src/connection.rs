@@ -35,7 +35,7 @@ use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::{self, AsyncRead, AsyncReadExt, AsyncWrite};
 use tracing::trace;
 
-use crate::header::{HeaderMap, HeaderName, HeaderValue, IntoHeaderValue, HEADER_BLOCK_ERROR};
+use crate::header::{HeaderMap, HeaderName, IntoHeaderValue, HEADER_BLOCK_ERROR};
 use crate::status::StatusCode;
 use crate::subject::Subject;
 use crate::{ClientOp, ServerError, ServerOp, Statistics};
@@ -92,79 +92,9 @@ pub(crate) struct Connection {
     flattened_writes: BytesMut,
     can_flush: bool,
     statistics: Arc<Statistics>,
-}
-
-/// Internal representation of the connection.
-/// Holds connection with NATS Server and communicates with `Client` via channels.
-/// An `HMSG` header block: its headers, status and description.
-fn parse_header_block(
-    header: &[u8],
-) -> io::Result<(HeaderMap, Option<StatusCode>, Option<String>)> {
-    let mut lines = std::str::from_utf8(header)
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "header isn't valid utf-8"))?
-        .lines()
-        .peekable();
-    let version_line = lines.next().ok_or_else(|| {
-        io::Error::new(io::ErrorKind::InvalidInput, "no header version line found")
-    })?;
-
-    let version_line_suffix = version_line
-        .strip_prefix("NATS/1.0")
-        .map(str::trim)
-        .ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "header version line does not begin with `NATS/1.0`",
-            )
-        })?;
-
-    let (status, description) = version_line_suffix
-        .split_once(' ')
-        .map(|(status, description)| (status.trim(), description.trim()))
-        .unwrap_or((version_line_suffix, ""));
-    let status = if !status.is_empty() {
-        Some(
-            status
-                .parse::<StatusCode>()
-                .map_err(|_| std::io::Error::other("could not parse status parameter"))?,
-        )
-    } else {
-        None
-    };
-    let description = if !description.is_empty() {
-        Some(description.to_owned())
-    } else {
-        None
-    };
-
-    let mut headers = HeaderMap::new();
-    while let Some(line) = lines.next() {
-        if line.is_empty() {
-            continue;
-        }
-
-        let (name, value) = line.split_once(':').ok_or_else(|| {
-            io::Error::new(io::ErrorKind::InvalidInput, "a header line has no colon")
-        })?;
-
-        let name = HeaderName::from_str(name)
-            .map_err(|err| io::Error::new(io::ErrorKind::InvalidInput, err))?;
-        if AsRef::<str>::as_ref(&name).eq_ignore_ascii_case(HEADER_BLOCK_ERROR) {
-            let reason = format!("header name \"{name}\" is reserved by the client");
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, reason));
-        }
-
-        // Read the header value, which might have been split into multiple lines
-        // `trim_start` and `trim_end` do the same job as doing `value.trim().to_owned()` at the end, but without a reallocation
-        let mut value = value.trim_start().to_owned();
-        while let Some(v) = lines.next_if(|s| s.starts_with(char::is_whitespace)) {
-            value.push_str(v);
-        }
-        value.truncate(value.trim_end().len());
-
-        headers.append(name, value.into_header_value());
-    }
-    Ok((headers, status, description))
+    /// Why the header block of the `HMSG` at the front of `read_buf` could
+    /// not be parsed: read again, it is delivered with this as its marker.
+    header_block_error: Option<String>,
 }
 
 /// The bytes a `MSG` or `HMSG` operation takes: its line, the payload and
@@ -176,6 +106,8 @@ fn op_len(line_len: usize, payload_len: usize) -> Result<usize, io::Error> {
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "message length overflows"))
 }
 
+/// Internal representation of the connection.
+/// Holds connection with NATS Server and communicates with `Client` via channels.
 impl Connection {
     pub(crate) fn new(
         stream: Box<dyn AsyncReadWrite>,
@@ -190,6 +122,7 @@ impl Connection {
             flattened_writes: BytesMut::new(),
             can_flush: false,
             statistics,
+            header_block_error: None,
         }
     }
 
@@ -413,22 +346,86 @@ impl Connection {
                 return Ok(None);
             }
 
-            self.read_buf.advance(len + 2);
-            let header = self.read_buf.split_to(header_len);
+            // Parsed in place: on an error the message stays in the buffer
+            // for `poll_read_op` to read again, its block replaced by the
+            // marker alone (a block may hold the marker only then).
+            let mut marked = String::new();
+            let header = match self.header_block_error.take() {
+                Some(why) => {
+                    marked = format!("NATS/1.0\r\n{HEADER_BLOCK_ERROR}: {why}\r\n\r\n");
+                    marked.as_bytes()
+                }
+                None => &self.read_buf[len + 2..len + 2 + header_len],
+            };
+            let mut lines = std::str::from_utf8(&header)
+                .map_err(|_| {
+                    io::Error::new(io::ErrorKind::InvalidInput, "header isn't valid utf-8")
+                })?
+                .lines()
+                .peekable();
+            let version_line = lines.next().ok_or_else(|| {
+                io::Error::new(io::ErrorKind::InvalidInput, "no header version line found")
+            })?;
+
+            let version_line_suffix = version_line
+                .strip_prefix("NATS/1.0")
+                .map(str::trim)
+                .ok_or_else(|| {
+                    io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        "header version line does not begin with `NATS/1.0`",
+                    )
+                })?;
+
+            let (status, description) = version_line_suffix
+                .split_once(' ')
+                .map(|(status, description)| (status.trim(), description.trim()))
+                .unwrap_or((version_line_suffix, ""));
+            let status = if !status.is_empty() {
+                Some(
+                    status
+                        .parse::<StatusCode>()
+                        .map_err(|_| std::io::Error::other("could not parse status parameter"))?,
+                )
+            } else {
+                None
+            };
+            let description = if !description.is_empty() {
+                Some(description.to_owned())
+            } else {
+                None
+            };
+
+            let mut headers = HeaderMap::new();
+            while let Some(line) = lines.next() {
+                if line.is_empty() {
+                    continue;
+                }
+
+                let (name, value) = line.split_once(':').ok_or_else(|| {
+                    io::Error::new(io::ErrorKind::InvalidInput, "a header line has no colon")
+                })?;
+
+                if name.eq_ignore_ascii_case(HEADER_BLOCK_ERROR) && marked.is_empty() {
+                    let why = format!("header name \"{name}\" is reserved by the client");
+                    return Err(io::Error::new(io::ErrorKind::InvalidInput, why));
+                }
+                let name = HeaderName::from_str(name)
+                    .map_err(|err| io::Error::new(io::ErrorKind::InvalidInput, err))?;
+
+                // Read the header value, which might have been split into multiple lines
+                // `trim_start` and `trim_end` do the same job as doing `value.trim().to_owned()` at the end, but without a reallocation
+                let mut value = value.trim_start().to_owned();
+                while let Some(v) = lines.next_if(|s| s.starts_with(char::is_whitespace)) {
+                    value.push_str(v);
+                }
+                value.truncate(value.trim_end().len());
+
+                headers.append(name, value.into_header_value());
+            }
+            self.read_buf.advance(len + 2 + header_len);
             let payload = self.read_buf.split_to(total_len - header_len).freeze();
             self.read_buf.advance(2);
-
-            let (headers, status, description) = match parse_header_block(&header) {
-                Ok(parsed) => parsed,
-                // A block the server forwarded as its publisher wrote it: the
-                // message is delivered, marked, and the connection lives on.
-                Err(err) => {
-                    let mut headers = HeaderMap::new();
-                    let value = HeaderValue::from_lossy(&err.to_string());
-                    headers.insert(HEADER_BLOCK_ERROR, value);
-                    (headers, None, None)
-                }
-            };
 
             trace!(
                 subject = %subject,
@@ -477,7 +474,17 @@ impl Connection {
         cx: &mut Context<'_>,
     ) -> Poll<io::Result<Option<ServerOp>>> {
         loop {
-            if let Some(op) = self.try_read_op()? {
+            let op = match self.try_read_op() {
+                // A header block that cannot be parsed is its publisher's (the
+                // server forwards it as written): the message is delivered
+                // marked with why, and the connection lives on.
+                Err(err) if self.read_buf.starts_with(b"HMSG ") => {
+                    self.header_block_error = Some(err.to_string());
+                    self.try_read_op()?
+                }
+                op => op?,
+            };
+            if let Some(op) = op {
                 trace!(?op, "read operation completed");
                 return Poll::Ready(Ok(Some(op)));
             }
