@@ -6,7 +6,9 @@
 //!
 //! - `tree.rs`: the value-tree path, the reference; `fast.rs`: the same
 //!   decision on the input's bytes in place, held to it by a differential
-//!   property test.
+//!   property test; `fast_json.rs`: JSON read into what `fast.rs` reads,
+//!   and its output written back as JSON, held to the reference the same
+//!   way.
 //! - [`deadline`]: deadlines and cancels, the one statement of their rules
 //!   for both paths.
 
@@ -14,6 +16,7 @@ pub mod codes;
 mod complex;
 pub mod deadline;
 mod fast;
+mod fast_json;
 mod handoff;
 mod headers;
 mod known;
@@ -191,14 +194,15 @@ pub struct Release {
 
 /// Decides what to publish for one prefill result (contract 4.2 and 4.3).
 ///
-/// Common MessagePack results are decided on the input's bytes in place (the
-/// `fast` module); everything else, and all JSON, through value trees
+/// Common results are decided without value trees (MessagePack on the
+/// input's bytes in place, the `fast` module; JSON read token by token into
+/// the same, `fast_json`); everything else through value trees
 /// ([`decide_values`]). Both give the same decision for every input the
 /// tree path reads; a result holding more than [`MAX_TREE_VALUES`] values
 /// that the in-place path declines is refused as `malformed` instead (see
 /// `complex`), so no input costs more than a bounded tree.
 pub fn decide(input: Input<'_>, rules: &Rules, ids: &mut dyn IdSource) -> Decision {
-    if let Some(decision) = fast::decide(input, rules, ids) {
+    if let Some(decision) = decide_in_place(input, rules, ids) {
         return decision;
     }
     if input.payload.len() <= rules.max_payload_bytes
@@ -216,7 +220,10 @@ pub fn decide_in_place(
     rules: &Rules,
     ids: &mut dyn IdSource,
 ) -> Option<Decision> {
-    fast::decide(input, rules, ids)
+    match input.encoding {
+        Encoding::MsgPack => fast::decide(input, rules, ids),
+        Encoding::Json => fast_json::decide(input, rules, ids),
+    }
 }
 
 /// The original bytes, unchanged, to the dead-letter subject. A JSON input

@@ -11,6 +11,7 @@ pub mod messages;
 pub mod msgpack;
 pub mod scan;
 pub mod shallow;
+pub mod transcode;
 
 pub use count::more_values_than;
 
