@@ -6,6 +6,7 @@
 #   user-relay examples/user_relay      the same, written as a user of
 #                                       async-nats would (default options)
 #   core      prefill-handoff run       core mode (queue group)
+#   core-json prefill-handoff run       core mode, the same mix sent as JSON
 #   js-relay  examples/raw_js_relay     work-queue stream -> GEN stream, ack
 #   js        prefill-handoff run       --mode jetstream
 #   python    benches/python_baseline.py  nats-py + msgpack, same decision
@@ -15,7 +16,7 @@
 # (VmHWM, after the paced run and at the end). Prints a table, the ratios, and a last line
 #   RESULT core_vs_relay=… js_vs_relay=… vs_python=… p99_vs_relay=… rss_mb=…
 #          core_cpu_vs_relay=… js_cpu_vs_relay=… cpu_vs_python=…
-#          core_vs_user_relay=… core_cpu_vs_user_relay=…
+#          core_vs_user_relay=… core_cpu_vs_user_relay=… json_cpu_vs_msgpack=…
 # (the CPU ratios from CPU µs per message in the bursts: worker / relay, and
 # Python / core mode).
 #
@@ -45,7 +46,7 @@ RATE_SECS=${RATE_SECS:-10}
 WARMUP=${WARMUP:-2000}
 MIX=${MIX:-trtllm=80,terminal=15,error=5}
 ETCD=${ETCD:-etcd}
-ONLY=${ONLY:-relay user-relay core js-relay js python}
+ONLY=${ONLY:-relay user-relay core core-json js-relay js python}
 if [[ -z ${NATS_SERVER:-} ]]; then
     if [[ -x /usr/sbin/nats-server ]]; then NATS_SERVER=/usr/sbin/nats-server; else NATS_SERVER=nats-server; fi
 fi
@@ -205,6 +206,8 @@ start user-relay buser "--expect-relay" -- \
     "$USER_RELAY" --nats-url "$NATS_URL" --namespace buser
 start core bcore "" -- \
     "$BIN" run "${WORKER_ARGS[@]}" --namespace bcore --mode core --metrics-addr "127.0.0.1:$(free_port)"
+start core-json bcorejson "--json-results" -- \
+    "$BIN" run "${WORKER_ARGS[@]}" --namespace bcorejson --mode core --metrics-addr "127.0.0.1:$(free_port)"
 start js-relay bjsrelay "--jetstream --expect-relay" -- \
     "$JS_RELAY" --nats-url "$NATS_URL" --namespace bjsrelay
 start js bjs "--jetstream" -- \
@@ -255,11 +258,12 @@ python3 - "$TMP/results" "$PEAK_COUNT" "$REPEATS" "$RATE" "$RATE_SECS" "$MIX" <<
 import json, os, statistics, sys
 
 results, peak_count, repeats, rate, rate_secs, mix = sys.argv[1:]
-names = ["relay", "user-relay", "core", "js-relay", "js", "python"]
+names = ["relay", "user-relay", "core", "core-json", "js-relay", "js", "python"]
 labels = {
     "relay": "raw relay (core)",
     "user-relay": "user's relay (core)",
     "core": "prefill-handoff core",
+    "core-json": "prefill-handoff core, JSON",
     "js-relay": "raw relay (JetStream)",
     "js": "prefill-handoff jetstream",
     "python": "python baseline",
@@ -378,9 +382,11 @@ core_vs_user = ratio("core", "user-relay", "peak")
 core_cpu_vs_user = ratio("core", "user-relay", "cpu_burst_us")
 print(f"core / user's relay throughput   {core_vs_user}  (no target: the second anchor)")
 print(f"core / user's relay CPU per msg  {core_cpu_vs_user}  (no target: the second anchor, bursts)")
+json_cpu_vs_msgpack = ratio("core-json", "core", "cpu_burst_us")
+print(f"core JSON / MessagePack CPU/msg  {json_cpu_vs_msgpack}  (target <= 1.5, bursts)")
 print(f"RESULT core_vs_relay={core_vs_relay} js_vs_relay={js_vs_relay} vs_python={vs_python} p99_vs_relay={p99_vs_relay} rss_mb={rss_mb} "
       f"core_cpu_vs_relay={core_cpu_vs_relay} js_cpu_vs_relay={js_cpu_vs_relay} cpu_vs_python={cpu_vs_python} "
-      f"core_vs_user_relay={core_vs_user} core_cpu_vs_user_relay={core_cpu_vs_user}")
+      f"core_vs_user_relay={core_vs_user} core_cpu_vs_user_relay={core_cpu_vs_user} json_cpu_vs_msgpack={json_cpu_vs_msgpack}")
 PY
 
 if [[ -n $RECORDER ]]; then
