@@ -113,9 +113,18 @@ fn map(b: &[u8], p: &mut usize, n: usize, out: &mut Vec<u8>) -> Option<()> {
 fn string(b: &[u8], p: &mut usize, n: usize, out: &mut Vec<u8>) -> Option<()> {
     let end = p.checked_add(n)?;
     let bytes = b.get(*p..end)?;
-    std::str::from_utf8(bytes).ok()?;
+    if !bytes.is_ascii() {
+        std::str::from_utf8(bytes).ok()?;
+    }
     *p = end;
     out.push(b'"');
+    // Most strings (a base64 state, subjects, IDs) need no escape: found
+    // eight bytes a step, they are copied whole.
+    if !needs_escape(bytes) {
+        out.extend_from_slice(bytes);
+        out.push(b'"');
+        return Some(());
+    }
     let mut run = 0;
     for (i, &c) in bytes.iter().enumerate() {
         let escape: &[u8] = match c {
@@ -150,6 +159,22 @@ fn string(b: &[u8], p: &mut usize, n: usize, out: &mut Vec<u8>) -> Option<()> {
     out.extend_from_slice(&bytes[run..]);
     out.push(b'"');
     Some(())
+}
+
+/// Whether any byte of `bytes` is `"`, `\\` or a control character.
+fn needs_escape(bytes: &[u8]) -> bool {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    let zero = |w: u64| w.wrapping_sub(ONES) & !w & HIGH;
+    let (words, rest) = bytes.as_chunks::<8>();
+    let special = |c: &u8| matches!(c, b'"' | b'\\' | 0..0x20);
+    words.iter().any(|chunk| {
+        let w = u64::from_le_bytes(*chunk);
+        // Bytes under 0x20 among those under 0x80 (the others never
+        // need an escape; a borrow may flag one only above a true flag).
+        let control = w.wrapping_sub(ONES * 0x20) & !w & HIGH;
+        (zero(w ^ (ONES * u64::from(b'"'))) | zero(w ^ (ONES * u64::from(b'\\'))) | control) != 0
+    }) || rest.iter().any(special)
 }
 
 /// A non-negative integer in decimal, two digits a step.
