@@ -58,7 +58,7 @@ fn value(b: &[u8], p: &mut usize, out: &mut Vec<u8>) -> Option<()> {
         0xa0..=0xbf => string(b, p, usize::from(marker & 0x1f), out)?,
         0x90..=0x9f => array(b, p, usize::from(marker & 0x0f), out)?,
         0x80..=0x8f => map(b, p, usize::from(marker & 0x0f), out)?,
-        0xd9..=0xdb | 0xdc | 0xdd | 0xde | 0xdf => {
+        0xd9..=0xdf => {
             let n = match marker {
                 0xd9 => be::<1>(b, p)?,
                 0xda | 0xdc | 0xde => be::<2>(b, p)?,
