@@ -102,6 +102,19 @@ fn loadgen_result() -> Value {
     rmpv::decode::read_value(&mut bytes.as_slice()).expect("loadgen writes MessagePack")
 }
 
+/// [`loadgen_result`] as `loadgen --json-results` sends it: JSON, the
+/// opaque state as base64.
+fn loadgen_json_result() -> Value {
+    let template = Template {
+        reply_to: "_INBOX.loadgen.bench".into(),
+        refused_reply_to: "refused".into(),
+        opaque_bytes: 256,
+    };
+    let request_id = RunIds::new("bench").request_id(Tag::Measured(4242));
+    let bytes = payload::encode_json(&template, Kind::Trtllm, &request_id, 4242, 0);
+    wire::decode(&bytes, Encoding::Json).expect("loadgen writes JSON")
+}
+
 /// [`loadgen_result`] with `tokens` prompt token IDs in its `request`, up to
 /// 128,000 (a Llama 3 vocabulary: two- and four-byte integers).
 fn long_prompt_result(tokens: u64) -> Value {
@@ -132,7 +145,7 @@ static ALLOCATOR: prefill_handoff::alloc::MiMalloc = prefill_handoff::alloc::MiM
 type DecideFn = fn(Input<'_>, &Rules, &mut dyn IdSource) -> Decision;
 
 /// The benchmarked results: name, value, encoding.
-fn cases() -> [(&'static str, Value, Encoding); 8] {
+fn cases() -> [(&'static str, Value, Encoding); 9] {
     [
         (
             "trtllm_decode_minted_msgpack",
@@ -180,6 +193,13 @@ fn cases() -> [(&'static str, Value, Encoding); 8] {
             "long_prompt_trtllm_msgpack",
             long_prompt_result(2048),
             Encoding::MsgPack,
+        ),
+        (
+            // The same handoff from a JSON producer: what `loadgen
+            // --json-results` sends, against `loadgen_trtllm_msgpack`.
+            "loadgen_trtllm_json",
+            loadgen_json_result(),
+            Encoding::Json,
         ),
         (
             "trtllm_decode_minted_json",

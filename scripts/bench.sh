@@ -8,6 +8,7 @@
 #   core      prefill-handoff run       core mode (queue group)
 #   core-cancel prefill-handoff run     core mode, on CANCEL_MIX: a tenth of
 #                                       the results cancelled before the run
+#   core-json prefill-handoff run       core mode, the same mix sent as JSON
 #   js-relay  examples/raw_js_relay     work-queue stream -> GEN stream, ack
 #   js        prefill-handoff run       --mode jetstream
 #   python    benches/python_baseline.py  nats-py + msgpack, same decision
@@ -18,8 +19,10 @@
 #   RESULT core_vs_relay=… js_vs_relay=… vs_python=… p99_vs_relay=… rss_mb=…
 #          core_cpu_vs_relay=… js_cpu_vs_relay=… cpu_vs_python=…
 #          core_vs_user_relay=… core_cpu_vs_user_relay=… cancel_cpu_vs_core=…
+#          json_cpu_vs_msgpack=…
 # (the CPU ratios from CPU µs per message in the bursts: worker / relay,
-# Python / core mode, and core mode with cancels / without).
+# Python / core mode, core mode with cancels / without, and core mode on
+# JSON / on MessagePack).
 #
 # Knobs (environment): PEAK_COUNT (50000), REPEATS (3), RATE (2000 msg/s),
 # RATE_SECS (10), WARMUP (2000), MIX (trtllm=80,terminal=15,error=5),
@@ -49,7 +52,7 @@ WARMUP=${WARMUP:-2000}
 MIX=${MIX:-trtllm=80,terminal=15,error=5}
 CANCEL_MIX=${CANCEL_MIX:-trtllm=70,terminal=15,error=5,cancelled=10}
 ETCD=${ETCD:-etcd}
-ONLY=${ONLY:-relay user-relay core core-cancel js-relay js python}
+ONLY=${ONLY:-relay user-relay core core-cancel core-json js-relay js python}
 if [[ -z ${NATS_SERVER:-} ]]; then
     if [[ -x /usr/sbin/nats-server ]]; then NATS_SERVER=/usr/sbin/nats-server; else NATS_SERVER=nats-server; fi
 fi
@@ -216,6 +219,8 @@ start core bcore "" -- \
     "$BIN" run "${WORKER_ARGS[@]}" --namespace bcore --mode core --metrics-addr "127.0.0.1:$(free_port)"
 start core-cancel bcancel "" -- \
     "$BIN" run "${WORKER_ARGS[@]}" --namespace bcancel --mode core --metrics-addr "127.0.0.1:$(free_port)"
+start core-json bcorejson "--json-results" -- \
+    "$BIN" run "${WORKER_ARGS[@]}" --namespace bcorejson --mode core --metrics-addr "127.0.0.1:$(free_port)"
 start js-relay bjsrelay "--jetstream --expect-relay" -- \
     "$JS_RELAY" --nats-url "$NATS_URL" --namespace bjsrelay
 start js bjs "--jetstream" -- \
@@ -266,12 +271,13 @@ python3 - "$TMP/results" "$PEAK_COUNT" "$REPEATS" "$RATE" "$RATE_SECS" "$MIX" "$
 import json, os, statistics, sys
 
 results, peak_count, repeats, rate, rate_secs, mix, cancel_mix = sys.argv[1:]
-names = ["relay", "user-relay", "core", "core-cancel", "js-relay", "js", "python"]
+names = ["relay", "user-relay", "core", "core-cancel", "core-json", "js-relay", "js", "python"]
 labels = {
     "relay": "raw relay (core)",
     "user-relay": "user's relay (core)",
     "core": "prefill-handoff core",
     "core-cancel": "core, 10% cancelled",
+    "core-json": "prefill-handoff core, JSON",
     "js-relay": "raw relay (JetStream)",
     "js": "prefill-handoff jetstream",
     "python": "python baseline",
@@ -372,9 +378,9 @@ p99_vs_relay = ratio("core", "relay", "p99")
 core_cpu_vs_relay = ratio("core", "relay", "cpu_burst_us")
 js_cpu_vs_relay = ratio("js", "js-relay", "cpu_burst_us")
 cpu_vs_python = ratio("python", "core", "cpu_burst_us")
-rss = [rows[n].get("rss_mb") for n in ("core", "core-cancel", "js") if rows[n].get("rss_mb")]
+rss = [rows[n].get("rss_mb") for n in ("core", "core-cancel", "core-json", "js") if rows[n].get("rss_mb")]
 rss_mb = f"{max(rss):.1f}" if rss else "n/a"
-paced = [rows[n].get("rss_paced_mb") for n in ("core", "core-cancel", "js") if rows[n].get("rss_paced_mb")]
+paced = [rows[n].get("rss_paced_mb") for n in ("core", "core-cancel", "core-json", "js") if rows[n].get("rss_paced_mb")]
 paced_mb = f"{max(paced):.1f}" if paced else "n/a"
 print()
 # The targets are those of docs/performance.md.
@@ -392,9 +398,12 @@ print(f"core / user's relay throughput   {core_vs_user}  (no target: the second 
 print(f"core / user's relay CPU per msg  {core_cpu_vs_user}  (no target: the second anchor, bursts)")
 cancel_cpu_vs_core = ratio("core-cancel", "core", "cpu_burst_us")
 print(f"core with cancels / core CPU     {cancel_cpu_vs_core}  (goal <= 1.03, bursts: checking cancels and deadlines does not show)")
+json_cpu_vs_msgpack = ratio("core-json", "core", "cpu_burst_us")
+print(f"core JSON / MessagePack CPU/msg  {json_cpu_vs_msgpack}  (target <= 1.5, bursts)")
 print(f"RESULT core_vs_relay={core_vs_relay} js_vs_relay={js_vs_relay} vs_python={vs_python} p99_vs_relay={p99_vs_relay} rss_mb={rss_mb} "
       f"core_cpu_vs_relay={core_cpu_vs_relay} js_cpu_vs_relay={js_cpu_vs_relay} cpu_vs_python={cpu_vs_python} "
-      f"core_vs_user_relay={core_vs_user} core_cpu_vs_user_relay={core_cpu_vs_user} cancel_cpu_vs_core={cancel_cpu_vs_core}")
+      f"core_vs_user_relay={core_vs_user} core_cpu_vs_user_relay={core_cpu_vs_user} cancel_cpu_vs_core={cancel_cpu_vs_core} "
+      f"json_cpu_vs_msgpack={json_cpu_vs_msgpack}")
 PY
 
 if [[ -n $RECORDER ]]; then

@@ -5,7 +5,7 @@
 use crate::decision_support::{SOURCE, TestIds, invariants, jetstream_rules, rules};
 use async_nats::{HeaderMap, HeaderName, HeaderValue};
 
-use prefill_handoff::decision::{Decision, Input, Rules, decide, decide_in_place, decide_values};
+use prefill_handoff::decision::{Decision, Input, Rules, decide, decide_values};
 use prefill_handoff::headers::names::{CONTENT_TYPE, HANDOFF_DEADLINE};
 use prefill_handoff::headers::{
     self, MAX_TRACESTATE_BYTES, TRACEPARENT_LEN, TraceHeader, TraceHeaders,
@@ -180,9 +180,12 @@ pub fn decide_msgpack(data: &[u8]) {
 }
 
 /// The decision on arbitrary bytes as a JSON body, in each of the worker's
-/// situations: its invariants hold, JSON is never decided in place, and a
-/// body that reads as JSON is decided as the same value sent as MessagePack
-/// is (same outcome, subject, request ID and frame count).
+/// situations: its invariants hold, the in-place JSON path decides exactly
+/// as the value-tree path does (same decision, same number of IDs minted;
+/// tests/offline/decision_fast_json.rs checks the same on generated
+/// results), and a body that reads as JSON is decided as the same value
+/// sent as MessagePack is (same outcome, subject, request ID and frame
+/// count).
 pub fn decide_json(data: &[u8]) {
     let as_msgpack = wire::decode(data, Encoding::Json)
         .ok()
@@ -190,12 +193,18 @@ pub fn decide_json(data: &[u8]) {
     for (rules, nats_reply, fenced) in situations() {
         let (nats_reply, fenced) = (*nats_reply, *fenced);
         let input = input(data, Encoding::Json, nats_reply);
-        assert!(
-            decide_in_place(input, rules, &mut ids(fenced)).is_none(),
-            "JSON was decided in place"
-        );
-        let d = decide(input, rules, &mut ids(fenced));
+        let (mut fast_ids, mut tree_ids) = (ids(fenced), ids(fenced));
+        let d = decide(input, rules, &mut fast_ids);
         check_decision(&d, data, Encoding::Json, rules);
+        let reference = decide_values(input, rules, &mut tree_ids);
+        assert_eq!(
+            d, reference,
+            "the in-place JSON path and the value-tree path differ"
+        );
+        assert_eq!(
+            fast_ids.minted, tree_ids.minted,
+            "the paths minted different numbers of IDs"
+        );
         if let Some(bytes) = &as_msgpack {
             let input = self::input(bytes, Encoding::MsgPack, nats_reply);
             let m = decide(input, rules, &mut ids(fenced));

@@ -2,8 +2,8 @@
 //!
 //! A value tree costs ~50 bytes per value whatever the value's encoded size:
 //! a 1 MiB result whose first frame holds a million `nil` (one byte each)
-//! took 0.15 s and ~92 MB as a tree. Results the in-place path decides (any
-//! canonical MessagePack decode or terminal result, whatever its size) never
+//! took 0.15 s and ~92 MB as a tree. Results the in-place paths decide (any
+//! canonical MessagePack or JSON decode or terminal result, whatever its size) never
 //! get here; the rest are read as trees only up to [`MAX_TREE_VALUES`], and
 //! beyond are refused as `malformed` — to the requester when the top level
 //! names a usable reply subject, else as a dead letter.
@@ -26,7 +26,7 @@ pub const MAX_TREE_VALUES: usize = 32_768;
 pub(super) fn refuse(input: Input<'_>, rules: &Rules) -> Decision {
     let why = format!(
         "the message holds more than {MAX_TREE_VALUES} values (arrays, maps, keys and scalars); \
-         a result of that complexity is accepted only as canonical MessagePack with a decode or terminal outcome"
+         a result of that complexity is accepted only with a decode or terminal outcome, as canonical MessagePack or as JSON"
     );
     let Some(top) = shallow::top_level(input.payload, input.encoding, &["reply_to", "request_id"])
     else {

@@ -295,10 +295,10 @@ impl<'a> Body<'a> {
     }
 }
 
-/// [`super::decide`] on the input's bytes in place, or `None` (with no ID
-/// minted) when the input is not one of the cases handled that way and the
-/// value-tree path must decide.
-pub fn decide_in_place(
+/// [`super::decide`] on a MessagePack input's bytes in place, or `None`
+/// (with no ID minted) when the input is not one of the cases handled that
+/// way and the value-tree path must decide.
+pub(super) fn decide_msgpack(
     input: Input<'_>,
     rules: &Rules,
     ids: &mut dyn IdSource,

@@ -6,7 +6,9 @@
 //!
 //! - `tree.rs`: the value-tree path, the reference; `fast.rs`: the same
 //!   decision on the input's bytes in place, held to it by a differential
-//!   property test.
+//!   property test; `fast_json.rs`: JSON read into what `fast.rs` reads,
+//!   and its output written back as JSON, held to the reference the same
+//!   way.
 //! - [`deadline`]: deadlines and cancels, the one statement of their rules
 //!   for both paths.
 
@@ -14,6 +16,7 @@ pub mod codes;
 mod complex;
 pub mod deadline;
 mod fast;
+mod fast_json;
 mod handoff;
 mod header_values;
 mod known;
@@ -26,7 +29,6 @@ pub use crate::wire::messages::{Backend, InstanceId};
 pub use codes::{DeadLetterCode, ErrorCode, FinishReason};
 pub use complex::MAX_TREE_VALUES;
 pub use deadline::{Cancelled, Cancels, NO_CANCELS, NoCancels};
-pub use fast::decide_in_place;
 pub use handoff::{backend_of, describe};
 pub use header_values::{content_type, dead_letter_headers, without_payload};
 pub use reply::{Refusal, ReplyPolicy};
@@ -186,8 +188,9 @@ pub struct Release {
 
 /// Decides what to publish for one prefill result (contract 4.2 and 4.3).
 ///
-/// Common MessagePack results are decided on the input's bytes in place (the
-/// `fast` module); everything else, and all JSON, through value trees
+/// Common results are decided without value trees (MessagePack on the
+/// input's bytes in place, the `fast` module; JSON read token by token into
+/// the same, `fast_json`); everything else through value trees
 /// ([`decide_values`]). Both give the same decision for every input the
 /// tree path reads; a result holding more than [`MAX_TREE_VALUES`] values
 /// that the in-place path declines is refused as `malformed` instead (see
@@ -202,6 +205,19 @@ pub fn decide(input: Input<'_>, rules: &Rules, ids: &mut dyn IdSource) -> Decisi
         return complex::refuse(input, rules);
     }
     decide_values(input, rules, ids)
+}
+
+/// [`decide`] on the input's bytes in place, or `None` (with no ID minted)
+/// when the input is not one of the cases handled that way.
+pub fn decide_in_place(
+    input: Input<'_>,
+    rules: &Rules,
+    ids: &mut dyn IdSource,
+) -> Option<Decision> {
+    match input.encoding {
+        Encoding::MsgPack => fast::decide_msgpack(input, rules, ids),
+        Encoding::Json => fast_json::decide(input, rules, ids),
+    }
 }
 
 /// The original bytes, unchanged, to the dead-letter subject. A JSON input

@@ -12,6 +12,7 @@ pub mod msgpack;
 pub mod peek;
 pub mod scan;
 pub mod shallow;
+pub mod transcode;
 
 pub use count::more_values_than;
 

@@ -19,7 +19,7 @@ fn k(s: &str) -> Value {
 }
 
 /// Scalars and small trees of every MessagePack type.
-fn anything() -> impl Strategy<Value = Value> {
+pub(crate) fn anything() -> impl Strategy<Value = Value> {
     let leaf = prop_oneof![
         Just(Value::Nil),
         any::<bool>().prop_map(Value::Boolean),
@@ -42,7 +42,7 @@ fn anything() -> impl Strategy<Value = Value> {
 }
 
 /// Mostly one of the named values, sometimes anything, sometimes absent.
-fn field_of(known: Vec<Value>) -> impl Strategy<Value = Option<Value>> {
+pub(crate) fn field_of(known: Vec<Value>) -> impl Strategy<Value = Option<Value>> {
     prop_oneof![
         6 => proptest::sample::select(known).prop_map(Some),
         1 => anything().prop_map(Some),
@@ -102,7 +102,7 @@ fn params() -> impl Strategy<Value = Value> {
 /// SGLang and vLLM params near the edges of their checks (both decided in
 /// place): ports around 1..=65535, empty and non-string hosts, block IDs
 /// that are negative or not integers, fields missing or null.
-fn engine_params() -> impl Strategy<Value = Value> {
+pub(crate) fn engine_params() -> impl Strategy<Value = Value> {
     let ints = || {
         vec![
             Value::from(0),
@@ -211,7 +211,7 @@ const NOW: u64 = 1_767_225_600_000;
 
 /// Deadlines near [`NOW`] and the edges of their range, and values that are
 /// not deadlines.
-fn deadlines() -> Vec<Value> {
+pub(crate) fn deadlines() -> Vec<Value> {
     vec![
         Value::from(NOW - 1),
         Value::from(NOW),
@@ -229,7 +229,7 @@ fn deadlines() -> Vec<Value> {
 
 /// `Handoff-Deadline` header values: mostly none, else near [`NOW`], at
 /// the range's edges, or not a deadline.
-fn deadline_header() -> impl Strategy<Value = Option<String>> {
+pub(crate) fn deadline_header() -> impl Strategy<Value = Option<String>> {
     prop_oneof![
         4 => Just(None),
         2 => proptest::sample::select(vec![
@@ -259,7 +259,7 @@ impl Cancels for Req1Cancelled {
     }
 }
 
-fn gen_result() -> impl Strategy<Value = Value> {
+pub(crate) fn gen_result() -> impl Strategy<Value = Value> {
     let job_keys = [
         "backend",
         "worker",
@@ -318,6 +318,7 @@ fn gen_result() -> impl Strategy<Value = Value> {
 /// Both paths on the same bytes, each with a fresh ID source.
 fn both(
     payload: &[u8],
+    encoding: Encoding,
     rules: &Rules,
     nats_reply: Option<&str>,
     fenced: bool,
@@ -326,7 +327,7 @@ fn both(
 ) -> (Decision, Decision, usize, usize) {
     let input = Input {
         payload,
-        encoding: Encoding::MsgPack,
+        encoding,
         subject: SOURCE,
         nats_reply,
         deadline_header: header,
@@ -353,6 +354,15 @@ fn check_same(payload: &[u8]) -> Result<(), TestCaseError> {
 /// [`check_same`] with a `Handoff-Deadline` header, and with `req-1`
 /// cancelled or not.
 fn check_same_with(payload: &[u8], header: Option<&str>) -> Result<(), TestCaseError> {
+    check_same_in(payload, Encoding::MsgPack, header)
+}
+
+/// [`check_same_with`] for a body in `encoding`.
+pub(crate) fn check_same_in(
+    payload: &[u8],
+    encoding: Encoding,
+    header: Option<&str>,
+) -> Result<(), TestCaseError> {
     // Three combinations, as many as before deadlines: each rule's case
     // comes up under more than one, and the test's time stays.
     let skewed_jetstream = Rules {
@@ -370,8 +380,9 @@ fn check_same_with(payload: &[u8], header: Option<&str>) -> Result<(), TestCaseE
             req_1_cancelled,
         ),
     ] {
-        let (fast, slow, minted_fast, minted_slow) =
-            both(payload, &rules, nats_reply, fenced, header, cancels);
+        let (fast, slow, minted_fast, minted_slow) = both(
+            payload, encoding, &rules, nats_reply, fenced, header, cancels,
+        );
         prop_assert_eq!(&fast, &slow);
         prop_assert_eq!(minted_fast, minted_slow);
     }

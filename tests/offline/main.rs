@@ -20,6 +20,7 @@ mod decision_bounds;
 mod decision_dead_letter;
 mod decision_deadline;
 mod decision_fast;
+mod decision_fast_json;
 mod decision_handoff;
 mod decision_hostile;
 mod decision_job;

@@ -61,6 +61,10 @@ pub struct LoadgenArgs {
     /// Size of TensorRT-LLM's opaque_state (MessagePack binary).
     #[arg(long, default_value_t = 256)]
     pub opaque_bytes: usize,
+    /// Send JSON results (`Content-Type: application/json`; opaque_state as
+    /// base64) instead of MessagePack.
+    #[arg(long)]
+    pub json_results: bool,
     /// Publish through JetStream and await each stream ack (durable mode).
     #[arg(long)]
     pub jetstream: bool,
@@ -156,6 +160,7 @@ pub fn options(args: &LoadgenArgs, connect: Connect) -> Result<Options, CliError
     opts.rate = args.rate;
     opts.mix = mix;
     opts.opaque_bytes = args.opaque_bytes;
+    opts.json = args.json_results;
     opts.jetstream = args.jetstream;
     opts.concurrency = args.concurrency;
     opts.warmup = args.warmup;

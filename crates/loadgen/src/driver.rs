@@ -57,7 +57,12 @@ pub async fn run(opts: &Options) -> Result<Report, LoadgenError> {
             .enumerate()
             .map(|(seq, kind)| {
                 let count = nth.entry(kind).or_default();
-                let bytes = payload::encode(
+                let encode = if opts.json {
+                    payload::encode_json
+                } else {
+                    payload::encode
+                };
+                let bytes = encode(
                     &template,
                     kind,
                     &ids.request_id(tag(seq)),
@@ -318,6 +323,8 @@ struct Publisher {
     jetstream: Option<async_nats::jetstream::Context>,
     subject: Subject,
     concurrency: usize,
+    /// `Content-Type: application/json` on every result, for JSON runs.
+    headers: Option<async_nats::HeaderMap>,
 }
 
 impl Publisher {
@@ -329,6 +336,11 @@ impl Publisher {
             client,
             subject: Subject::from(opts.prefill_subject.as_str()),
             concurrency: opts.concurrency.max(1),
+            headers: opts.json.then(|| {
+                let mut headers = async_nats::HeaderMap::new();
+                headers.insert("Content-Type", "application/json");
+                headers
+            }),
         })
     }
 
@@ -357,12 +369,28 @@ impl Publisher {
                 sent_ns.push(nanos_since(origin));
                 match &self.jetstream {
                     None => {
-                        if let Err(e) = self.client.publish(self.subject.clone(), payload).await {
+                        let sent = match &self.headers {
+                            None => self.client.publish(self.subject.clone(), payload).await,
+                            Some(headers) => {
+                                let (subject, headers) = (self.subject.clone(), headers.clone());
+                                self.client
+                                    .publish_with_headers(subject, headers, payload)
+                                    .await
+                            }
+                        };
+                        if let Err(e) = sent {
                             errors.add(format!("publish: {e}"));
                         }
                     }
                     Some(js) => {
-                        match js.publish(self.subject.clone(), payload).await {
+                        let sent = match &self.headers {
+                            None => js.publish(self.subject.clone(), payload).await,
+                            Some(headers) => {
+                                let (subject, headers) = (self.subject.clone(), headers.clone());
+                                js.publish_with_headers(subject, headers, payload).await
+                            }
+                        };
+                        match sent {
                             Ok(ack) => acks.push(ack.into_future()),
                             Err(e) => errors.add(format!("JetStream publish: {e}")),
                         }

@@ -78,6 +78,8 @@ pub struct Options {
     pub rate: f64,
     pub mix: Mix,
     pub opaque_bytes: usize,
+    /// Send JSON (`Content-Type: application/json`) instead of MessagePack.
+    pub json: bool,
     /// Publish through JetStream and wait for the stream's acks.
     pub jetstream: bool,
     /// JetStream acks outstanding at once.
@@ -110,6 +112,7 @@ impl Options {
             rate: 0.0,
             mix: Mix::default(),
             opaque_bytes: 256,
+            json: false,
             jetstream: false,
             concurrency: 1024,
             warmup: 0,

@@ -74,6 +74,69 @@ pub fn encode(template: &Template, kind: Kind, request_id: &str, seq: u64, nth: 
     to_msgpack(&build(template, kind, request_id, seq, nth))
 }
 
+/// [`encode`] as JSON, as a producer written in Python, Go or JavaScript
+/// would send it: the same fields in the same order, binary data
+/// (`opaque_state`) as base64.
+pub fn encode_json(
+    template: &Template,
+    kind: Kind,
+    request_id: &str,
+    seq: u64,
+    nth: u64,
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(1024);
+    write_json(&mut out, &build(template, kind, request_id, seq, nth));
+    out
+}
+
+/// Appends a value as compact JSON, map entries in order: binary data as a
+/// base64 string. Built only from what [`build`] writes (string keys, no
+/// ext values, finite floats).
+fn write_json(out: &mut Vec<u8>, value: &Value) {
+    use base64::Engine as _;
+    match value {
+        Value::Nil | Value::Ext(..) => out.extend_from_slice(b"null"),
+        Value::Boolean(b) => scalar(out, b),
+        Value::Integer(i) => match (i.as_u64(), i.as_i64()) {
+            (Some(u), _) => scalar(out, &u),
+            (None, Some(n)) => scalar(out, &n),
+            (None, None) => out.extend_from_slice(b"null"),
+        },
+        Value::F32(f) => scalar(out, &f64::from(*f)),
+        Value::F64(f) => scalar(out, f),
+        Value::String(s) => scalar(out, &s.as_str().unwrap_or_default()),
+        Value::Binary(b) => scalar(out, &base64::engine::general_purpose::STANDARD.encode(b)),
+        Value::Array(items) => {
+            out.push(b'[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_json(out, item);
+            }
+            out.push(b']');
+        }
+        Value::Map(entries) => {
+            out.push(b'{');
+            for (i, (k, v)) in entries.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                scalar(out, &k.as_str().unwrap_or_default());
+                out.push(b':');
+                write_json(out, v);
+            }
+            out.push(b'}');
+        }
+    }
+}
+
+/// A scalar as serde_json writes it (its string escapes, its float form).
+fn scalar<T: serde::Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) {
+    // Writing a scalar into a Vec cannot fail.
+    let _ = serde_json::to_writer(out, value);
+}
+
 /// A value as MessagePack. `rmpv`'s writer, not the worker's own: the load
 /// generator speaks the contract like any prefill worker would, so a fault
 /// in the worker's codec cannot cancel out here.

@@ -20,8 +20,13 @@ pub struct Fields<'a> {
 
 const MAX_DEPTH: usize = 64;
 
-/// The fields of a MessagePack map, or `None` when the bytes are not one.
+/// The fields of a MessagePack map or a JSON object (the outputs of a JSON
+/// run: a JSON object starts with `{`, a MessagePack positive integer), or
+/// `None` when the bytes are neither.
 pub fn scan(bytes: &[u8]) -> Option<Fields<'_>> {
+    if bytes.first() == Some(&b'{') {
+        return scan_json(bytes);
+    }
     let mut r = Reader { bytes, pos: 0 };
     let entries = match r.u8()? {
         b @ 0x80..=0x8f => usize::from(b & 0x0f),
@@ -47,6 +52,27 @@ pub fn scan(bytes: &[u8]) -> Option<Fields<'_>> {
         }
     }
     Some(fields)
+}
+
+/// The fields of a JSON object: serde_json skips the rest without building
+/// it. Request IDs and kinds are plain strings, borrowed from the bytes.
+fn scan_json(bytes: &[u8]) -> Option<Fields<'_>> {
+    #[derive(serde::Deserialize)]
+    struct Top<'a> {
+        #[serde(borrow)]
+        request_id: Option<&'a str>,
+        #[serde(borrow)]
+        kind: Option<&'a str>,
+        backend: Option<serde::de::IgnoredAny>,
+        frames: Option<serde::de::IgnoredAny>,
+    }
+    let top: Top<'_> = serde_json::from_slice(bytes).ok()?;
+    Some(Fields {
+        request_id: top.request_id,
+        kind: top.kind,
+        has_backend: top.backend.is_some(),
+        has_frames: top.frames.is_some(),
+    })
 }
 
 struct Reader<'a> {

@@ -1,0 +1,57 @@
+//! The in-place decision for JSON results: the body is read token by token
+//! into the canonical MessagePack that `fast` decides on, and the outputs
+//! `fast` writes are written back as JSON (`wire::transcode`). No value
+//! tree is built.
+//!
+//! Exact by construction: the MessagePack read here is what the value-tree
+//! path's JSON decode would hold, `fast` decides on it as the value-tree path
+//! does, and the JSON written back is what the value-tree path's encoder
+//! writes; only the headers differ by encoding (`Content-Type`), and they are
+//! set here as the value-tree path sets them. Everything `fast` declines, and
+//! every body the JSON reader refuses (invalid, too deep, not an object),
+//! returns `None` before any side effect; the caller takes the value-tree
+//! path, which describes the problem.
+//!
+//! Why not the value tree: it costs about fifty times this per decision
+//! (`docs/performance.md`), paid for every result of a JSON producer.
+
+use super::header_values::content_type;
+use super::{Decision, IdSource, Input, Outcome, Rules, fast};
+use crate::headers::names::{HANDOFF_DEADLINE, NATS_MSG_ID};
+use crate::headers::{msg_id, release_msg_id};
+use crate::wire::Encoding;
+use crate::wire::transcode::{json_to_msgpack, msgpack_to_json};
+
+/// The decision for a JSON `input`, or `None` when the value-tree path must
+/// decide.
+pub(super) fn decide(input: Input<'_>, rules: &Rules, ids: &mut dyn IdSource) -> Option<Decision> {
+    if input.encoding != Encoding::Json || input.payload.len() > rules.max_payload_bytes {
+        return None;
+    }
+    let mut body = Vec::with_capacity(input.payload.len());
+    json_to_msgpack(input.payload, &mut body)?;
+    let as_msgpack = Input {
+        payload: &body,
+        encoding: Encoding::MsgPack,
+        ..input
+    };
+    let mut decision = fast::decide_msgpack(as_msgpack, rules, ids)?;
+    // An output is about as large as its input (JSON is the larger form).
+    let capacity = input.payload.len() + 128;
+    decision.payload = msgpack_to_json(&decision.payload, capacity);
+    decision.headers = content_type(Encoding::Json);
+    if let (Outcome::Decode { .. }, Some(request_id)) = (&decision.outcome, &decision.request_id) {
+        decision.headers.push(NATS_MSG_ID, &msg_id(request_id));
+        if let Some(ms) = decision.deadline_ms {
+            decision.headers.push(HANDOFF_DEADLINE, &ms.to_string());
+        }
+    }
+    if let (Some(release), Some(request_id)) = (&mut decision.release, &decision.request_id) {
+        release.payload = msgpack_to_json(&release.payload, release.payload.len() * 2);
+        release.headers = content_type(Encoding::Json);
+        release
+            .headers
+            .push(NATS_MSG_ID, &release_msg_id(request_id));
+    }
+    Some(decision)
+}

@@ -1,0 +1,71 @@
+//! JSON to MessagePack and back without value trees, for the in-place
+//! decision of JSON results (`decision::fast_json`): a JSON body is read
+//! into the canonical MessagePack the in-place decision reads, and its output
+//! is written back as JSON.
+//!
+//! Both directions are exact: a JSON body read here gives the bytes that
+//! decoding it into a value tree and writing that as MessagePack would give
+//! (and is refused whenever that decode fails), and MessagePack written back
+//! gives the bytes [`super::encode`] gives as JSON. What a token-by-token
+//! reader costs against the tree is in `docs/performance.md`.
+
+mod from_json;
+mod to_json;
+
+pub use from_json::json_to_msgpack;
+pub use to_json::msgpack_to_json;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::{Encoding, MAX_DEPTH, decode, encode};
+
+    /// Each body read here gives what the value tree gives, or is refused
+    /// exactly when the tree's decode fails (or the top level is not an
+    /// object); what is read writes back as the tree's encoder writes it.
+    #[test]
+    fn both_directions_agree_with_the_value_tree() {
+        let nested =
+            |levels: usize| format!("{{\"a\":{}0{}}}", "[".repeat(levels), "]".repeat(levels));
+        let bodies = [
+            r#"{"a":1,"b":[1,22,333,4444,55555,18446744073709551615]}"#.to_string(),
+            r#"{"n":-0,"f":1.0,"e":1e3,"g":-1.5E-7,"big":18446744073709551616,"neg":-9223372036854775808}"#.into(),
+            r#" { "a" : [ true , false , null ] , "b" : { } , "c" : [ ] } "#.into(),
+            r#"{"s":"plain","t":"tab\tquote\"slash\/u\u00e9\ud83d\ude00 ctl\u0001","é":"ü"}"#.into(),
+            r#"{"k":"a","k":"b","\u006b":"c"}"#.into(),
+            format!("{{\"wide\":[{}]}}", vec!["7"; 70_000].join(",")),
+            nested(MAX_DEPTH - 1),
+            nested(MAX_DEPTH),
+            r#"{"lone":"\ud800"}"#.into(),
+            "{\"raw\":\"a\u{1}b\"}".into(),
+            r#"{"lead":01}"#.into(),
+            r#"{"huge":1e400}"#.into(),
+            r#"{"a":1} x"#.into(),
+            r#"{"a":1,}"#.into(),
+            r#"{"a" 1}"#.into(),
+            r#"[1]"#.into(),
+            r#"{"a":tru}"#.into(),
+            String::new(),
+        ];
+        let mut extra = vec![b"{\"bad\":\"\xff\"}".to_vec()];
+        extra.extend(bodies.iter().map(|b| b.as_bytes().to_vec()));
+        for body in extra {
+            let tree = decode(&body, Encoding::Json).ok().filter(|v| v.is_map());
+            let mut mp = Vec::new();
+            let read = json_to_msgpack(&body, &mut mp);
+            let shown = String::from_utf8_lossy(&body[..body.len().min(80)]).into_owned();
+            match tree {
+                Some(value) => {
+                    assert_eq!(read, Some(()), "{shown}");
+                    assert_eq!(mp, encode(&value, Encoding::MsgPack), "{shown}");
+                    assert_eq!(
+                        msgpack_to_json(&mp, 0),
+                        encode(&value, Encoding::Json),
+                        "{shown}"
+                    );
+                }
+                None => assert_eq!(read, None, "{shown}"),
+            }
+        }
+    }
+}
