@@ -7,6 +7,8 @@
 //!
 //! - [`consume`]: the pull loop, bounded by free processing slots and bytes;
 //!   survives server restarts.
+//! - [`pulls`]: the pulls under way on the one inbox, and the slots and
+//!   bytes held for them.
 //! - [`publish`]: outputs known to have reached the server (stream ack, or
 //!   a confirmed core publish), and the late-redelivery lookup in GEN.
 //! - [`confirm`]: one server round trip confirms every core publish enqueued
@@ -23,6 +25,7 @@ pub mod ack_subject;
 pub mod confirm;
 pub mod consume;
 pub mod publish;
+pub mod pulls;
 pub mod sweep;
 
 pub use consume::{Puller, open, start};
