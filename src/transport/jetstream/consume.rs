@@ -380,7 +380,14 @@ impl Puller {
         state: &mut State,
         out: &mpsc::UnboundedSender<Admission>,
     ) -> bool {
-        if let Some(status) = message.status {
+        // A stream message (its reply is an ack subject) is a message,
+        // whatever status line its publisher wrote into its stored headers;
+        // only the server's own messages to the inbox have a status.
+        let from_stream = message
+            .reply
+            .as_deref()
+            .is_some_and(|reply| reply.starts_with("$JS.ACK."));
+        if let Some(status) = message.status.filter(|_| !from_stream) {
             self.pull_status(status, &message, state);
             return true;
         }
