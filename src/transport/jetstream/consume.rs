@@ -12,10 +12,11 @@
 //! nothing delivered to this worker waits for its ack wait to run out.
 
 use super::OpenError;
-use super::pulls::{Pulls, Taken};
+use super::open::open;
+use super::pulls::{PullEnd, Pulls, Taken};
 use crate::transport::{Admission, Admitted, Attempt, Delivery, Feed, Limits, Settler, Source};
-use async_nats::jetstream::{self, consumer::PullConsumer, context::ConsumerInfoErrorKind};
-use async_nats::{Client, StatusCode, Subscriber};
+use async_nats::jetstream::{self, consumer::PullConsumer};
+use async_nats::{Client, Subscriber};
 use futures::StreamExt;
 use futures::future::BoxFuture;
 use std::future::Future;
@@ -40,12 +41,6 @@ const RETRY_PAUSE: Duration = Duration::from_millis(500);
 /// Room for a message's subject and headers beyond its payload, which the
 /// server counts against a pull's max_bytes.
 const PULL_OVERHEAD: usize = 16 * 1024;
-/// The status descriptions (409) the server ends a pull with when it has
-/// served the pull in full: its max_bytes used up, or (nats-server 2.10 and
-/// later, after a pull bounded in bytes) its batch complete. For the worker
-/// they are the pull's normal end; any other 409 (consumer deleted, too many
-/// pulls waiting, ...) reopens the consumer after a pause.
-const PULL_SERVED: [&str; 2] = ["Message Size Exceeds MaxBytes", "Batch Completed"];
 /// The JetStream API prefix the worker's context uses (no domain).
 const API_PREFIX: &str = "$JS.API";
 /// How often an idle worker looks for acked messages the work queue kept
@@ -81,41 +76,6 @@ pub struct Puller {
     pub drain_timeout: Duration,
     pub ensure: Option<Ensure>,
     pub on_consuming: Option<OnConsuming>,
-}
-
-/// Opens the shared durable consumer `stream`/`consumer`.
-pub async fn open(
-    js: &jetstream::Context,
-    stream: &str,
-    consumer: &str,
-) -> Result<PullConsumer, OpenError> {
-    let handle = js
-        .get_stream_no_info(stream)
-        .await
-        .map_err(|e| OpenError::Api(format!("opening stream {stream}: {e}")))?;
-    let missing = |what: String| {
-        OpenError::Missing(format!(
-            "{what} does not exist; run `prefill-handoff setup` or set jetstream.create = true"
-        ))
-    };
-    match handle.consumer_info(consumer).await {
-        Ok(_) => {}
-        Err(e) if e.kind() == ConsumerInfoErrorKind::NotFound => {
-            return Err(missing(format!("consumer {stream}/{consumer}")));
-        }
-        Err(e) if e.kind() == ConsumerInfoErrorKind::StreamNotFound => {
-            return Err(missing(format!("stream {stream}")));
-        }
-        Err(e) => {
-            return Err(OpenError::Api(format!(
-                "reading consumer {stream}/{consumer}: {e}"
-            )));
-        }
-    }
-    handle
-        .get_consumer(consumer)
-        .await
-        .map_err(|e| OpenError::Api(format!("opening consumer {consumer}: {e}")))
 }
 
 /// Starts pulling from `consumer` (already opened, which proves it exists;
@@ -380,15 +340,16 @@ impl Puller {
         state: &mut State,
         out: &mpsc::UnboundedSender<Admission>,
     ) -> bool {
-        // A stream message (its reply is an ack subject) is a message,
-        // whatever status line its publisher wrote into its stored headers;
-        // only the server's own messages to the inbox have a status.
-        let from_stream = message
-            .reply
-            .as_deref()
-            .is_some_and(|reply| reply.starts_with("$JS.ACK."));
-        if let Some(status) = message.status.filter(|_| !from_stream) {
-            self.pull_status(status, &message, state);
+        if let Some(status) = super::pulls::server_status(&message) {
+            let description = message.description.as_deref().unwrap_or("");
+            match state.pulls.status(status, &message) {
+                PullEnd::Heartbeat => {}
+                PullEnd::Normal => debug!(%status, description, "pull ended"),
+                PullEnd::Failed => {
+                    warn!(%status, description, "pull ended with an error; reopening the consumer");
+                    state.failed();
+                }
+            }
             return true;
         }
         state.last_message = Instant::now();
@@ -413,42 +374,6 @@ impl Puller {
             slot,
         };
         out.send(Admission::Admitted(admitted)).is_ok()
-    }
-
-    /// A status on a pull's reply subject: its end (expired, served, or
-    /// refused), or an idle heartbeat.
-    fn pull_status(&self, status: StatusCode, message: &async_nats::Message, state: &mut State) {
-        let id = message
-            .subject
-            .rsplit('.')
-            .next()
-            .and_then(|token| token.parse::<u64>().ok());
-        let header = |name: &str| -> Option<usize> {
-            message
-                .headers
-                .as_ref()
-                .and_then(|h| h.get(name))
-                .and_then(|v| v.as_str().parse().ok())
-        };
-        let description = message.description.as_deref().unwrap_or("");
-        let normal = status == StatusCode::TIMEOUT
-            || status == StatusCode::NOT_FOUND
-            || (status == StatusCode::REQUEST_TERMINATED
-                && PULL_SERVED.iter().any(|s| description.contains(s)));
-        if status == StatusCode::IDLE_HEARTBEAT {
-            return;
-        }
-        if let Some(id) = id {
-            let messages = header("Nats-Pending-Messages");
-            let bytes = header("Nats-Pending-Bytes");
-            state.pulls.ended(id, messages, bytes);
-        }
-        if normal {
-            debug!(%status, description, "pull ended");
-        } else {
-            warn!(%status, description, "pull ended with an error; reopening the consumer");
-            state.failed();
-        }
     }
 
     /// Every [`RECONNECT_CHECK`]: forgets the pulls sent on a connection

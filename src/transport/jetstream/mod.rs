@@ -5,6 +5,7 @@
 //! server redelivers what it never acked, and `Nats-Msg-Id` makes the GEN
 //! stream drop a repeated job.
 //!
+//! - [`open`]: opening the durable consumer.
 //! - [`consume`]: the pull loop, bounded by free processing slots and bytes;
 //!   survives server restarts.
 //! - [`pulls`]: the pulls under way on the one inbox, and the slots and
@@ -24,11 +25,13 @@
 pub mod ack_subject;
 pub mod confirm;
 pub mod consume;
+pub mod open;
 pub mod publish;
 pub mod pulls;
 pub mod sweep;
 
-pub use consume::{Puller, open, start};
+pub use consume::{Puller, start};
+pub use open::open;
 
 use super::Settle;
 use async_nats::jetstream::{AckKind, message::Acker};

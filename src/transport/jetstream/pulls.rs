@@ -19,9 +19,39 @@
 //! `max_in_flight_bytes`.
 
 use crate::transport::Held;
+use async_nats::StatusCode;
 use std::collections::HashMap;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::{Duration, Instant};
+
+/// The status descriptions (409) the server ends a pull with when it has
+/// served the pull in full: its max_bytes used up, or (nats-server 2.10 and
+/// later, after a pull bounded in bytes) its batch complete. For the worker
+/// they are the pull's normal end; any other 409 (consumer deleted, too many
+/// pulls waiting, ...) reopens the consumer after a pause.
+const PULL_SERVED: [&str; 2] = ["Message Size Exceeds MaxBytes", "Batch Completed"];
+/// What a status on the inbox meant for the pulls.
+#[derive(Debug, PartialEq, Eq)]
+pub enum PullEnd {
+    /// An idle heartbeat: nothing ended.
+    Heartbeat,
+    /// A pull expired or was served in full.
+    Normal,
+    /// A pull was refused: the consumer is reopened.
+    Failed,
+}
+
+/// The server's status on the inbox, `None` for a message. A stream
+/// message (its reply is an ack subject) is a message, whatever status line
+/// its publisher wrote into its stored headers; only the server's own
+/// messages to the inbox have a status.
+pub fn server_status(message: &async_nats::Message) -> Option<StatusCode> {
+    let from_stream = message
+        .reply
+        .as_deref()
+        .is_some_and(|reply| reply.starts_with("$JS.ACK."));
+    message.status.filter(|_| !from_stream)
+}
 
 /// One pull under way: what it asked for, and when to stop waiting for its
 /// end if the server never says.
@@ -107,6 +137,39 @@ impl Pulls {
         let messages = messages.unwrap_or(ask.messages).min(ask.messages);
         let bytes = bytes.unwrap_or(ask.bytes).min(ask.bytes);
         self.give_back(messages, bytes);
+    }
+
+    /// A status on a pull's reply subject (`{inbox}.{id}`): its end
+    /// (expired, served, or refused), or an idle heartbeat.
+    pub fn status(&mut self, status: StatusCode, message: &async_nats::Message) -> PullEnd {
+        if status == StatusCode::IDLE_HEARTBEAT {
+            return PullEnd::Heartbeat;
+        }
+        let header = |name: &str| -> Option<usize> {
+            message
+                .headers
+                .as_ref()
+                .and_then(|h| h.get(name))
+                .and_then(|v| v.as_str().parse().ok())
+        };
+        let id = message
+            .subject
+            .rsplit('.')
+            .next()
+            .and_then(|t| t.parse().ok());
+        if let Some(id) = id {
+            let messages = header("Nats-Pending-Messages");
+            let bytes = header("Nats-Pending-Bytes");
+            self.ended(id, messages, bytes);
+        }
+        let description = message.description.as_deref().unwrap_or("");
+        let served = status == StatusCode::REQUEST_TERMINATED
+            && PULL_SERVED.iter().any(|s| description.contains(s));
+        if status == StatusCode::TIMEOUT || status == StatusCode::NOT_FOUND || served {
+            PullEnd::Normal
+        } else {
+            PullEnd::Failed
+        }
     }
 
     /// Ends the pulls whose end the server should have sent by now (a lost
