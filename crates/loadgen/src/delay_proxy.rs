@@ -77,10 +77,7 @@ fn direction(mut from: TcpStream, mut to: TcpStream, delay: Duration) -> io::Res
             let mut out = Vec::with_capacity(CHUNK);
             // A chunk taken from the channel but not yet due.
             let mut next = None;
-            loop {
-                let Some((due, chunk)) = next.take().or_else(|| rx.recv().ok()) else {
-                    break;
-                };
+            while let Some((due, chunk)) = next.take().or_else(|| rx.recv().ok()) {
                 sleep_until(due);
                 out.clear();
                 out.extend_from_slice(&chunk);
