@@ -6,6 +6,8 @@
 #   user-relay examples/user_relay      the same, written as a user of
 #                                       async-nats would (default options)
 #   core      prefill-handoff run       core mode (queue group)
+#   core-cancel prefill-handoff run     core mode, on CANCEL_MIX: a tenth of
+#                                       the results cancelled before the run
 #   js-relay  examples/raw_js_relay     work-queue stream -> GEN stream, ack
 #   js        prefill-handoff run       --mode jetstream
 #   python    benches/python_baseline.py  nats-py + msgpack, same decision
@@ -26,17 +28,20 @@
 # (VmHWM, after the paced run and at the end). Prints a table, the ratios, and a last line
 #   RESULT core_vs_relay=… js_vs_relay=… vs_python=… p99_vs_relay=… rss_mb=…
 #          core_cpu_vs_relay=… js_cpu_vs_relay=… cpu_vs_python=…
-#          core_vs_user_relay=… core_cpu_vs_user_relay=…
+#          core_vs_user_relay=… core_cpu_vs_user_relay=… cancel_cpu_vs_core=…
 #          js_rtt_keep=… js_rtt_vs_stock=… js_rtt_vs_relay=… proxy_keep=…
-# (the CPU ratios from CPU µs per message in the bursts: worker / relay, and
-# Python / core mode; js_rtt_keep is the worker's JetStream throughput at the
-# round trip over its throughput on loopback, js_rtt_vs_stock and
-# js_rtt_vs_relay the worker's at the round trip over the stock-stream
-# relay's and the JetStream relay's, proxy_keep the core relay's throughput
-# through the proxy at no delay over its throughput direct).
+# (the CPU ratios from CPU µs per message in the bursts: worker / relay,
+# Python / core mode, and core mode with cancels / without; js_rtt_keep is
+# the worker's JetStream throughput at the round trip over its throughput on
+# loopback, js_rtt_vs_stock and js_rtt_vs_relay the worker's at the round
+# trip over the stock-stream relay's and the JetStream relay's, proxy_keep
+# the core relay's throughput through the proxy at no delay over its
+# throughput direct).
 #
 # Knobs (environment): PEAK_COUNT (50000), REPEATS (3), RATE (2000 msg/s),
-# RATE_SECS (10), RTT_US (the round trip of the *-rtt scenarios, 1000 µs), WARMUP (2000), MIX (trtllm=80,terminal=15,error=5),
+# RATE_SECS (10), RTT_US (the round trip of the *-rtt scenarios, 1000 µs),
+# WARMUP (2000), MIX (trtllm=80,terminal=15,error=5),
+# CANCEL_MIX (core-cancel's: trtllm=70,terminal=15,error=5,cancelled=10),
 # NATS_SERVER (Debian's /usr/sbin/nats-server when present), ETCD (etcd),
 # ONLY (space-separated scenario names to run, default all), KEEP_TMP=1,
 # BENCH_MAX_IN_FLIGHT_BYTES (the worker's max_in_flight_bytes, 64 MiB), BENCH_BIN (a
@@ -60,8 +65,9 @@ RATE=${RATE:-2000}
 RATE_SECS=${RATE_SECS:-10}
 WARMUP=${WARMUP:-2000}
 MIX=${MIX:-trtllm=80,terminal=15,error=5}
+CANCEL_MIX=${CANCEL_MIX:-trtllm=70,terminal=15,error=5,cancelled=10}
 ETCD=${ETCD:-etcd}
-ONLY=${ONLY:-relay user-relay core js-relay js python relay-px0 js-relay-rtt js-stock-rtt js-rtt}
+ONLY=${ONLY:-relay user-relay core core-cancel js-relay js python relay-px0 js-relay-rtt js-stock-rtt js-rtt}
 RTT_US=${RTT_US:-1000}
 if [[ -z ${NATS_SERVER:-} ]]; then
     if [[ -x /usr/sbin/nats-server ]]; then NATS_SERVER=/usr/sbin/nats-server; else NATS_SERVER=nats-server; fi
@@ -128,7 +134,12 @@ log "nats-server $("$NATS_SERVER" --version 2>&1 | head -1) on $NATS_PORT, etcd 
 mkdir -p "$TMP/results"
 FAILED=0
 
-loadgen() { "$BIN" loadgen --nats-url "$NATS_URL" --mix "$MIX" --quiet "$@"; }
+# loadgen [--mix MIX] FLAGS...: MIX unless another mix comes first.
+loadgen() {
+    local mix=$MIX
+    if [[ ${1:-} == --mix ]]; then mix=$2; shift 2; fi
+    "$BIN" loadgen --nats-url "$NATS_URL" --mix "$mix" --quiet "$@"
+}
 
 # One line about a loadgen run from its JSON report (or its last error line).
 summary() {
@@ -157,7 +168,7 @@ wait_answering() {
 # another is measured), and the runs go round-robin over them: noise from
 # other work on the machine spreads over every scenario instead of spoiling
 # the one that happened to be measured at the time.
-declare -A PID_OF NS_OF FLAGS_OF
+declare -A PID_OF NS_OF FLAGS_OF MIX_OF=([core-cancel]=$CANCEL_MIX)
 STARTED=()
 
 # start NAME NAMESPACE LOADGEN-FLAGS -- COMMAND...
@@ -199,7 +210,7 @@ measure() {
     local size=(--count "$PEAK_COUNT")
     [[ $kind == rate ]] && size=(--count $((RATE * RATE_SECS)) --rate "$RATE")
     # shellcheck disable=SC2086
-    loadgen --namespace "${NS_OF[$name]}" ${FLAGS_OF[$name]} "${size[@]}" --warmup "$WARMUP" --timeout 60 --json \
+    loadgen --mix "${MIX_OF[$name]:-$MIX}" --namespace "${NS_OF[$name]}" ${FLAGS_OF[$name]} "${size[@]}" --warmup "$WARMUP" --timeout 60 --json \
         >"$out.json" 2>"$out.err" || true
     if [[ $kind == rate ]]; then
         log "$name: $RATE msg/s run $i: $(summary "$out")"
@@ -223,6 +234,8 @@ start user-relay buser "--expect-relay" -- \
     "$USER_RELAY" --nats-url "$NATS_URL" --namespace buser
 start core bcore "" -- \
     "$BIN" run "${WORKER_ARGS[@]}" --namespace bcore --mode core --metrics-addr "127.0.0.1:$(free_port)"
+start core-cancel bcancel "" -- \
+    "$BIN" run "${WORKER_ARGS[@]}" --namespace bcancel --mode core --metrics-addr "127.0.0.1:$(free_port)"
 start js-relay bjsrelay "--jetstream --expect-relay" -- \
     "$JS_RELAY" --nats-url "$NATS_URL" --namespace bjsrelay
 start js bjs "--jetstream" -- \
@@ -304,15 +317,16 @@ done
 
 # --- report -----------------------------------------------------------------
 
-python3 - "$TMP/results" "$PEAK_COUNT" "$REPEATS" "$RATE" "$RATE_SECS" "$MIX" <<'PY'
+python3 - "$TMP/results" "$PEAK_COUNT" "$REPEATS" "$RATE" "$RATE_SECS" "$MIX" "$CANCEL_MIX" <<'PY'
 import json, os, statistics, sys
 
-results, peak_count, repeats, rate, rate_secs, mix = sys.argv[1:]
-names = ["relay", "user-relay", "core", "js-relay", "js", "python", "relay-px0", "js-relay-rtt", "js-stock-rtt", "js-rtt"]
+results, peak_count, repeats, rate, rate_secs, mix, cancel_mix = sys.argv[1:]
+names = ["relay", "user-relay", "core", "core-cancel", "js-relay", "js", "python", "relay-px0", "js-relay-rtt", "js-stock-rtt", "js-rtt"]
 labels = {
     "relay": "raw relay (core)",
     "user-relay": "user's relay (core)",
     "core": "prefill-handoff core",
+    "core-cancel": "core, 10% cancelled",
     "js-relay": "raw relay (JetStream)",
     "js": "prefill-handoff jetstream",
     "python": "python baseline",
@@ -386,7 +400,7 @@ def fmt(v, spec):
     return format(v, spec) if v is not None else "n/a".rjust(width)
 
 print()
-print(f"mix {mix}; peak = median of {repeats} runs of {peak_count} messages as fast as possible;")
+print(f"mix {mix} (core-cancel: {cancel_mix}); peak = median of {repeats} runs of {peak_count} messages as fast as possible;")
 print(f"latency = median of {repeats} runs at {rate} msg/s for {rate_secs} s (run first); RSS = VmHWM after that paced run and at the end (after the bursts);")
 print("CPU = process CPU time per message handled, in the paced runs (one wakeup per message) and in the bursts (batched)")
 print()
@@ -417,9 +431,9 @@ p99_vs_relay = ratio("core", "relay", "p99")
 core_cpu_vs_relay = ratio("core", "relay", "cpu_burst_us")
 js_cpu_vs_relay = ratio("js", "js-relay", "cpu_burst_us")
 cpu_vs_python = ratio("python", "core", "cpu_burst_us")
-rss = [rows[n].get("rss_mb") for n in ("core", "js") if rows[n].get("rss_mb")]
+rss = [rows[n].get("rss_mb") for n in ("core", "core-cancel", "js") if rows[n].get("rss_mb")]
 rss_mb = f"{max(rss):.1f}" if rss else "n/a"
-paced = [rows[n].get("rss_paced_mb") for n in ("core", "js") if rows[n].get("rss_paced_mb")]
+paced = [rows[n].get("rss_paced_mb") for n in ("core", "core-cancel", "js") if rows[n].get("rss_paced_mb")]
 paced_mb = f"{max(paced):.1f}" if paced else "n/a"
 print()
 # The targets are those of docs/performance.md.
@@ -443,9 +457,11 @@ print(f"jetstream at the rtt / loopback  {js_rtt_keep}  (target >= 0.8)")
 print(f"jetstream / stock relay, rtt     {js_rtt_vs_stock}  (target >= 1.0)")
 print(f"jetstream / raw JS relay, rtt    {js_rtt_vs_relay}  (no target)")
 print(f"core relay via proxy 0 / direct  {proxy_keep}  (the proxy's cost; near 1 when it is not the bottleneck)")
+cancel_cpu_vs_core = ratio("core-cancel", "core", "cpu_burst_us")
+print(f"core with cancels / core CPU     {cancel_cpu_vs_core}  (goal <= 1.03, bursts: checking cancels and deadlines does not show)")
 print(f"RESULT core_vs_relay={core_vs_relay} js_vs_relay={js_vs_relay} vs_python={vs_python} p99_vs_relay={p99_vs_relay} rss_mb={rss_mb} "
       f"core_cpu_vs_relay={core_cpu_vs_relay} js_cpu_vs_relay={js_cpu_vs_relay} cpu_vs_python={cpu_vs_python} "
-      f"core_vs_user_relay={core_vs_user} core_cpu_vs_user_relay={core_cpu_vs_user} "
+      f"core_vs_user_relay={core_vs_user} core_cpu_vs_user_relay={core_cpu_vs_user} cancel_cpu_vs_core={cancel_cpu_vs_core} "
       f"js_rtt_keep={js_rtt_keep} js_rtt_vs_stock={js_rtt_vs_stock} js_rtt_vs_relay={js_rtt_vs_relay} proxy_keep={proxy_keep}")
 PY
 

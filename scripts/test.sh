@@ -180,7 +180,7 @@ if [ -n "$other" ]; then
     echo "test.sh: JetStream tests again with $other ($version)"
     HANDOFF_TEST_NATS_SERVER="$other" cargo nextest run "${reuse[@]}" --no-fail-fast \
         --test-threads "$threads" --no-tests=pass \
-        -E '(!kind(test) & test(/jetstream/)) | (kind(test) & test(/jetstream[^:]*$/)) | (binary(server) & test(/^(hostile_publisher::|nats_parser::|core_sink::|supervision::|worker_bounds::a_burst_of_2000)/))'
+        -E '(!kind(test) & test(/jetstream/)) | (kind(test) & test(/jetstream[^:]*$/)) | (binary(server) & test(/^(hostile_publisher::|nats_parser::|core_sink::|supervision::|partition::|worker_bounds::a_burst_of_2000)/))'
     second="ran with $version"
 fi
 

@@ -64,6 +64,7 @@ pub async fn connect_watched(
         .name(&config.name)
         .retry_on_initial_connect()
         .subscription_capacity(config.subscription_capacity)
+        .ping_interval(Duration::from_secs(config.ping_interval_secs))
         .max_reconnects(None)
         .event_callback(move |event| {
             if matches!(event, async_nats::Event::Closed) {

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub const SLOTS: usize = 1 << 16;
 
 pub struct RecentJobs {
-    hasher: std::collections::hash_map::RandomState,
+    hasher: foldhash::fast::RandomState,
     slots: Box<[AtomicU64]>,
 }
 
@@ -28,7 +28,7 @@ impl Default for RecentJobs {
 impl RecentJobs {
     pub fn new() -> RecentJobs {
         RecentJobs {
-            hasher: std::collections::hash_map::RandomState::new(),
+            hasher: foldhash::fast::RandomState::default(),
             slots: (0..SLOTS).map(|_| AtomicU64::new(0)).collect(),
         }
     }

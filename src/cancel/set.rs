@@ -8,6 +8,10 @@
 //! retention even before it is dropped.
 
 use std::collections::{HashMap, VecDeque};
+
+/// Seeded at random per set: request IDs come from publishers, and an
+/// unseeded hash would let one pick IDs that collide.
+type Hasher = foldhash::fast::RandomState;
 use std::sync::Arc;
 
 /// What one held cancel is charged besides its request ID and reason: its
@@ -49,7 +53,7 @@ pub struct Recorded {
 #[derive(Debug)]
 pub struct CancelSet {
     limits: Limits,
-    by_id: HashMap<Arc<str>, Held>,
+    by_id: HashMap<Arc<str>, Held, Hasher>,
     /// The held request IDs, oldest first, with when each was recorded.
     order: VecDeque<(Arc<str>, u64)>,
     bytes: usize,
@@ -59,7 +63,7 @@ impl CancelSet {
     pub fn new(limits: Limits) -> CancelSet {
         CancelSet {
             limits,
-            by_id: HashMap::new(),
+            by_id: HashMap::default(),
             order: VecDeque::new(),
             bytes: 0,
         }

@@ -47,6 +47,7 @@ impl fmt::Debug for NatsConfig {
             .field("name", &self.name)
             .field("subscription_capacity", &self.subscription_capacity)
             .field("connect_timeout_secs", &self.connect_timeout_secs)
+            .field("ping_interval_secs", &self.ping_interval_secs)
             .field("nkey_seed_file", &self.nkey_seed_file)
             .field("tls", &self.tls)
             .finish()

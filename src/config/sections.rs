@@ -21,6 +21,11 @@ pub struct NatsConfig {
     pub subscription_capacity: usize,
     /// `run` exits 1 when no server of `url` answers within this at start.
     pub connect_timeout_secs: u64,
+    /// The client pings the server this often and gives the connection up
+    /// after three unanswered pings: a link that goes silent without
+    /// closing is noticed (not ready, reconnecting) within about three of
+    /// these.
+    pub ping_interval_secs: u64,
     /// File holding an NKey user seed (`SU...`).
     pub nkey_seed_file: Option<PathBuf>,
     pub tls: NatsTls,
@@ -209,6 +214,7 @@ impl Default for NatsConfig {
             name: "prefill-handoff".into(),
             subscription_capacity: 262_144,
             connect_timeout_secs: 10,
+            ping_interval_secs: 5,
             nkey_seed_file: None,
             tls: NatsTls::default(),
         }

@@ -90,6 +90,8 @@ pub const KEYS: &[Key] = &[
         .within(AtLeast(1), "the client needs room for at least one message"),
     key("nats.connect_timeout_secs", UInt, "Seconds `run` waits for its first NATS connection before exiting 1; after it, the worker reconnects forever.")
         .within(AtLeast(1), "0 would give up on NATS before trying"),
+    key("nats.ping_interval_secs", UInt, "Seconds between the client's pings; after three unanswered ones it drops the connection (the worker turns not ready) and reconnects, so a link that goes silent without closing is noticed within about three intervals.")
+        .within(AtLeast(1), "the client needs a period to ping at"),
     key("nats.nkey_seed_file", OptStr, "Path to a file holding an NKey user seed (`SU...`), read and checked at start."),
     key("nats.tls.ca_file", OptStr, "PEM CA bundle that signs the NATS server's certificate, instead of the system roots."),
     key("nats.tls.cert_file", OptStr, "Client certificate (PEM) for mutual TLS to NATS; with `nats.tls.key_file`."),

@@ -26,10 +26,14 @@ pub enum ErrorCode {
     /// The ID mint service's answer beyond its budget (`id_service.*`);
     /// the decision never gives it.
     RateLimited,
+    /// Core mode, beside the `over_budget` dead letter of a result the byte
+    /// budget refused: a notice to its client, which may retry; the
+    /// decision never gives it.
+    OverBudget,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 15] = [
+    pub const ALL: [ErrorCode; 16] = [
         ErrorCode::Malformed,
         ErrorCode::NoOutput,
         ErrorCode::PrefillFailed,
@@ -45,6 +49,7 @@ impl ErrorCode {
         ErrorCode::DeadlineExceeded,
         ErrorCode::Cancelled,
         ErrorCode::RateLimited,
+        ErrorCode::OverBudget,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -64,6 +69,7 @@ impl ErrorCode {
             ErrorCode::DeadlineExceeded => "deadline_exceeded",
             ErrorCode::Cancelled => "cancelled",
             ErrorCode::RateLimited => "rate_limited",
+            ErrorCode::OverBudget => "over_budget",
         }
     }
 }
@@ -76,7 +82,8 @@ pub enum DeadLetterCode {
     MissingReplyTo,
     ReplyToNotAllowed,
     /// The worker held its whole byte budget (`max_in_flight_bytes`) when the
-    /// input came; the dead letter goes without the input's bytes.
+    /// input came; the dead letter carries the input's bytes, sent from the
+    /// buffer they arrived in.
     OverBudget,
 }
 

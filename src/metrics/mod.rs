@@ -333,6 +333,13 @@ impl Metrics {
         self.inner.slow_consumer_drops.inc();
     }
 
+    /// An error response sent beside a result's one output (the
+    /// `over_budget` notice beside its dead letter): counted under its code,
+    /// not as an output.
+    pub fn side_error(&self, code: ErrorCode) {
+        self.inner.errors[code as usize].inc();
+    }
+
     /// An output could not be published.
     pub fn publish_failed(&self) {
         self.inner.publish_failures.inc();

@@ -1,12 +1,10 @@
 //! The dead letters that stand in for an output that cannot go out, so a
 //! result still gets its one output.
 
-use super::{Handled, Pipeline, headers};
-use crate::decision::{self, DeadLetterCode, Decision, Outcome, TraceHeaders};
-use crate::metrics::RateLimitedLog;
+use super::{Pipeline, headers};
+use crate::decision::{self, DeadLetterCode, Decision, TraceHeaders};
 use crate::transport::{Delivery, Outbox, PublishError, Target};
 use bytes::Bytes;
-use std::time::Instant;
 
 impl Pipeline {
     /// The output can never be published (too large for the server, or a
@@ -54,7 +52,7 @@ impl Pipeline {
         Ok(())
     }
 
-    async fn dead_letter(
+    pub(super) async fn dead_letter(
         &self,
         set: &decision::Headers,
         trace: &TraceHeaders,
@@ -71,52 +69,5 @@ impl Pipeline {
                 outbox,
             )
             .await
-    }
-
-    /// Answers a result the byte budget had no room for, without deciding
-    /// it: a dead letter `over_budget` without the input's bytes (which are
-    /// what is over budget), saying how many there were. Counted in
-    /// `handoff_dead_letters_total{code="over_budget"}` and logged at most
-    /// once per 10 s with the count.
-    pub async fn refuse_over_budget(
-        &self,
-        delivery: Box<Delivery>,
-        bytes: usize,
-        held: usize,
-        max_in_flight_bytes: usize,
-        log: &RateLimitedLog,
-    ) -> Handled {
-        let why = format!(
-            "the worker held {held} bytes of results (max_in_flight_bytes {max_in_flight_bytes}) and had no room for this one's {bytes} bytes; it was not decided"
-        );
-        let code = DeadLetterCode::OverBudget;
-        let set = decision::dead_letter_headers(code, &why, &delivery.subject);
-        let set = decision::without_payload(&set, bytes);
-        let trace = headers::trace_headers(delivery.headers.as_ref());
-        self.metrics.trace_headers_dropped(&trace.dropped);
-        let outcome = Outcome::DeadLetter { code };
-        let published = self.dead_letter(&set, &trace, Bytes::new(), None);
-        let handled = match delivery.while_pending(published).await {
-            Ok(()) => {
-                self.metrics
-                    .record(&outcome, 0, delivery.received_at.elapsed());
-                delivery.settle(crate::transport::Settle::Term).await;
-                Handled::Published(outcome)
-            }
-            Err(e) => {
-                self.metrics.publish_failed();
-                tracing::error!(source = %delivery.subject, error = %e, "could not publish an over_budget dead letter; this result has no output");
-                Handled::Failed(outcome)
-            }
-        };
-        if let Some(refused) = log.due(Instant::now()) {
-            tracing::warn!(
-                refused,
-                held,
-                max_in_flight_bytes,
-                "results refused: the worker's byte budget is spent; each got an over_budget dead letter without its bytes. Add workers, raise max_in_flight_bytes (and the memory limit), or use jetstream mode"
-            );
-        }
-        handled
     }
 }

@@ -26,6 +26,7 @@ pub mod decide;
 mod fallback;
 pub mod headers;
 mod log;
+mod refuse;
 pub mod run;
 pub mod serve;
 pub mod settle;

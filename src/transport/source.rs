@@ -51,9 +51,9 @@ pub struct Admitted {
 #[derive(Debug)]
 pub enum Admission {
     Admitted(Admitted),
-    /// The byte budget had no room: the delivery, its payload already
-    /// dropped (its length in `bytes`), must be answered without being
-    /// decided.
+    /// The byte budget had no room: the delivery (with its payload, `bytes`
+    /// long, outside the budget) must be answered without being decided,
+    /// and its bytes let go of before the next read.
     OverBudget {
         delivery: Box<Delivery>,
         bytes: usize,

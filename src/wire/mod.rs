@@ -9,6 +9,7 @@ mod count;
 pub mod map;
 pub mod messages;
 pub mod msgpack;
+pub mod peek;
 pub mod scan;
 pub mod shallow;
 

@@ -11,6 +11,7 @@
 
 pub mod cluster;
 pub mod deadline_support;
+pub mod fault_proxy;
 pub mod jetstream_support;
 pub mod otlp;
 pub mod tls;

@@ -86,6 +86,7 @@ const PRECEDENCE: &[&str] = &[
     r#"nats.name | "file-name" -> file-name | env-name | flag-name"#,
     r#"nats.subscription_capacity | 10 | 20 | 30"#,
     r#"nats.connect_timeout_secs | 11 | 12 | 13"#,
+    r#"nats.ping_interval_secs | 21 | 22 | 23"#,
     r#"etcd.endpoints | "http://file:2379" -> http://file:2379 | http://env:2379 | http://flag:2379"#,
     r#"etcd.connect_timeout_ms | 11 | 22 | 33"#,
     r#"etcd.request_timeout_ms | 111 | 222 | 333"#,

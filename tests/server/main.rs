@@ -11,8 +11,10 @@
 mod common;
 
 mod cancel_flood;
+mod cancel_reconnect;
 mod core_sink;
 mod deadlines;
+mod fault_proxy;
 mod harness;
 mod hostile_publisher;
 mod id_service;
@@ -28,6 +30,7 @@ mod jetstream_slow;
 mod loadgen;
 mod metrics;
 mod nats_parser;
+mod partition;
 mod secure_transport;
 mod supervision;
 mod telemetry;

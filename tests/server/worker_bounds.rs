@@ -9,17 +9,20 @@ use bytes::Bytes;
 use common::{Etcd, Nats, Worker, http_get, prometheus_samples};
 use futures::StreamExt;
 use prefill_handoff::decision::PAYLOAD_OMITTED;
+use prefill_handoff::wire::{Encoding, encode};
+use rmpv::Value;
 use serde_json::json;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::task::block_in_place;
-use worker_support::{DEAD, InProcess, PREFILL, client, config, fixed_identity, header, msgpack};
+use worker_support::{DEAD, InProcess, PREFILL, client, config, fixed_identity, header};
 
 const MIB: usize = 1024 * 1024;
 
 #[tokio::test(flavor = "current_thread")]
-async fn results_past_the_byte_budget_get_an_over_budget_dead_letter() {
+async fn results_past_the_byte_budget_get_an_over_budget_dead_letter_with_their_bytes_and_a_notice()
+{
     const N: usize = 20;
     let nats = Nats::start_with_max_payload(Some(2 * MIB));
     let mut config = config(&nats.url());
@@ -34,14 +37,28 @@ async fn results_past_the_byte_budget_get_an_over_budget_dead_letter() {
         test.subscribe("_INBOX.bounds.>").await.unwrap(),
     );
     test.flush().await.unwrap();
+    // Even results name their reply subject first, odd ones after 20 KiB of
+    // frames: a refused result's client can be told only when the first few
+    // KiB name it.
     let body = |i: usize| {
-        msgpack(&json!({
-            "request_id": format!("b{i:02}"),
-            "reply_to": format!("_INBOX.bounds.{i:02}"),
-            "frames": [{"finish_reason": "stop", "text": "x".repeat(20 * 1024)}],
-        }))
+        let head = [
+            ("request_id", Value::from(format!("b{i:02}"))),
+            ("reply_to", Value::from(format!("_INBOX.bounds.{i:02}"))),
+        ];
+        let frame = json!([{"finish_reason": "stop", "text": "x".repeat(20 * 1024)}]);
+        let frames = ("frames", rmpv::ext::to_value(frame).unwrap());
+        let mut pairs: Vec<(&str, Value)> = head.into_iter().collect();
+        if i.is_multiple_of(2) {
+            pairs.push(frames);
+        } else {
+            pairs.insert(0, frames);
+        }
+        let map = pairs
+            .into_iter()
+            .map(|(k, v)| (Value::from(k), v))
+            .collect();
+        encode(&Value::Map(map), Encoding::MsgPack)
     };
-    let size = body(0).len();
     // The burst is sent while this (single) thread is blocked, so the worker
     // finds it all waiting when it runs again: a burst it cannot hold at once.
     let url = nats.url();
@@ -58,25 +75,52 @@ async fn results_past_the_byte_budget_get_an_over_budget_dead_letter() {
     .join()
     .unwrap();
 
-    let (mut answered, mut refused) = (0, 0);
-    while answered + refused < N {
+    // Each result's one output (a reply, or a dead letter with its bytes),
+    // and the over_budget notices its client got.
+    let (mut answered, mut refused, mut told) = (HashSet::new(), HashSet::new(), HashSet::new());
+    let nameable = |refused: &HashSet<usize>| refused.iter().filter(|i| *i % 2 == 0).count();
+    while answered.len() + refused.len() < N || told.len() < nameable(&refused) {
         let message = tokio::time::timeout(Duration::from_secs(30), outputs.next())
             .await
-            .expect("every result gets an output within 30 s")
+            .unwrap_or_else(|_| {
+                panic!("every result gets an output within 30 s: {answered:?} {refused:?} {told:?}")
+            })
             .unwrap();
         if message.subject.as_str() == DEAD {
             let headers = message.headers.as_ref();
             assert_eq!(header(headers, "Handoff-Error-Code"), Some("over_budget"));
-            assert_eq!(header(headers, PAYLOAD_OMITTED), Some(&*size.to_string()));
-            assert!(message.payload.is_empty(), "without the input's bytes");
-            refused += 1;
+            assert_eq!(header(headers, PAYLOAD_OMITTED), None);
+            let i = (0..N).find(|i| *message.payload == *body(*i));
+            let i = i.expect("the dead letter holds the input's bytes unchanged");
+            assert!(refused.insert(i), "one dead letter per result");
+            continue;
+        }
+        let i: usize = message.subject.as_str()["_INBOX.bounds.".len()..]
+            .parse()
+            .unwrap();
+        let reply: serde_json::Value = rmp_serde::from_slice(&message.payload).unwrap();
+        if reply["error"]["code"] == "over_budget" {
+            assert_eq!(reply["request_id"], format!("b{i:02}"));
+            assert!(told.insert(i), "one notice per refused result");
         } else {
-            answered += 1;
+            assert!(answered.insert(i), "one reply per result");
         }
     }
-    eprintln!("answered {answered}, refused {refused}");
-    assert!(answered >= 1, "results within the budget are answered");
-    assert!(refused >= 1, "a burst past the budget is refused, not held");
+    eprintln!("answered {}, refused {}", answered.len(), refused.len());
+    assert!(
+        !answered.is_empty(),
+        "results within the budget are answered"
+    );
+    assert!(
+        !refused.is_empty(),
+        "a burst past the budget is refused, not held"
+    );
+    let named_first: HashSet<usize> = refused.iter().copied().filter(|i| i % 2 == 0).collect();
+    assert_eq!(
+        told, named_first,
+        "each refused result's client is told when it can be named"
+    );
+    assert!(answered.is_disjoint(&refused), "one output per result");
     let report = worker.stop().await;
     assert_eq!(report.counts.received, N as u64);
     assert_eq!(report.counts.published, N as u64, "each got one output");
@@ -138,9 +182,13 @@ fn vm_hwm_kib(pid: u32) -> u64 {
 ///   worker that reads slower than the publisher writes loses what the server
 ///   had queued (core mode is at most once; JetStream mode loses nothing).
 ///   With the read in place alone, 2 of 4 runs on 2.15 still lost 60-67.
-/// - Now: 2.15.1 passed 8 runs of 8 (3 of them beside the cluster tests),
-///   peak 112-136 MiB, 96-237 replies and the rest `over_budget`, no
-///   disconnect; 2.9.10 passed at 106 MiB.
+/// - Now each refused result's dead letter carries its bytes while the
+///   refused bytes not yet written fit the allowance (`pipeline::refuse`),
+///   and its client is told: 2.9.10 peak 170 MiB, 1,254 dead letters with
+///   their bytes and 618 without, all 1,872 clients told; 2.15 peak
+///   139 MiB, 1,265 and 625. Waiting until each dead letter was written
+///   instead held the whole burst (1.5 GiB): the server holds back a
+///   publisher whose subscribers lag.
 ///
 /// A worker slower than the publisher on 2.15 can still be cut off (the
 /// docs/design.md, "Bounds"); this test then fails, its counts
@@ -158,17 +206,14 @@ async fn a_burst_of_2000_hostile_1mib_results_stays_under_256_mib_and_all_are_co
     let pid = worker.pid().unwrap();
 
     let test = client(&nats.url()).await;
-    let mut replies = test.subscribe("_INBOX.burst.>").await.unwrap();
-    let mut dead = test.subscribe(DEAD).await.unwrap();
-    test.flush().await.unwrap();
-    // (distinct reply subjects, duplicate replies, over_budget, other dead letters)
-    let counts = Arc::new(Mutex::new((
-        HashSet::<String>::new(),
-        0usize,
-        0usize,
-        0usize,
-    )));
+    let watcher = client(&nats.url()).await;
+    let mut replies = watcher.subscribe("_INBOX.burst.>").await.unwrap();
+    let mut dead = watcher.subscribe(DEAD).await.unwrap();
+    watcher.flush().await.unwrap();
+    let bodies = Arc::new([hostile(false), hostile(true)]);
+    let counts = Arc::new(Mutex::new(Tally::default()));
     let sink = Arc::clone(&counts);
+    let templates = Arc::clone(&bodies);
     tokio::spawn(async move {
         loop {
             tokio::select! {
@@ -177,17 +222,26 @@ async fn a_burst_of_2000_hostile_1mib_results_stays_under_256_mib_and_all_are_co
                         .ok()
                         .or_else(|| rmp_serde::from_slice(&m.payload).ok())
                         .and_then(|v| v["error"]["code"].as_str().map(str::to_string));
-                    assert_eq!(code.as_deref(), Some("malformed"), "{:?}", m.payload.len());
+                    let i: usize = m.subject.as_str()["_INBOX.burst.".len()..].parse().unwrap();
                     let mut c = sink.lock().unwrap();
-                    if !c.0.insert(m.subject.to_string()) {
-                        c.1 += 1;
-                    }
+                    let new = match code.as_deref() {
+                        Some("malformed") => c.malformed.insert(i),
+                        Some("over_budget") => c.told.insert(i),
+                        other => panic!("reply {other:?} ({} bytes)", m.payload.len()),
+                    };
+                    c.duplicates += usize::from(!new);
                 }
                 Some(m) = dead.next() => {
+                    let code = header(m.headers.as_ref(), "Handoff-Error-Code");
+                    let index = which(&m.payload, &templates[..]).filter(|_| code == Some("over_budget"));
+                    let omitted = header(m.headers.as_ref(), PAYLOAD_OMITTED);
+                    let bare = code == Some("over_budget") && m.payload.is_empty() && omitted == Some(&*MIB.to_string());
                     let mut c = sink.lock().unwrap();
-                    match header(m.headers.as_ref(), "Handoff-Error-Code") {
-                        Some("over_budget") => c.2 += 1,
-                        _ => c.3 += 1,
+                    match index {
+                        Some(i) if !c.refused.insert(i) => c.duplicates += 1,
+                        Some(_) => {}
+                        None if bare => c.bare += 1,
+                        None => c.bad_dead += 1,
                     }
                 }
                 else => break,
@@ -196,10 +250,9 @@ async fn a_burst_of_2000_hostile_1mib_results_stays_under_256_mib_and_all_are_co
     });
     let total = move || {
         let c = counts.lock().unwrap();
-        (c.0.len(), c.1, c.2, c.3)
+        c.clone()
     };
 
-    let bodies = [hostile(false), hostile(true)];
     let mut json_headers = HeaderMap::new();
     json_headers.insert("Content-Type", "application/json");
     for i in 0..N {
@@ -222,8 +275,10 @@ async fn a_burst_of_2000_hostile_1mib_results_stays_under_256_mib_and_all_are_co
     let deadline = Instant::now() + Duration::from_secs(180);
     loop {
         let drops = block_in_place(scrape)["handoff_nats_slow_consumer_drops_total"] as usize;
-        let (replies, duplicates, over_budget, other) = total();
-        if replies + duplicates + over_budget + other + drops >= N || Instant::now() > deadline {
+        let c = total();
+        let settled = c.malformed.len() + c.refused.len() + c.bare + c.bad_dead + drops >= N
+            && c.told.len() >= c.refused.len() + c.bare;
+        if settled || Instant::now() > deadline {
             break;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -231,22 +286,28 @@ async fn a_burst_of_2000_hostile_1mib_results_stays_under_256_mib_and_all_are_co
     // Long enough for a duplicate to show.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let samples = block_in_place(scrape);
-    let counted = total();
-    let (replies, duplicates, over_budget, other_dead) = counted;
+    let c = total();
     let drops = samples["handoff_nats_slow_consumer_drops_total"] as usize;
     let metric_refused = samples["handoff_dead_letters_total{code=\"over_budget\"}"] as usize;
+    let told_key = "handoff_error_responses_total{code=\"over_budget\"}";
+    let metric_told = samples.get(told_key).copied().unwrap_or_default() as usize;
     let hwm = vm_hwm_kib(pid);
     let ready = block_in_place(|| http_get(&metrics_addr, "/readyz")).status;
     let log = worker.log();
+    let (malformed, refused, told, bare) =
+        (c.malformed.len(), c.refused.len(), c.told.len(), c.bare);
     eprintln!(
-        "VmHWM {} MiB; counted {counted:?} (replies, duplicates, over_budget, other dead letters); drops {drops}; over_budget metric {metric_refused}",
-        hwm / 1024
+        "VmHWM {} MiB; replies malformed {malformed}; over_budget dead letters with their bytes {refused}, without {bare}, told {told}; duplicates {}, bad dead letters {}; drops {drops}; metrics {metric_refused}/{metric_told}",
+        hwm / 1024,
+        c.duplicates,
+        c.bad_dead,
     );
-    assert_eq!(duplicates, 0, "one output per result");
+    assert_eq!(c.duplicates, 0, "one output per result");
     assert_eq!(
-        other_dead, 0,
-        "each hostile result is answered to its reply subject"
+        c.bad_dead, 0,
+        "every dead letter is over_budget, with its input's bytes unchanged or without them saying how many"
     );
+    assert!(c.malformed.is_disjoint(&c.told), "one output per result");
     let server_log = nats.log();
     let events: Vec<&str> = log
         .lines()
@@ -255,12 +316,54 @@ async fn a_burst_of_2000_hostile_1mib_results_stays_under_256_mib_and_all_are_co
         .take(40)
         .collect();
     assert_eq!(
-        replies + over_budget + drops,
+        malformed + refused + bare + drops,
         N,
         "outputs + refused + counted drops; connection events:\n{}",
         events.join("\n")
     );
-    assert_eq!(over_budget, metric_refused, "refusals are counted");
+    // Every hostile result names its reply subject in its first bytes: each
+    // refused one's client is told, whether its dead letter could carry its
+    // bytes or not (the refused bytes not yet written were over the
+    // allowance; the server holds back a publisher whose subscribers lag).
+    assert!(
+        c.refused.is_subset(&c.told),
+        "each refused result's client is told"
+    );
+    assert_eq!(told, refused + bare, "each refused result's client is told");
+    assert!(
+        refused >= 1,
+        "dead letters carry their bytes while the allowance has room"
+    );
+    assert_eq!(refused + bare, metric_refused, "refusals are counted");
+    assert_eq!(told, metric_told, "notices are counted");
     assert!(hwm < 256 * 1024, "peak RSS {} MiB", hwm / 1024);
     assert_eq!(ready, 200, "still ready:\n{log}");
+}
+
+/// What the burst's watcher saw, by result index.
+#[derive(Debug, Default, Clone)]
+struct Tally {
+    /// Replies `malformed`: the result was decided.
+    malformed: HashSet<usize>,
+    /// Replies `over_budget`: the client of a refused result was told.
+    told: HashSet<usize>,
+    /// Dead letters `over_budget` holding the result's bytes unchanged.
+    refused: HashSet<usize>,
+    /// Dead letters `over_budget` without the bytes, saying how many.
+    bare: usize,
+    duplicates: usize,
+    /// Any other dead letter, or one without the result's bytes.
+    bad_dead: usize,
+}
+
+/// The index of the hostile result `payload` is, byte for byte, if any.
+fn which(payload: &[u8], templates: &[(Vec<u8>, usize)]) -> Option<usize> {
+    templates.iter().enumerate().find_map(|(kind, (body, at))| {
+        let digits = std::str::from_utf8(payload.get(*at..*at + 5)?).ok()?;
+        let i: usize = digits.parse().ok()?;
+        let same = payload.len() == body.len()
+            && payload[..*at] == body[..*at]
+            && payload[*at + 5..] == body[*at + 5..];
+        (same && i % 2 == kind).then_some(i)
+    })
 }

@@ -31,9 +31,9 @@
 mod batch;
 mod intake;
 
+use super::refuse::Refusals;
 use super::{Pipeline, Stats};
 use crate::config::Config;
-use crate::metrics::RateLimitedLog;
 use crate::transport::{Admitted, Limits, Source};
 use batch::{handle, run_core_batch};
 use intake::Inbound;
@@ -86,18 +86,22 @@ pub struct Runner {
     options: Options,
     limits: Limits,
     stats: Arc<Stats>,
-    /// Over-budget refusals, logged at most once per 10 s.
-    refusals: RateLimitedLog,
+    /// Over-budget refusals: the bytes they hold, their log.
+    refusals: Refusals,
 }
 
 impl Runner {
     pub fn new(pipeline: Pipeline, options: Options) -> Runner {
+        // One refused result of any allowed size, or the budget's worth.
+        let allowance = options
+            .max_in_flight_bytes
+            .max(pipeline.rules.max_payload_bytes);
         Runner {
             pipeline: Arc::new(pipeline),
             limits: Limits::new(options.max_in_flight, options.max_in_flight_bytes),
             options,
             stats: Arc::new(Stats::default()),
-            refusals: RateLimitedLog::default(),
+            refusals: Refusals::new(allowance),
         }
     }
 

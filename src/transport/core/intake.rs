@@ -10,9 +10,11 @@
 //! client yields after a budget of bytes per read so that the runner can
 //! refuse between reads: `vendor/patches/0004`.)
 //!
-//! A refused result is handed on as [`Admission::OverBudget`], its bytes
-//! dropped at once: the pipeline still gives it its one output (a dead
-//! letter `over_budget` without the input's bytes).
+//! A refused result is handed on as [`Admission::OverBudget`] with its bytes
+//! as they arrived (a slice of the client's read buffer, not copied): the
+//! pipeline gives it its one output (a dead letter `over_budget` carrying
+//! those bytes) and waits until the client has written it before reading on,
+//! so refused bytes held at once are one result's.
 
 use super::Subscriptions;
 use crate::transport::budget::ByteBudget;
@@ -64,8 +66,7 @@ impl Intake {
                 })
             }
             None => {
-                // The bytes go first: a flood of refusals must not hold them.
-                let bytes = std::mem::take(&mut delivery.payload).len();
+                let bytes = delivery.payload.len();
                 Admission::OverBudget { delivery, bytes }
             }
         }

@@ -122,6 +122,7 @@ const BAD: &[&str] = &[
     r#"env | HANDOFF_ID_SERVICE__MAX_COUNT=0 | id_service.max_count ; 1 to 1024"#,
     r#"env | HANDOFF_ID_SERVICE__MAX_COUNT=1025 | id_service.max_count ; 1 to 1024"#,
     r#"env | HANDOFF_NATS__CONNECT_TIMEOUT_SECS=0 | nats.connect_timeout_secs ; at least 1"#,
+    r#"env | HANDOFF_NATS__PING_INTERVAL_SECS=0 | nats.ping_interval_secs ; at least 1"#,
     r#"env | HANDOFF_LEASE_TTL_SECS=9000000001 | lease_ttl_secs ; 2 to 9000000000"#,
     // What `setup` would refuse, refused at load in JetStream mode.
     r#"env | HANDOFF_MODE=jetstream & HANDOFF_JETSTREAM__MAX_DELIVER=-1 | jetstream.max_deliver ; -1 (unlimited) ; gen_is_stream"#,

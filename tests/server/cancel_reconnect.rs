@@ -1,0 +1,65 @@
+//! JetStream mode loads the cancels the server kept again after every
+//! reconnect, before it pulls: a cancel published while a worker's link
+//! to nats-server was down (its live subscription never saw it) still
+//! refuses the handoff of a result stored meanwhile.
+
+use crate::common;
+use crate::common::deadline_support::*;
+use crate::common::fault_proxy::{Fault, FaultProxy};
+use crate::common::jetstream_support::{self, LibWorker};
+
+use common::Nats;
+use std::net::SocketAddr;
+
+async fn js_publish(js: &async_nats::jetstream::Context, subject: &str, publish: Publish) {
+    js.publish_with_headers(subject.to_string(), publish.headers, publish.body.into())
+        .await
+        .expect("publish")
+        .await
+        .expect("stored");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn jetstream_a_cancel_sent_while_the_worker_was_cut_off_is_honoured_after_it_reconnects() {
+    let nats = Nats::start();
+    let mut config = jetstream_support::config(&nats);
+    let test = common::worker_support::client(&nats.url()).await;
+    let js = async_nats::jetstream::new(test.clone());
+    jetstream_support::setup(&js, &config).await;
+    let watch = Watch::start(&test).await;
+
+    let upstream: SocketAddr = nats
+        .url()
+        .trim_start_matches("nats://")
+        .parse()
+        .expect("the server's address");
+    let proxy = FaultProxy::start(upstream);
+    config.nats.url = format!("nats://{}", proxy.addr());
+    let worker = LibWorker::start(&config, jetstream_support::fixed_identity(9)).await;
+
+    // The worker pulls: a result before the cut gets its decode job.
+    js_publish(&js, PREFILL, plain(&result(KEPT, "trtllm", false))).await;
+    watch.wait(1).await;
+    assert_eq!(watch.jobs().get(KEPT).map(Vec::len), Some(1));
+
+    // Cut: every open connection reset, new ones accepted and never
+    // answered, so the worker stays away until the heal.
+    proxy.set(Fault::BlackHole);
+    proxy.reset();
+    let away = "cancelled-while-away";
+    js_publish(&js, CANCEL, cancel(away, false)).await;
+    js_publish(&js, PREFILL, plain(&result(away, "trtllm", false))).await;
+    proxy.set(Fault::Pass);
+
+    watch.wait(3).await;
+    assert_eq!(
+        watch.replies().get(away),
+        Some(&vec!["cancelled".to_string()]),
+        "the kept cancel was loaded before the result was pulled"
+    );
+    assert_eq!(watch.releases().get(away).map(Vec::len), Some(1));
+    assert!(watch.jobs().get(away).is_none(), "no decode job");
+    assert_eq!(watch.count(), 3, "nothing else was published");
+    assert!(jetstream_support::wait_drained(&js, WAIT).await);
+    worker.stop().await.expect("stop");
+}
