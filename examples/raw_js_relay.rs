@@ -22,6 +22,11 @@ struct Args {
     /// Messages pulled per request.
     #[arg(long, default_value_t = 128)]
     batch: usize,
+    /// Bytes pulled per request (async-nats' `max_bytes_per_batch`); 0 for
+    /// no bound. The benchmark's stock-stream relay sets it to the
+    /// worker's byte budget.
+    #[arg(long, default_value_t = 0)]
+    max_bytes: usize,
     /// Messages awaiting their GEN store ack at once.
     #[arg(long, default_value_t = 256)]
     max_in_flight: usize,
@@ -35,6 +40,7 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let mut settings = JsRelaySettings::for_namespace(&args.namespace);
     settings.batch = args.batch;
+    settings.max_bytes = args.max_bytes;
     settings.max_in_flight = args.max_in_flight;
     settings.file_storage = !args.memory;
     let client = async_nats::ConnectOptions::new()

@@ -13,19 +13,36 @@
 #   js        prefill-handoff run       --mode jetstream
 #   python    benches/python_baseline.py  nats-py + msgpack, same decision
 #
+# and, each through its own delay proxy (examples/delay_proxy: RTT_US/2 added
+# each way between the program and nats-server; the load generator connects
+# directly), the server "on another host":
+#
+#   js-relay-rtt  examples/raw_js_relay     the JetStream relay
+#   js-stock-rtt  examples/raw_js_relay --max-bytes   async-nats' stock pull
+#                                       stream bounded in messages and bytes
+#   js-rtt        prefill-handoff run       --mode jetstream
+#   relay-px0     examples/raw_relay        the core relay through a proxy
+#                                       adding no delay: what the proxy costs
+#
 # For each: peak throughput (as fast as possible, median of REPEATS runs),
 # p50/p99 latency at a fixed moderate rate (median of REPEATS runs), and the process's peak RSS
 # (VmHWM, after the paced run and at the end). Prints a table, the ratios, and a last line
 #   RESULT core_vs_relay=… js_vs_relay=… vs_python=… p99_vs_relay=… rss_mb=…
 #          core_cpu_vs_relay=… js_cpu_vs_relay=… cpu_vs_python=…
 #          core_vs_user_relay=… core_cpu_vs_user_relay=… cancel_cpu_vs_core=…
-#          json_cpu_vs_msgpack=…
+#          json_cpu_vs_msgpack=… js_rtt_keep=… js_rtt_vs_stock=… js_rtt_vs_relay=…
+#          proxy_keep=…
 # (the CPU ratios from CPU µs per message in the bursts: worker / relay,
 # Python / core mode, core mode with cancels / without, and core mode on
-# JSON / on MessagePack).
+# JSON / on MessagePack; js_rtt_keep is the worker's JetStream throughput at
+# the round trip over its throughput on loopback, js_rtt_vs_stock and
+# js_rtt_vs_relay the worker's at the round trip over the stock-stream
+# relay's and the JetStream relay's, proxy_keep the core relay's throughput
+# through the proxy at no delay over its throughput direct).
 #
 # Knobs (environment): PEAK_COUNT (50000), REPEATS (3), RATE (2000 msg/s),
-# RATE_SECS (10), WARMUP (2000), MIX (trtllm=80,terminal=15,error=5),
+# RATE_SECS (10), RTT_US (the round trip of the *-rtt scenarios, 1000 µs),
+# WARMUP (2000), MIX (trtllm=80,terminal=15,error=5),
 # CANCEL_MIX (core-cancel's: trtllm=70,terminal=15,error=5,cancelled=10),
 # NATS_SERVER (Debian's /usr/sbin/nats-server when present), ETCD (etcd),
 # ONLY (space-separated scenario names to run, default all), KEEP_TMP=1,
@@ -52,7 +69,8 @@ WARMUP=${WARMUP:-2000}
 MIX=${MIX:-trtllm=80,terminal=15,error=5}
 CANCEL_MIX=${CANCEL_MIX:-trtllm=70,terminal=15,error=5,cancelled=10}
 ETCD=${ETCD:-etcd}
-ONLY=${ONLY:-relay user-relay core core-cancel core-json js-relay js python}
+ONLY=${ONLY:-relay user-relay core core-cancel core-json js-relay js python relay-px0 js-relay-rtt js-stock-rtt js-rtt}
+RTT_US=${RTT_US:-1000}
 if [[ -z ${NATS_SERVER:-} ]]; then
     if [[ -x /usr/sbin/nats-server ]]; then NATS_SERVER=/usr/sbin/nats-server; else NATS_SERVER=nats-server; fi
 fi
@@ -85,13 +103,14 @@ fi
 # --- build ------------------------------------------------------------------
 
 log "building release binary and examples"
-cargo build --release --quiet --bin prefill-handoff --example raw_relay --example raw_js_relay --example user_relay
+cargo build --release --quiet --bin prefill-handoff --example raw_relay --example raw_js_relay --example user_relay --example delay_proxy
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 BIN=${BENCH_BIN:-$TARGET/release/prefill-handoff}
 RELAY=$TARGET/release/examples/raw_relay
 JS_RELAY=$TARGET/release/examples/raw_js_relay
 USER_RELAY=$TARGET/release/examples/user_relay
-[[ -x $BIN && -x $RELAY && -x $JS_RELAY && -x $USER_RELAY ]] || die "build produced no binaries under $TARGET/release"
+DELAY_PROXY=$TARGET/release/examples/delay_proxy
+[[ -x $BIN && -x $RELAY && -x $JS_RELAY && -x $USER_RELAY && -x $DELAY_PROXY ]] || die "build produced no binaries under $TARGET/release"
 
 # --- servers ----------------------------------------------------------------
 
@@ -228,6 +247,41 @@ start js bjs "--jetstream" -- \
 start python bpython "" -- \
     python3 "$ROOT/benches/python_baseline.py" --nats-url "$NATS_URL" --namespace bpython
 
+wanted() { [[ " $ONLY " == *" $1 "* ]]; }
+
+# proxy ONE-WAY-US: a delay proxy in front of nats-server; sets PROXY_URL.
+proxy() {
+    local port
+    port=$(free_port)
+    "$DELAY_PROXY" --listen "127.0.0.1:$port" --upstream "127.0.0.1:$NATS_PORT" --delay-us "$1" 2>>"$TMP/proxy.log" &
+    PIDS+=($!)
+    wait_port "$port" || die "delay_proxy did not start (see $TMP/proxy.log)"
+    PROXY_URL=nats://127.0.0.1:$port
+}
+
+if wanted relay-px0; then
+    proxy 0
+    start relay-px0 brelaypx "--expect-relay" -- \
+        "$RELAY" --nats-url "$PROXY_URL" --namespace brelaypx
+fi
+if wanted js-relay-rtt; then
+    proxy $((RTT_US / 2))
+    start js-relay-rtt bjsrelayrtt "--jetstream --expect-relay" -- \
+        "$JS_RELAY" --nats-url "$PROXY_URL" --namespace bjsrelayrtt
+fi
+if wanted js-stock-rtt; then
+    # The worker's byte budget as the stock stream's bytes per pull.
+    proxy $((RTT_US / 2))
+    start js-stock-rtt bjsstockrtt "--jetstream --expect-relay" -- \
+        "$JS_RELAY" --nats-url "$PROXY_URL" --namespace bjsstockrtt --max-bytes "$BENCH_MAX_IN_FLIGHT_BYTES"
+fi
+if wanted js-rtt; then
+    proxy $((RTT_US / 2))
+    start js-rtt bjsrtt "--jetstream" -- \
+        "$BIN" run --nats-url "$PROXY_URL" --etcd-endpoints "$ETCD_URL" --set "max_in_flight_bytes=$BENCH_MAX_IN_FLIGHT_BYTES" \
+        --namespace bjsrtt --mode jetstream --metrics-addr "127.0.0.1:$(free_port)"
+fi
+
 # The paced runs first: the peak RSS after them is the steady-state
 # footprint; the bursts afterwards show what queueing a burst costs.
 for i in $(seq "$REPEATS"); do
@@ -271,7 +325,7 @@ python3 - "$TMP/results" "$PEAK_COUNT" "$REPEATS" "$RATE" "$RATE_SECS" "$MIX" "$
 import json, os, statistics, sys
 
 results, peak_count, repeats, rate, rate_secs, mix, cancel_mix = sys.argv[1:]
-names = ["relay", "user-relay", "core", "core-cancel", "core-json", "js-relay", "js", "python"]
+names = ["relay", "user-relay", "core", "core-cancel", "core-json", "js-relay", "js", "python", "relay-px0", "js-relay-rtt", "js-stock-rtt", "js-rtt"]
 labels = {
     "relay": "raw relay (core)",
     "user-relay": "user's relay (core)",
@@ -281,6 +335,10 @@ labels = {
     "js-relay": "raw relay (JetStream)",
     "js": "prefill-handoff jetstream",
     "python": "python baseline",
+    "relay-px0": "raw relay (core), proxy 0",
+    "js-relay-rtt": "raw relay (JetStream), rtt",
+    "js-stock-rtt": "stock-stream relay, rtt",
+    "js-rtt": "prefill-handoff js, rtt",
 }
 
 def load(path):
@@ -396,6 +454,14 @@ core_vs_user = ratio("core", "user-relay", "peak")
 core_cpu_vs_user = ratio("core", "user-relay", "cpu_burst_us")
 print(f"core / user's relay throughput   {core_vs_user}  (no target: the second anchor)")
 print(f"core / user's relay CPU per msg  {core_cpu_vs_user}  (no target: the second anchor, bursts)")
+js_rtt_keep = ratio("js-rtt", "js", "peak")
+js_rtt_vs_stock = ratio("js-rtt", "js-stock-rtt", "peak")
+js_rtt_vs_relay = ratio("js-rtt", "js-relay-rtt", "peak")
+proxy_keep = ratio("relay-px0", "relay", "peak")
+print(f"jetstream at the rtt / loopback  {js_rtt_keep}  (target >= 0.8)")
+print(f"jetstream / stock relay, rtt     {js_rtt_vs_stock}  (target >= 1.0)")
+print(f"jetstream / raw JS relay, rtt    {js_rtt_vs_relay}  (no target)")
+print(f"core relay via proxy 0 / direct  {proxy_keep}  (the proxy's cost; near 1 when it is not the bottleneck)")
 cancel_cpu_vs_core = ratio("core-cancel", "core", "cpu_burst_us")
 print(f"core with cancels / core CPU     {cancel_cpu_vs_core}  (goal <= 1.03, bursts: checking cancels and deadlines does not show)")
 json_cpu_vs_msgpack = ratio("core-json", "core", "cpu_burst_us")
@@ -403,7 +469,8 @@ print(f"core JSON / MessagePack CPU/msg  {json_cpu_vs_msgpack}  (target <= 1.5, 
 print(f"RESULT core_vs_relay={core_vs_relay} js_vs_relay={js_vs_relay} vs_python={vs_python} p99_vs_relay={p99_vs_relay} rss_mb={rss_mb} "
       f"core_cpu_vs_relay={core_cpu_vs_relay} js_cpu_vs_relay={js_cpu_vs_relay} cpu_vs_python={cpu_vs_python} "
       f"core_vs_user_relay={core_vs_user} core_cpu_vs_user_relay={core_cpu_vs_user} cancel_cpu_vs_core={cancel_cpu_vs_core} "
-      f"json_cpu_vs_msgpack={json_cpu_vs_msgpack}")
+      f"json_cpu_vs_msgpack={json_cpu_vs_msgpack} "
+      f"js_rtt_keep={js_rtt_keep} js_rtt_vs_stock={js_rtt_vs_stock} js_rtt_vs_relay={js_rtt_vs_relay} proxy_keep={proxy_keep}")
 PY
 
 if [[ -n $RECORDER ]]; then

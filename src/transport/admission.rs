@@ -13,6 +13,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 #[derive(Clone, Debug)]
 pub struct Limits {
     pub slots: Arc<Semaphore>,
+    /// The slots in all (`max_in_flight`).
+    pub max_in_flight: usize,
     pub budget: ByteBudget,
 }
 
@@ -23,6 +25,7 @@ impl Limits {
         let slots = max_in_flight.max(1);
         Limits {
             slots: Arc::new(Semaphore::new(slots)),
+            max_in_flight: slots,
             budget: ByteBudget::new(max_in_flight_bytes),
         }
     }

@@ -14,6 +14,7 @@
 //! - [`relay`]: the raw core and JetStream relays (benchmark baselines).
 //! - [`user_relay`]: the core relay as a user would write it (a second
 //!   baseline).
+//! - [`delay_proxy`]: a TCP proxy adding a fixed delay (the benchmark's round trip).
 //! - [`cli`]: the `loadgen` command's flags, checked into [`Options`].
 //!
 //! A crate of its own, outside the worker's library: it speaks the contract
@@ -23,6 +24,7 @@
 //! configuration, so loadgen connects exactly like `run`.
 
 pub mod cli;
+pub mod delay_proxy;
 pub mod mix;
 pub mod payload;
 pub mod relay;

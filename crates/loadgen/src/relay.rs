@@ -105,6 +105,9 @@ pub struct JsRelaySettings {
     pub consumer: String,
     /// Messages pulled per request.
     pub batch: usize,
+    /// Bytes pulled per request (the stream's `max_bytes_per_batch`); 0
+    /// for no bound.
+    pub max_bytes: usize,
     /// Messages being published (awaiting the GEN store ack) at once.
     pub max_in_flight: usize,
     /// File storage, like the worker's default; memory when false.
@@ -123,6 +126,7 @@ impl JsRelaySettings {
             gen_stream: format!("{upper}_GEN"),
             consumer: "relay".into(),
             batch: 128,
+            max_bytes: 0,
             max_in_flight: 256,
             file_storage: true,
         }
@@ -199,6 +203,7 @@ impl JsRelay {
             .consumer
             .stream()
             .max_messages_per_batch(self.settings.batch)
+            .max_bytes_per_batch(self.settings.max_bytes)
             .messages()
             .await
             .map_err(|e| RelayError::Io(format!("pull consumer: {e}")))?;

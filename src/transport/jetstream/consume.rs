@@ -1,46 +1,48 @@
-//! The pull loop: pull as many messages as there are free processing slots
-//! (at most `jetstream.batch`) and free bytes, hand each on as an admitted
-//! [`Delivery`], and pull again. Survives server restarts: a pull whose
-//! connection was re-established, or that failed, is abandoned and the
-//! consumer reopened.
+//! The pull loop: pulls sent ahead on one long-lived inbox, as many as the
+//! free processing slots (at most `jetstream.batch` per pull) and free bytes
+//! allow, so that the next messages are on their way while the last ones are
+//! processed and the round trip to the server is hidden. Each delivery is
+//! handed on admitted, with the slot and bytes its pull held
+//! ([`pulls`](super::pulls)). Survives server restarts: when the connection
+//! is re-established, or a pull fails, the pulls under way are forgotten and
+//! the consumer reopened.
 //!
-//! On drain no new pull is sent; messages of the pull already under way are
-//! still handed on, so nothing delivered to this worker waits for its ack
-//! wait to run out.
+//! On drain no new pull is sent; messages of the pulls already under way are
+//! still handed on until they have all ended (or the drain's time is up), so
+//! nothing delivered to this worker waits for its ack wait to run out.
 
 use super::OpenError;
-use crate::transport::Held;
+use super::open::open;
+use super::pulls::{PullEnd, Pulls, Taken};
 use crate::transport::{Admission, Admitted, Attempt, Delivery, Feed, Limits, Settler, Source};
-use async_nats::Client;
-use async_nats::jetstream::consumer::pull::Batch;
-use async_nats::jetstream::{self, consumer::PullConsumer, context::ConsumerInfoErrorKind};
+use async_nats::jetstream::{self, consumer::PullConsumer};
+use async_nats::{Client, Subscriber};
 use futures::StreamExt;
 use futures::future::BoxFuture;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
-use tokio::sync::OwnedSemaphorePermit;
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 /// How long one pull waits on the server for messages. Only idle workers
-/// notice it: they send one pull request per period.
+/// notice it: they send their pulls again once per period.
 const PULL_EXPIRES: Duration = Duration::from_secs(2);
-/// How often a pull under way checks whether the connection was re-established.
+/// How long past its expiry a pull is waited for before its end is taken as
+/// lost with the connection.
+const PULL_GRACE: Duration = Duration::from_secs(1);
+/// How often the loop checks whether the connection was re-established and
+/// whether a pull's end is overdue.
 const RECONNECT_CHECK: Duration = Duration::from_millis(200);
 /// Pause after a failed pull or reopen, so a broken server is not hammered.
 const RETRY_PAUSE: Duration = Duration::from_millis(500);
 /// Room for a message's subject and headers beyond its payload, which the
 /// server counts against a pull's max_bytes.
 const PULL_OVERHEAD: usize = 16 * 1024;
-/// The status descriptions (409) the server ends a pull with when it has
-/// served the pull in full: its max_bytes used up, or (nats-server 2.10 and
-/// later, after a pull bounded in bytes) its batch complete. async-nats
-/// reports them as errors carrying this text; for the worker they are the
-/// pull's normal end. Read as errors, every pull on 2.15 reopened the
-/// consumer after a 500 ms pause, and a backlog took minutes to drain.
-const PULL_SERVED: [&str; 2] = ["Message Size Exceeds MaxBytes", "Batch Completed"];
+/// The JetStream API prefix the worker's context uses (no domain).
+const API_PREFIX: &str = "$JS.API";
 /// How often an idle worker looks for acked messages the work queue kept
 /// (see [`sweep`](super::sweep)).
 const SWEEP_EVERY: Duration = Duration::from_secs(10);
@@ -76,45 +78,13 @@ pub struct Puller {
     pub on_consuming: Option<OnConsuming>,
 }
 
-/// Opens the shared durable consumer `stream`/`consumer`.
-pub async fn open(
-    js: &jetstream::Context,
-    stream: &str,
-    consumer: &str,
-) -> Result<PullConsumer, OpenError> {
-    let handle = js
-        .get_stream_no_info(stream)
-        .await
-        .map_err(|e| OpenError::Api(format!("opening stream {stream}: {e}")))?;
-    let missing = |what: String| {
-        OpenError::Missing(format!(
-            "{what} does not exist; run `prefill-handoff setup` or set jetstream.create = true"
-        ))
-    };
-    match handle.consumer_info(consumer).await {
-        Ok(_) => {}
-        Err(e) if e.kind() == ConsumerInfoErrorKind::NotFound => {
-            return Err(missing(format!("consumer {stream}/{consumer}")));
-        }
-        Err(e) if e.kind() == ConsumerInfoErrorKind::StreamNotFound => {
-            return Err(missing(format!("stream {stream}")));
-        }
-        Err(e) => {
-            return Err(OpenError::Api(format!(
-                "reading consumer {stream}/{consumer}: {e}"
-            )));
-        }
-    }
-    handle
-        .get_consumer(consumer)
-        .await
-        .map_err(|e| OpenError::Api(format!("opening consumer {consumer}: {e}")))
-}
-
-/// Starts pulling from `consumer` (already opened): deliveries pulled from
-/// the durable consumer, each admitted within the in-flight limits. A drain
-/// stops new pulls; the pull under way is finished (within the drain timeout).
+/// Starts pulling from `consumer` (already opened, which proves it exists;
+/// the pulls name it by stream and consumer): deliveries pulled from the
+/// durable consumer, each admitted within the in-flight limits. A drain
+/// stops new pulls; the pulls under way are finished (within the drain
+/// timeout).
 pub fn start(puller: Puller, consumer: PullConsumer, limits: Limits) -> Source {
+    drop(consumer);
     let (source, feed) = Source::new();
     let Feed { admitted, drain } = feed;
     let shutdown = async {
@@ -123,8 +93,33 @@ pub fn start(puller: Puller, consumer: PullConsumer, limits: Limits) -> Source {
             let _ = done.send(());
         }
     };
-    tokio::spawn(async move { puller.run(consumer, limits, admitted, shutdown).await });
+    tokio::spawn(async move { puller.run(limits, admitted, shutdown).await });
     source
+}
+
+/// The loop's state between events.
+struct State {
+    pulls: Pulls,
+    /// Whether the consumer is open; false after a failure, until reopened.
+    opened: bool,
+    /// The connection count the pulls under way were sent on.
+    connects: u64,
+    /// The largest message seen: sizes each pull's max_bytes.
+    largest: usize,
+    last_message: Instant,
+    last_sweep: Instant,
+    /// The consumer failing to open, and how long to wait before the next
+    /// try (from [`RETRY_PAUSE`], growing while it keeps failing).
+    unopened: Unopened,
+    next_open: Duration,
+}
+
+impl State {
+    /// Forgets the pulls under way and reopens the consumer after a pause.
+    fn failed(&mut self) {
+        self.pulls.clear();
+        self.opened = false;
+    }
 }
 
 impl Puller {
@@ -178,216 +173,261 @@ impl Puller {
         }
     }
 
-    /// Pulls until `shutdown` completes, then finishes the pull under way
+    /// The bytes a pull must be able to ask for: the largest accepted
+    /// message, with room for its subject and headers (a pull whose
+    /// max_bytes is below the next message's size gets nothing).
+    fn least_bytes(&self) -> usize {
+        self.max_payload.saturating_add(PULL_OVERHEAD)
+    }
+
+    /// Pulls until `shutdown` completes, then finishes the pulls under way
     /// within `drain_timeout`; messages not handed on by then are
     /// redelivered by the server, nothing is lost.
     async fn run(
         &self,
-        consumer: PullConsumer,
         limits: Limits,
         out: mpsc::UnboundedSender<Admission>,
         shutdown: impl Future<Output = ()>,
     ) {
-        let mut consumer = Some(consumer);
+        tokio::pin!(shutdown);
         // When shutdown came, if it did: the drain ends `drain_timeout` later.
         let mut stopped_at: Option<tokio::time::Instant> = None;
-        let mut last_sweep = Instant::now();
-        let mut unopened = Unopened::default();
-        tokio::pin!(shutdown);
         self.set_consuming(true);
-        while stopped_at.is_none() {
-            let current = match consumer.take() {
-                Some(c) => c,
-                None => match self
-                    .open_again(&mut unopened, &mut shutdown, &mut stopped_at)
-                    .await
-                {
-                    Reopened::Open(c) => *c,
-                    Reopened::NotYet => continue,
-                    Reopened::Shutdown => break,
-                },
-            };
-            let Some((mut permits, mut bytes)) = self.room(&limits, &mut shutdown).await else {
-                break;
-            };
-            let connects = self.connects();
-            let pull = current
-                .batch()
-                .max_messages(permits.len())
-                .max_bytes(bytes.bytes())
-                .expires(PULL_EXPIRES)
-                .messages()
-                .await;
-            let batch = match pull {
-                Ok(batch) => batch,
+        // One inbox for every pull; each pull's reply subject is
+        // `{inbox}.{id}`, where the server sends its end.
+        let inbox = self.client.new_inbox();
+        let mut inbox_sub = loop {
+            match self.client.subscribe(format!("{inbox}.*")).await {
+                Ok(sub) => break sub,
                 Err(e) => {
-                    warn!(error = %e, "pull request failed; reopening the consumer");
-                    drop(permits);
+                    warn!(error = %e, "cannot subscribe to the pull inbox; retrying");
                     pause(&mut shutdown, &mut stopped_at).await;
-                    continue;
+                    if stopped_at.is_some() {
+                        self.set_consuming(false);
+                        return;
+                    }
                 }
-            };
-            let pulled = Pull {
-                permits: &mut permits,
-                bytes: &mut bytes,
-                connects,
-            };
-            let Some(ended) = self
-                .hand_on(batch, pulled, &out, &mut shutdown, &mut stopped_at)
-                .await
-            else {
-                break;
-            };
-            let (healthy, received) = (ended.healthy, ended.received);
-            drop((permits, bytes));
-            if healthy
-                && received == 0
-                && stopped_at.is_none()
-                && last_sweep.elapsed() >= SWEEP_EVERY
-            {
-                self.sweep().await;
-                last_sweep = Instant::now();
             }
-            if healthy {
-                consumer = Some(current);
-            } else {
-                pause(&mut shutdown, &mut stopped_at).await;
+        };
+        let mut state = State {
+            pulls: Pulls::default(),
+            opened: true,
+            connects: self.connects(),
+            largest: self.max_payload,
+            last_message: Instant::now(),
+            last_sweep: Instant::now(),
+            unopened: Unopened::default(),
+            next_open: RETRY_PAUSE,
+        };
+        let mut check = tokio::time::interval(RECONNECT_CHECK);
+        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            if stopped_at.is_some() && !state.pulls.under_way() {
+                break;
+            }
+            if stopped_at.is_none() && !state.opened {
+                self.reopen_after_pause(&mut state, &mut shutdown, &mut stopped_at)
+                    .await;
+                continue;
+            }
+            if stopped_at.is_none() {
+                self.pull_ahead(&limits, &inbox, &mut state).await;
+            }
+            let wait_for_room = stopped_at.is_none() && state.opened && !state.pulls.under_way();
+            tokio::select! {
+                item = inbox_sub.next() => match item {
+                    Some(message) => {
+                        if !self.received(message, &limits, &mut state, &out) {
+                            break; // the runner is gone
+                        }
+                    }
+                    None => break, // the client closed
+                },
+                () = room(&limits, self.least_bytes()), if wait_for_room => {}
+                _ = check.tick() => self.check(&mut state, stopped_at.is_none()).await,
+                () = shutdown.as_mut(), if stopped_at.is_none() => {
+                    info!("shutdown: no new pulls; finishing the pulls under way");
+                    self.set_consuming(false);
+                    stopped_at = Some(tokio::time::Instant::now());
+                }
+                () = sleep_until_drained(stopped_at, self.drain_timeout) => break,
             }
         }
+        unsubscribe(inbox_sub).await;
         self.set_consuming(false);
     }
 
-    /// Opens the consumer again; after a failure, pauses (counted and
-    /// logged by `unopened`) before the caller tries again.
-    async fn open_again(
+    /// Reopens the consumer after a pause (creating it first when
+    /// `jetstream.create` is set), unless shutdown comes first. While it
+    /// keeps failing, [`Unopened`] makes the worker not consuming, logs the
+    /// reason when it changes and lengthens the pause.
+    async fn reopen_after_pause(
         &self,
-        unopened: &mut Unopened,
-        shutdown: &mut std::pin::Pin<&mut impl Future<Output = ()>>,
+        state: &mut State,
+        shutdown: &mut Pin<&mut impl Future<Output = ()>>,
         stopped_at: &mut Option<tokio::time::Instant>,
-    ) -> Reopened {
+    ) {
+        pause_for(state.next_open, shutdown, stopped_at).await;
+        if stopped_at.is_some() {
+            return;
+        }
         tokio::select! {
             opened = self.reopen() => match opened {
-                Ok(c) => {
-                    unopened.opened(self);
-                    Reopened::Open(Box::new(c))
+                Ok(_) => {
+                    state.unopened.opened(self);
+                    state.next_open = RETRY_PAUSE;
+                    state.opened = true;
+                    state.connects = self.connects();
                 }
-                Err(e) => {
-                    let wait = unopened.failed(self, &e);
-                    pause_for(wait, shutdown, stopped_at).await;
-                    Reopened::NotYet
-                }
+                Err(e) => state.next_open = state.unopened.failed(self, &e),
             },
-            () = shutdown.as_mut() => Reopened::Shutdown,
+            () = shutdown.as_mut() => *stopped_at = Some(tokio::time::Instant::now()),
         }
     }
 
-    /// Room for the next pull: a slot for each message (at least one,
-    /// waited for; up to a batch), and as many bytes as are free, waiting
-    /// until the largest accepted message would fit (a pull whose max_bytes
-    /// is below the next message's size gets nothing). `None` on shutdown.
-    async fn room(
-        &self,
-        limits: &Limits,
-        shutdown: &mut std::pin::Pin<&mut impl Future<Output = ()>>,
-    ) -> Option<(Vec<OwnedSemaphorePermit>, Held)> {
-        let slots = &limits.slots;
-        let first = tokio::select! {
-            permit = slots.clone().acquire_owned() => permit.ok()?, // never closed
-            () = shutdown.as_mut() => return None,
-        };
-        let mut permits = vec![first];
-        while permits.len() < self.batch.max(1) {
-            match slots.clone().try_acquire_owned() {
-                Ok(p) => permits.push(p),
-                Err(_) => break,
-            }
-        }
-        let least = self.max_payload.saturating_add(PULL_OVERHEAD);
-        let bytes = tokio::select! {
-            held = limits.budget.hold_free(least) => held,
-            () = shutdown.as_mut() => return None,
-        };
-        Some((permits, bytes))
-    }
-
-    /// Hands on each message of one pull, with a slot and its bytes, until
-    /// the pull is served or fails, the connection is re-established (the
-    /// server may have lost the pull with the old one), or the drain's time
-    /// is up. `None` when the runner is gone.
-    async fn hand_on(
-        &self,
-        mut batch: Batch,
-        pull: Pull<'_>,
-        out: &mpsc::UnboundedSender<Admission>,
-        shutdown: &mut std::pin::Pin<&mut impl Future<Output = ()>>,
-        stopped_at: &mut Option<tokio::time::Instant>,
-    ) -> Option<PullEnded> {
-        let mut ended = PullEnded {
-            healthy: true,
-            received: 0,
-        };
-        let mut check = tokio::time::interval(RECONNECT_CHECK);
+    /// Sends pulls while there is room for one: while pulls are under way,
+    /// only once half a batch of slots is free, so that pulls stay large;
+    /// with none under way, as soon as one slot is.
+    async fn pull_ahead(&self, limits: &Limits, inbox: &str, state: &mut State) {
+        let batch = self.batch.clamp(1, limits.max_in_flight);
+        let least = self.least_bytes();
+        // Enough bytes for a few pulls at once, each asking for at least
+        // the largest accepted message.
+        let most = (limits.budget.max() / 4).max(least);
         loop {
-            tokio::select! {
-                item = batch.next() => match item {
-                    Some(Ok(message)) => {
-                        ended.received += 1;
-                        let held = pull.bytes.split(message.length.max(message.payload.len()));
-                        // Without a slot left (the server sent more than
-                        // asked), the runner takes one for it.
-                        let slot = pull.permits.pop();
-                        let delivery = Box::new(self.delivery(message));
-                        let admitted = Admitted { delivery, held, slot };
-                        out.send(Admission::Admitted(admitted)).ok()?;
-                    }
-                    Some(Err(e)) if PULL_SERVED.iter().any(|s| e.to_string().contains(s)) => {
-                        debug!(status = %e, "pull served in full");
-                        return Some(ended);
-                    }
-                    Some(Err(e)) => {
-                        warn!(error = %e, "pull ended with an error; reopening the consumer");
-                        ended.healthy = false;
-                        return Some(ended);
-                    }
-                    None => return Some(ended),
-                },
-                _ = check.tick() => {
-                    if self.connects() != pull.connects {
-                        info!("NATS connection re-established; pulling again");
-                        ended.healthy = false;
-                        return Some(ended);
-                    }
-                }
-                () = shutdown.as_mut(), if stopped_at.is_none() => {
-                    info!("shutdown: no new pulls; finishing the pull under way");
-                    self.set_consuming(false);
-                    *stopped_at = Some(tokio::time::Instant::now());
-                }
-                () = sleep_until_drained(*stopped_at, self.drain_timeout) => return Some(ended),
+            let free = limits.slots.available_permits();
+            let enough = if state.pulls.under_way() {
+                batch / 2
+            } else {
+                1
+            };
+            if free < enough.max(1) {
+                return;
             }
+            let n = free.min(batch);
+            let want = n
+                .saturating_mul(state.largest.saturating_add(PULL_OVERHEAD / 16))
+                .clamp(least, most);
+            let free_bytes = limits.budget.available();
+            let Some(bytes) = limits.budget.try_hold(want.min(free_bytes)) else {
+                return;
+            };
+            if bytes.bytes() < least.min(limits.budget.max()) {
+                return;
+            }
+            let Ok(slots) = Arc::clone(&limits.slots).try_acquire_many_owned(n as u32) else {
+                return;
+            };
+            let max_bytes = bytes.bytes();
+            let id = state.pulls.sent(slots, bytes, PULL_EXPIRES + PULL_GRACE);
+            let request = format!(
+                r#"{{"batch":{n},"max_bytes":{max_bytes},"expires":{}}}"#,
+                PULL_EXPIRES.as_nanos()
+            );
+            let subject = format!(
+                "{API_PREFIX}.CONSUMER.MSG.NEXT.{}.{}",
+                self.stream, self.consumer
+            );
+            let reply = format!("{inbox}.{id}");
+            let sent = self
+                .client
+                .publish_with_reply(subject, reply, request.into())
+                .await;
+            if let Err(e) = sent {
+                warn!(error = %e, "pull request failed; reopening the consumer");
+                state.failed();
+                return;
+            }
+        }
+    }
+
+    /// Hands on a delivered message, or reads a pull's end. False when the
+    /// runner is gone.
+    fn received(
+        &self,
+        message: async_nats::Message,
+        limits: &Limits,
+        state: &mut State,
+        out: &mpsc::UnboundedSender<Admission>,
+    ) -> bool {
+        if let Some(status) = super::pulls::server_status(&message) {
+            let description = message.description.as_deref().unwrap_or("");
+            match state.pulls.status(status, &message) {
+                PullEnd::Heartbeat => {}
+                PullEnd::Normal => debug!(%status, description, "pull ended"),
+                PullEnd::Failed => {
+                    warn!(%status, description, "pull ended with an error; reopening the consumer");
+                    state.failed();
+                }
+            }
+            return true;
+        }
+        state.last_message = Instant::now();
+        let size = message.length.max(message.payload.len());
+        state.largest = state.largest.max(size);
+        let Taken { slot, mut held } = state.pulls.delivered(size);
+        if held.bytes() < size {
+            // Sent beyond what the pulls under way held (one the loop had
+            // already given up): its bytes, if free.
+            if let Some(more) = limits.budget.try_hold(size - held.bytes()) {
+                held.merge(more);
+            }
+        }
+        let message = jetstream::Message {
+            message,
+            context: self.js.clone(),
+        };
+        let delivery = Box::new(self.delivery(message));
+        let admitted = Admitted {
+            delivery,
+            held,
+            slot,
+        };
+        out.send(Admission::Admitted(admitted)).is_ok()
+    }
+
+    /// Every [`RECONNECT_CHECK`]: forgets the pulls sent on a connection
+    /// that was re-established (the server may have lost them) and those
+    /// whose end is overdue; sweeps when idle.
+    async fn check(&self, state: &mut State, consuming: bool) {
+        if self.connects() != state.connects {
+            info!("NATS connection re-established; pulling again");
+            state.failed();
+            return;
+        }
+        state.pulls.give_up_late(tokio::time::Instant::now());
+        if consuming
+            && state.opened
+            && state.last_message.elapsed() >= PULL_EXPIRES
+            && state.last_sweep.elapsed() >= SWEEP_EVERY
+        {
+            self.sweep().await;
+            state.last_sweep = Instant::now();
         }
     }
 }
 
-/// One pull under way: the slots and bytes it was asked with, and the
-/// connection count when it was asked.
-struct Pull<'a> {
-    permits: &'a mut Vec<OwnedSemaphorePermit>,
-    bytes: &'a mut Held,
-    connects: u64,
+/// Waits until a pull could be sent: a slot and the bytes of the largest
+/// accepted message free. Holds neither.
+async fn room(limits: &Limits, least: usize) {
+    if let Ok(slot) = limits.slots.acquire().await {
+        drop(slot);
+    }
+    drop(limits.budget.hold_free(least).await);
 }
 
-/// How a pull ended: whether the consumer can pull again, and how many
-/// messages it gave.
-struct PullEnded {
-    healthy: bool,
-    received: usize,
+/// Ends the inbox subscription; a failure only means the connection is
+/// gone, which ends it as well.
+async fn unsubscribe(mut sub: Subscriber) {
+    if let Err(e) = sub.unsubscribe().await {
+        debug!(error = %e, "pull inbox not unsubscribed");
+    }
 }
 
 /// Waits [`RETRY_PAUSE`], or less if shutdown comes first (then noted in
 /// `stopped_at`). Returns at once when already stopping.
 async fn pause(
-    shutdown: &mut std::pin::Pin<&mut impl Future<Output = ()>>,
+    shutdown: &mut Pin<&mut impl Future<Output = ()>>,
     stopped_at: &mut Option<tokio::time::Instant>,
 ) {
     pause_for(RETRY_PAUSE, shutdown, stopped_at).await;
@@ -464,13 +504,4 @@ async fn sleep_until_drained(stopped_at: Option<tokio::time::Instant>, drain_tim
         Some(at) => tokio::time::sleep_until(at + drain_timeout).await,
         None => std::future::pending().await,
     }
-}
-
-/// What [`Puller::open_again`] came to.
-enum Reopened {
-    /// Boxed: a consumer is a kilobyte, the other variants nothing.
-    Open(Box<PullConsumer>),
-    /// Failed, and paused: try again.
-    NotYet,
-    Shutdown,
 }

@@ -5,8 +5,11 @@
 //! server redelivers what it never acked, and `Nats-Msg-Id` makes the GEN
 //! stream drop a repeated job.
 //!
+//! - [`open`]: opening the durable consumer.
 //! - [`consume`]: the pull loop, bounded by free processing slots and bytes;
 //!   survives server restarts.
+//! - [`pulls`]: the pulls under way on the one inbox, and the slots and
+//!   bytes held for them.
 //! - [`publish`]: outputs known to have reached the server (stream ack, or
 //!   a confirmed core publish), and the late-redelivery lookup in GEN.
 //! - [`confirm`]: one server round trip confirms every core publish enqueued
@@ -22,10 +25,13 @@
 pub mod ack_subject;
 pub mod confirm;
 pub mod consume;
+pub mod open;
 pub mod publish;
+pub mod pulls;
 pub mod sweep;
 
-pub use consume::{Puller, open, start};
+pub use consume::{Puller, start};
+pub use open::open;
 
 /// Why the durable consumer could not be opened.
 #[derive(Debug, thiserror::Error)]
