@@ -290,7 +290,19 @@ mod tests {
                 None,
             ),
             ("reserved byte", vec![0x81, 0xa1, b'x', 0xc1], None),
-            ("json", br#"{"request_id":"a"}"#.to_vec(), None),
+            (
+                "json object",
+                br#"{"request_id":"a"}"#.to_vec(),
+                Some(Fields {
+                    request_id: Some("a"),
+                    ..Fields::default()
+                }),
+            ),
+            (
+                "json, not an object",
+                br#"["request_id","a"]"#.to_vec(),
+                None,
+            ),
             (
                 "invalid utf-8 id",
                 vec![
