@@ -388,3 +388,13 @@ pub fn cancels_counted(worker: &InProcess, event: &str) -> f64 {
         .copied()
         .unwrap_or(0.0)
 }
+
+/// Publishes into the prefill stream (or any stream's subject) and waits
+/// for the stream's ack.
+pub async fn js_publish(js: &async_nats::jetstream::Context, subject: &str, publish: Publish) {
+    js.publish_with_headers(subject.to_string(), publish.headers, publish.body.into())
+        .await
+        .expect("publish")
+        .await
+        .expect("stored");
+}

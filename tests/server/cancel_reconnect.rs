@@ -11,14 +11,6 @@ use crate::common::jetstream_support::{self, LibWorker};
 use common::Nats;
 use std::net::SocketAddr;
 
-async fn js_publish(js: &async_nats::jetstream::Context, subject: &str, publish: Publish) {
-    js.publish_with_headers(subject.to_string(), publish.headers, publish.body.into())
-        .await
-        .expect("publish")
-        .await
-        .expect("stored");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn jetstream_a_cancel_sent_while_the_worker_was_cut_off_is_honoured_after_it_reconnects() {
     let nats = Nats::start();

@@ -95,16 +95,6 @@ fn js_config(nats: &Nats) -> prefill_handoff::config::Config {
     jetstream_support::config(nats)
 }
 
-/// Publishes into the prefill stream (or any stream's subject) and waits
-/// for the stream's ack.
-async fn js_publish(js: &async_nats::jetstream::Context, subject: &str, publish: Publish) {
-    js.publish_with_headers(subject.to_string(), publish.headers, publish.body.into())
-        .await
-        .expect("publish")
-        .await
-        .expect("stored");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn jetstream_deadlines_and_cancels_kept_while_no_worker_ran() {
     let nats = Nats::start();
