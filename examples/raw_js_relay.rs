@@ -28,7 +28,7 @@ struct Args {
     #[arg(long, default_value_t = 0)]
     max_bytes: usize,
     /// Messages awaiting their GEN store ack at once.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 1024)]
     max_in_flight: usize,
     /// Memory storage instead of file storage for both streams.
     #[arg(long)]

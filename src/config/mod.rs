@@ -107,7 +107,7 @@ impl Default for Config {
             id_layout: IdLayout::Rc22,
             id_epoch: "2025-01-01T00:00:00Z".into(),
             max_payload_bytes: 1024 * 1024,
-            max_in_flight: 256,
+            max_in_flight: 1024,
             max_in_flight_bytes: 8 * 1024 * 1024,
             log_format: "text".into(),
             otel: OtelConfig::default(),

@@ -245,7 +245,7 @@ impl Default for JetStreamConfig {
             gen_is_stream: true,
             ack_wait_secs: 30,
             max_deliver: 20,
-            max_ack_pending: 1000,
+            max_ack_pending: 4096,
             nak_delay_ms: 1000,
             duplicate_window_secs: 120,
             max_age_secs: 24 * 3600,

@@ -263,7 +263,7 @@ mod tests {
         type Edit = fn(&mut jetstream::consumer::Config);
         let rows: &[(Edit, &[(&str, bool)])] = &[
             (|_| {}, &[]),
-            (|c| c.max_ack_pending = 1000, &[]),
+            (|c| c.max_ack_pending = 4096, &[]),
             (
                 |c| c.ack_wait = Duration::from_secs(1),
                 &[("ack_wait", true)],

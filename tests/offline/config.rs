@@ -109,7 +109,7 @@ const PRECEDENCE: &[&str] = &[
     r#"jetstream.gen_is_stream | false | True -> true | false"#,
     r#"jetstream.ack_wait_secs | 7 | 8 | 9"#,
     r#"jetstream.max_deliver | 5 | -1 | 7"#,
-    r#"jetstream.max_ack_pending | 4096 | -1 | 64"#,
+    r#"jetstream.max_ack_pending | 1000 | -1 | 64"#,
     r#"jetstream.nak_delay_ms | 0 | 50 | 60"#,
     r#"jetstream.duplicate_window_secs | 60 | 61 | 62"#,
     r#"jetstream.max_age_secs | 0 | 3600 | 7200"#,

@@ -127,7 +127,7 @@ impl JsRelaySettings {
             consumer: "relay".into(),
             batch: 128,
             max_bytes: 0,
-            max_in_flight: 256,
+            max_in_flight: 1024,
             file_storage: true,
         }
     }
@@ -183,6 +183,8 @@ impl JsRelay {
                     ack_policy: consumer::AckPolicy::Explicit,
                     ack_wait: Duration::from_secs(30),
                     max_deliver: 20,
+                    // The worker's default: a relay as deep as the worker.
+                    max_ack_pending: 4096,
                     ..Default::default()
                 },
             )
