@@ -4,7 +4,9 @@
 //! tree is built.
 //!
 //! Exact by construction: the MessagePack read here is what the value-tree
-//! path's JSON decode would hold, `fast` decides on it as the value-tree path
+//! path's JSON decode would hold (the values of `request`, which `fast`
+//! copies without reading, may be carried as their canonical JSON text and
+//! are written back as it is), `fast` decides on it as the value-tree path
 //! does, and the JSON written back is what the value-tree path's encoder
 //! writes; only the headers differ by encoding (`Content-Type`), and they are
 //! set here as the value-tree path sets them. Everything `fast` declines, and
@@ -36,8 +38,9 @@ pub(super) fn decide(input: Input<'_>, rules: &Rules, ids: &mut dyn IdSource) ->
         ..input
     };
     let mut decision = fast::decide_msgpack(as_msgpack, rules, ids)?;
-    // An output is about as large as its input (JSON is the larger form).
-    let capacity = input.payload.len() + 128;
+    // An output is about as large as its input (JSON is the larger form),
+    // plus the job's own fields.
+    let capacity = input.payload.len() + 512;
     decision.payload = msgpack_to_json(&decision.payload, capacity);
     decision.headers = content_type(Encoding::Json);
     if let (Outcome::Decode { .. }, Some(request_id)) = (&decision.outcome, &decision.request_id) {

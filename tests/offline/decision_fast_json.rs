@@ -265,3 +265,75 @@ fn hostile_json_is_refused_in_place_and_answered_by_the_tree() {
         check_same(&body, None).unwrap();
     }
 }
+
+/// The values of a `request` map are carried through as their JSON text
+/// when that text is what writing them back would give, and converted
+/// otherwise: every form of number, string and nesting decides as the tree
+/// decides, and a decode job is still decided in place.
+#[test]
+fn request_values_in_every_form_decide_the_same() {
+    let values = [
+        "0",
+        "7",
+        "-1",
+        "-0",
+        "01",
+        "9999999999999999999",
+        "18446744073709551615",
+        "18446744073709551616",
+        "-999999999999999999",
+        "-9223372036854775808",
+        "-92233720368547758080",
+        "0.7",
+        "0.95",
+        "1.0",
+        "1.00",
+        "100.0",
+        "1e3",
+        "1E+2",
+        "-0.0",
+        "0.1e-7",
+        "1e-7",
+        "1e400",
+        "5e-324",
+        "1.7976931348623157e308",
+        "true",
+        "false",
+        "null",
+        r#""m""#,
+        r#""é""#,
+        r#""\u00e9""#,
+        r#""a\/b""#,
+        r#""\ud800""#,
+        "\"\u{1}\"",
+        "[]",
+        "{}",
+        "[1,2,3]",
+        "[1, 2]",
+        r#"{"a":1,"a":2}"#,
+        r#"{"a" :1}"#,
+        r#"[[[[0]]]]"#,
+        r#"{"t":[0.5,-3,"x",null]}"#,
+        "[1,]",
+        "tru",
+    ];
+    // The top level, `request` and the value's own container are three.
+    let deep = |levels: usize| format!("{}0{}", "[".repeat(levels), "]".repeat(levels));
+    let mut texts: Vec<String> = values.iter().map(|v| v.to_string()).collect();
+    texts.extend([deep(MAX_DEPTH - 2), deep(MAX_DEPTH - 1), deep(MAX_DEPTH)]);
+    let job = serde_json::to_string(&needs_decode(trt())).unwrap();
+    let head = job.strip_suffix('}').unwrap();
+    for value in &texts {
+        let body = format!(r#"{head},"request":{{"model":"m","v":{value},"w":[{value}]}}}}"#);
+        check_same(body.as_bytes(), None).unwrap_or_else(|e| panic!("{value}: {e}"));
+        let tree = decide_bytes(body.as_bytes(), Encoding::Json, &rules(), None);
+        if tree.outcome.kind() == "decode" {
+            let d = decide_in_place(
+                input(body.as_bytes()),
+                &rules(),
+                &mut TestIds::holding_slot(),
+            );
+            assert!(d.is_some(), "{value}: a decode job is decided in place");
+        }
+    }
+}

@@ -1,7 +1,9 @@
 //! JSON in, canonical MessagePack out, in one pass with no value tree.
 //!
 //! The output is byte for byte what [`crate::wire::decode`] (serde_json into
-//! a value tree) followed by [`crate::wire::msgpack::write`] would give, and
+//! a value tree) followed by [`crate::wire::msgpack::write`] would give
+//! (except the values of the top level's `request` map whose text is
+//! canonical, carried as that text: `raw`), and
 //! the reader refuses (`None`) every body that path refuses: not one complete
 //! JSON value, invalid UTF-8, a control character or a bad escape in a
 //! string, a number serde_json cannot read, nesting past [`MAX_DEPTH`].
@@ -13,6 +15,7 @@
 //! numbers, integers past 19 digits) are handed to serde_json one token at a
 //! time, so that their values are serde_json's by construction.
 
+use super::raw;
 use crate::wire::{MAX_DEPTH, msgpack};
 use rmpv::Value;
 
@@ -87,6 +90,12 @@ impl Reader<'_, '_> {
 
     /// An object at nesting level `depth` (the top level is 1).
     fn object(&mut self, depth: usize) -> Option<()> {
+        self.entries(depth, false)
+    }
+
+    /// An object at nesting level `depth`; with `carried`, each value whose
+    /// text is canonical is kept as that text ([`raw`]).
+    fn entries(&mut self, depth: usize, carried: bool) -> Option<()> {
         if depth > MAX_DEPTH {
             return None;
         }
@@ -104,14 +113,22 @@ impl Reader<'_, '_> {
             if self.peek()? != b'"' {
                 return None;
             }
+            let key = self.p;
             self.string()?;
+            // The top level's `request` map: the decision copies its values
+            // without reading them.
+            let request = depth == 1 && self.b[key..self.p] == *b"\"request\"";
             self.ws();
             if self.peek()? != b':' {
                 return None;
             }
             self.p += 1;
             self.ws();
-            self.value(depth)?;
+            if request && self.peek()? == b'{' {
+                self.entries(depth + 1, true)?;
+            } else if !(carried && self.carried(depth)) {
+                self.value(depth)?;
+            }
             n += 1;
             self.ws();
             match self.peek()? {
@@ -123,6 +140,18 @@ impl Reader<'_, '_> {
         self.p += 1;
         self.finish(header, n, 0x80, 0xde);
         Some(())
+    }
+
+    /// The value at `p` kept as its JSON text when that text is canonical
+    /// ([`raw::canonical_end`]); `false`, with nothing read, otherwise.
+    fn carried(&mut self, depth: usize) -> bool {
+        match raw::canonical_end(self.b, self.p, depth) {
+            Some(end) if raw::write(self.out, &self.b[self.p..end]) => {
+                self.p = end;
+                true
+            }
+            _ => false,
+        }
     }
 
     /// An array at nesting level `depth`. Integers, the usual items (token

@@ -6,10 +6,14 @@
 //! Both directions are exact: a JSON body read here gives the bytes that
 //! decoding it into a value tree and writing that as MessagePack would give
 //! (and is refused whenever that decode fails), and MessagePack written back
-//! gives the bytes [`super::encode`] gives as JSON. What a token-by-token
+//! gives the bytes [`super::encode`] gives as JSON. One exception, undone on
+//! the way back: the values of the top level's `request` map, which the
+//! decision copies without reading, are carried as their JSON text when it
+//! is already canonical (`raw`). What a token-by-token
 //! reader costs against the tree is in `docs/performance.md`.
 
 mod from_json;
+mod raw;
 mod to_json;
 
 pub use from_json::json_to_msgpack;

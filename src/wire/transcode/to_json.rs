@@ -7,6 +7,7 @@
 //! not a string, bytes that do not parse) makes the whole value go through
 //! the value tree instead, so that every input still gives an output.
 
+use super::raw;
 use crate::wire::{Encoding, encode, msgpack};
 
 /// The JSON form of the MessagePack value `mp`.
@@ -70,9 +71,32 @@ fn value(b: &[u8], p: &mut usize, out: &mut Vec<u8>) -> Option<()> {
                 _ => map(b, p, n, out)?,
             }
         }
-        // Binary, ext and the undefined marker: not from JSON.
+        // JSON text carried through (`raw`): fixext 1 to 16, ext 8/16/32.
+        0xd4..=0xd8 => carried(b, p, 1 << (marker - 0xd4), out)?,
+        0xc7..=0xc9 => {
+            let n = match marker {
+                0xc7 => be::<1>(b, p)?,
+                0xc8 => be::<2>(b, p)?,
+                _ => be::<4>(b, p)?,
+            } as usize;
+            carried(b, p, n, out)?
+        }
+        // Binary, other ext types and the undefined marker: not from JSON.
         _ => return None,
     }
+    Some(())
+}
+
+/// An ext value of `n` data bytes at `p` (its type byte first): JSON text
+/// the reader carried, written as it is; any other type is not from JSON.
+fn carried(b: &[u8], p: &mut usize, n: usize, out: &mut Vec<u8>) -> Option<()> {
+    if *b.get(*p)? != raw::RAW_JSON {
+        return None;
+    }
+    let start = *p + 1;
+    let end = start.checked_add(n)?;
+    out.extend_from_slice(b.get(start..end)?);
+    *p = end;
     Some(())
 }
 
@@ -113,6 +137,16 @@ fn map(b: &[u8], p: &mut usize, n: usize, out: &mut Vec<u8>) -> Option<()> {
 fn string(b: &[u8], p: &mut usize, n: usize, out: &mut Vec<u8>) -> Option<()> {
     let end = p.checked_add(n)?;
     let bytes = b.get(*p..end)?;
+    // Most strings (keys, a base64 state, subjects, IDs) are ASCII with
+    // nothing to escape: found in one pass, eight bytes a step, copied whole.
+    if plain_ascii(bytes) {
+        *p = end;
+        out.reserve(n + 2);
+        out.push(b'"');
+        out.extend_from_slice(bytes);
+        out.push(b'"');
+        return Some(());
+    }
     if !bytes.is_ascii() {
         std::str::from_utf8(bytes).ok()?;
     }
@@ -159,6 +193,31 @@ fn string(b: &[u8], p: &mut usize, n: usize, out: &mut Vec<u8>) -> Option<()> {
     out.extend_from_slice(&bytes[run..]);
     out.push(b'"');
     Some(())
+}
+
+/// Whether every byte of `bytes` is ASCII and none is `"`, `\\` or a
+/// control character. The last bytes are read as one word too, padded with
+/// a plain byte.
+fn plain_ascii(bytes: &[u8]) -> bool {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    let zero = |w: u64| w.wrapping_sub(ONES) & !w & HIGH;
+    let special = |w: u64| {
+        // Under 0x20 among bytes under 0x80; the others are flagged by
+        // their high bit (a borrow may flag one only above a true flag).
+        let control = w.wrapping_sub(ONES * 0x20) & !w & HIGH;
+        zero(w ^ (ONES * u64::from(b'"')))
+            | zero(w ^ (ONES * u64::from(b'\\')))
+            | control
+            | (w & HIGH)
+    };
+    let (words, rest) = bytes.as_chunks::<8>();
+    let mut last = [b'a'; 8];
+    last[..rest.len()].copy_from_slice(rest);
+    words
+        .iter()
+        .all(|chunk| special(u64::from_le_bytes(*chunk)) == 0)
+        && special(u64::from_le_bytes(last)) == 0
 }
 
 /// Whether any byte of `bytes` is `"`, `\\` or a control character.
