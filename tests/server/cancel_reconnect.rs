@@ -44,14 +44,23 @@ async fn jetstream_a_cancel_sent_while_the_worker_was_cut_off_is_honoured_after_
     proxy.set(Fault::Pass);
 
     watch.wait(3).await;
-    assert_eq!(
-        watch.replies().get(away),
-        Some(&vec!["cancelled".to_string()]),
-        "the kept cancel was loaded before the result was pulled"
+    // The result may be answered twice: a reply sent while the client
+    // re-established its connection once more (a connection the black hole
+    // had accepted) is not confirmed, so the result is redelivered and
+    // answered again. Every answer must be the cancel's.
+    let replies = watch.replies().get(away).cloned().unwrap_or_default();
+    assert!(
+        !replies.is_empty() && replies.iter().all(|r| r == "cancelled"),
+        "the kept cancel was loaded before the result was pulled: {replies:?}"
     );
-    assert_eq!(watch.releases().get(away).map(Vec::len), Some(1));
+    let releases = watch.releases().get(away).map(Vec::len);
+    assert_eq!(releases, Some(replies.len()), "a release notice per answer");
     assert!(!watch.jobs().contains_key(away), "no decode job");
-    assert_eq!(watch.count(), 3, "nothing else was published");
+    assert_eq!(
+        watch.count(),
+        1 + 2 * replies.len(),
+        "nothing else was published"
+    );
     assert!(jetstream_support::wait_drained(&js, WAIT).await);
     worker.stop().await.expect("stop");
 }
