@@ -190,9 +190,10 @@ fn vm_hwm_kib(pid: u32) -> u64 {
 ///   instead held the whole burst (1.5 GiB): the server holds back a
 ///   publisher whose subscribers lag.
 ///
-/// A worker slower than the publisher on 2.15 can still be cut off (the
-/// docs/design.md, "Bounds"); this test then fails, its counts
-/// short of 2,000.
+/// A worker slower than the publisher on 2.15 can still be cut off
+/// (docs/design.md, "Bounds"): on 2.10 and later the burst is sent at most
+/// 40 results ahead of their outputs, so that a CPU-starved worker is not
+/// failed for what the server dropped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 3)]
 async fn a_burst_of_2000_hostile_1mib_results_stays_under_256_mib_and_all_are_counted() {
     const N: usize = 2000;
@@ -253,9 +254,28 @@ async fn a_burst_of_2000_hostile_1mib_results_stays_under_256_mib_and_all_are_co
         c.clone()
     };
 
+    // nats-server 2.10 and later hold a fast publisher back only briefly and
+    // cut a subscriber off past its 64 MiB `max_pending`, losing what it had
+    // queued (core NATS is at most once): a worker starved of CPU by other
+    // work on the machine then fails this test for the server's loss, not
+    // its own. There, at most WINDOW results are sent ahead of their
+    // outputs, so that the server never queues more than that for the
+    // worker; the worker still reads far past its 8 MiB budget and refuses.
+    // Earlier servers hold the publisher back: the burst goes unpaced.
+    const WINDOW: usize = 40;
+    let version = test.server_info().version;
+    let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    let paced = (parts.next(), parts.next()) >= (Some(2), Some(10));
     let mut json_headers = HeaderMap::new();
     json_headers.insert("Content-Type", "application/json");
     for i in 0..N {
+        while paced {
+            let c = total();
+            if i <= c.malformed.len() + c.refused.len() + c.bare + WINDOW {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         let (template, at) = &bodies[i % 2];
         let mut body = template.clone();
         body[*at..*at + 5].copy_from_slice(format!("{i:05}").as_bytes());
