@@ -269,11 +269,10 @@ async fn a_burst_of_2000_hostile_1mib_results_stays_under_256_mib_and_all_are_co
     let mut json_headers = HeaderMap::new();
     json_headers.insert("Content-Type", "application/json");
     for i in 0..N {
-        while paced {
+        while paced && {
             let c = total();
-            if i <= c.malformed.len() + c.refused.len() + c.bare + WINDOW {
-                break;
-            }
+            i > c.malformed.len() + c.refused.len() + c.bare + WINDOW
+        } {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         let (template, at) = &bodies[i % 2];
