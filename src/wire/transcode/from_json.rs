@@ -15,7 +15,7 @@
 //! numbers, integers past 19 digits) are handed to serde_json one token at a
 //! time, so that their values are serde_json's by construction.
 
-use super::raw;
+use super::{raw, word};
 use crate::wire::{MAX_DEPTH, msgpack};
 use rmpv::Value;
 
@@ -37,17 +37,6 @@ struct Reader<'a, 'o> {
     b: &'a [u8],
     p: usize,
     out: &'o mut Vec<u8>,
-}
-
-const ONES: u64 = 0x0101_0101_0101_0101;
-const HIGH: u64 = 0x8080_8080_8080_8080;
-
-/// The bytes of `w` equal to zero, flagged in their high bit. Only the
-/// lowest flag is exact (a borrow may flag bytes above it), which is all
-/// the callers use.
-#[inline(always)]
-fn zero_bytes(w: u64) -> u64 {
-    w.wrapping_sub(ONES) & !w & HIGH
 }
 
 impl Reader<'_, '_> {
@@ -216,12 +205,7 @@ impl Reader<'_, '_> {
         loop {
             if let Some(chunk) = b.get(i..).and_then(<[u8]>::first_chunk::<8>) {
                 let w = u64::from_le_bytes(*chunk);
-                let quote = zero_bytes(w ^ (ONES * u64::from(b'"')));
-                let backslash = zero_bytes(w ^ (ONES * u64::from(b'\\')));
-                // Bytes under 0x20 (for bytes under 0x80; the others are
-                // flagged as not ASCII).
-                let control = w.wrapping_sub(ONES * 0x20) & !w & HIGH;
-                let special = quote | backslash | control | (w & HIGH);
+                let special = word::special(w);
                 if special == 0 {
                     i += 8;
                     continue;

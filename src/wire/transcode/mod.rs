@@ -15,6 +15,7 @@
 mod from_json;
 mod raw;
 mod to_json;
+mod word;
 
 pub use from_json::json_to_msgpack;
 pub use to_json::msgpack_to_json;

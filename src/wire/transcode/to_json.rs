@@ -7,7 +7,7 @@
 //! not a string, bytes that do not parse) makes the whole value go through
 //! the value tree instead, so that every input still gives an output.
 
-use super::raw;
+use super::{raw, word};
 use crate::wire::{Encoding, encode, msgpack};
 
 /// The JSON form of the MessagePack value `mp`.
@@ -199,41 +199,23 @@ fn string(b: &[u8], p: &mut usize, n: usize, out: &mut Vec<u8>) -> Option<()> {
 /// control character. The last bytes are read as one word too, padded with
 /// a plain byte.
 fn plain_ascii(bytes: &[u8]) -> bool {
-    const ONES: u64 = 0x0101_0101_0101_0101;
-    const HIGH: u64 = 0x8080_8080_8080_8080;
-    let zero = |w: u64| w.wrapping_sub(ONES) & !w & HIGH;
-    let special = |w: u64| {
-        // Under 0x20 among bytes under 0x80; the others are flagged by
-        // their high bit (a borrow may flag one only above a true flag).
-        let control = w.wrapping_sub(ONES * 0x20) & !w & HIGH;
-        zero(w ^ (ONES * u64::from(b'"')))
-            | zero(w ^ (ONES * u64::from(b'\\')))
-            | control
-            | (w & HIGH)
-    };
     let (words, rest) = bytes.as_chunks::<8>();
     let mut last = [b'a'; 8];
     last[..rest.len()].copy_from_slice(rest);
     words
         .iter()
-        .all(|chunk| special(u64::from_le_bytes(*chunk)) == 0)
-        && special(u64::from_le_bytes(last)) == 0
+        .all(|chunk| word::special(u64::from_le_bytes(*chunk)) == 0)
+        && word::special(u64::from_le_bytes(last)) == 0
 }
 
 /// Whether any byte of `bytes` is `"`, `\\` or a control character.
 fn needs_escape(bytes: &[u8]) -> bool {
-    const ONES: u64 = 0x0101_0101_0101_0101;
-    const HIGH: u64 = 0x8080_8080_8080_8080;
-    let zero = |w: u64| w.wrapping_sub(ONES) & !w & HIGH;
     let (words, rest) = bytes.as_chunks::<8>();
     let special = |c: &u8| matches!(c, b'"' | b'\\' | 0..0x20);
-    words.iter().any(|chunk| {
-        let w = u64::from_le_bytes(*chunk);
-        // Bytes under 0x20 among those under 0x80 (the others never
-        // need an escape; a borrow may flag one only above a true flag).
-        let control = w.wrapping_sub(ONES * 0x20) & !w & HIGH;
-        (zero(w ^ (ONES * u64::from(b'"'))) | zero(w ^ (ONES * u64::from(b'\\'))) | control) != 0
-    }) || rest.iter().any(special)
+    words
+        .iter()
+        .any(|chunk| word::escapes(u64::from_le_bytes(*chunk)) != 0)
+        || rest.iter().any(special)
 }
 
 /// A non-negative integer in decimal, two digits a step.
