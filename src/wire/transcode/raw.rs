@@ -36,55 +36,55 @@ fn literal_end(b: &[u8], start: usize, word: &[u8]) -> Option<usize> {
 }
 
 fn object_end(b: &[u8], start: usize, depth: usize) -> Option<usize> {
-    if depth > MAX_DEPTH {
-        return None;
-    }
-    let mut i = start + 1;
-    if *b.get(i)? == b'}' {
-        return Some(i + 1);
-    }
-    loop {
+    items_end(b, start, depth, b'}', |i| {
         if *b.get(i)? != b'"' {
             return None;
         }
-        i = string_end(b, i)?;
+        let i = string_end(b, i)?;
         if *b.get(i)? != b':' {
             return None;
         }
-        i = canonical_end(b, i + 1, depth)?;
-        match *b.get(i)? {
-            b',' => i += 1,
-            b'}' => return Some(i + 1),
-            _ => return None,
-        }
-    }
+        canonical_end(b, i + 1, depth)
+    })
 }
 
 fn array_end(b: &[u8], start: usize, depth: usize) -> Option<usize> {
+    // Token IDs, the usual items: a plain integer read here.
+    items_end(b, start, depth, b']', |i| {
+        plain_uint_end(b, i).or_else(|| canonical_end(b, i, depth))
+    })
+}
+
+/// The end of the container opened at `start`, at nesting level `depth`:
+/// items read by `item` (from where one starts to where it ends),
+/// separated by commas, up to `close`.
+#[inline(always)]
+fn items_end(
+    b: &[u8],
+    start: usize,
+    depth: usize,
+    close: u8,
+    item: impl Fn(usize) -> Option<usize>,
+) -> Option<usize> {
     if depth > MAX_DEPTH {
         return None;
     }
     let mut i = start + 1;
-    if *b.get(i)? == b']' {
+    if *b.get(i)? == close {
         return Some(i + 1);
     }
     loop {
-        // Token IDs, the usual items: a plain integer read here.
-        i = match plain_uint_end(b, i) {
-            Some(end) => end,
-            None => canonical_end(b, i, depth)?,
-        };
+        i = item(i)?;
         match *b.get(i)? {
             b',' => i += 1,
-            b']' => return Some(i + 1),
+            c if c == close => return Some(i + 1),
             _ => return None,
         }
     }
 }
 
 /// The end of a non-negative integer of 1 to 19 digits without a leading
-/// zero that is not the start of a float; `None` for anything else (which
-/// [`number_end`] then reads).
+/// zero that is not the start of a float; `None` for anything else.
 #[inline(always)]
 fn plain_uint_end(b: &[u8], start: usize) -> Option<usize> {
     let mut i = start;
@@ -123,6 +123,9 @@ fn string_end(b: &[u8], start: usize) -> Option<usize> {
 /// and at most 18 without a leading zero), or a float whose text is the
 /// one serde_json writes for it.
 fn number_end(b: &[u8], start: usize) -> Option<usize> {
+    if let Some(end) = plain_uint_end(b, start) {
+        return Some(end);
+    }
     let negative = b.get(start) == Some(&b'-');
     let first = start + usize::from(negative);
     let digits = b
@@ -135,12 +138,9 @@ fn number_end(b: &[u8], start: usize) -> Option<usize> {
         return None;
     }
     if !matches!(b.get(end), Some(b'.' | b'e' | b'E')) {
-        let fits = if negative {
-            digits <= 18 && b[first] != b'0'
-        } else {
-            digits <= 19
-        };
-        return fits.then_some(end);
+        // Not a plain non-negative integer: a negative one the tree holds
+        // as an integer, or none.
+        return (negative && digits <= 18 && b[first] != b'0').then_some(end);
     }
     let len = b[end..]
         .iter()
