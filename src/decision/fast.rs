@@ -30,6 +30,7 @@ use super::{
 use crate::decision::request::MAX_REQUEST_ID_BYTES;
 use crate::headers::Headers;
 use crate::wire::msgpack::{write_map_len, write_str, write_uint};
+use crate::wire::transcode::carried;
 use crate::wire::{Encoding, scan};
 use std::mem::MaybeUninit;
 
@@ -303,6 +304,27 @@ pub(super) fn decide_msgpack(
     rules: &Rules,
     ids: &mut dyn IdSource,
 ) -> Option<Decision> {
+    decide(input, rules, ids, From::MsgPack)
+}
+
+/// Where the MessagePack [`decide`] reads came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum From {
+    /// The input itself: an ext value is what its producer sent.
+    MsgPack,
+    /// A JSON input read by `wire::transcode`: an ext value of its type
+    /// is a value carried as JSON text (`transcode::carried`), and an
+    /// object's text stands for the map it is.
+    Json,
+}
+
+/// [`decide_msgpack`] on MessagePack read `from` an input.
+pub(super) fn decide(
+    input: Input<'_>,
+    rules: &Rules,
+    ids: &mut dyn IdSource,
+    from: From,
+) -> Option<Decision> {
     let body = input.payload;
     if input.encoding != Encoding::MsgPack || body.len() > rules.max_payload_bytes {
         return None;
@@ -323,7 +345,12 @@ pub(super) fn decide_msgpack(
     let count = read.frames?;
     let request = match top.get(Key::Request) {
         Some(raw) if scan::is_nil(raw) => None,
-        Some(raw) => Some(scan::map_header(raw).map(|_| raw)?),
+        Some(raw) if scan::map_header(raw).is_some() => Some(raw),
+        Some(raw) => match (from, carried(raw)?) {
+            (From::Json, b"null") => None,
+            (From::Json, [b'{', ..]) => Some(raw),
+            _ => return None,
+        },
         None => None,
     };
     // The deadline (`deadline::effective`): a field read and a header

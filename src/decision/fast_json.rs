@@ -4,9 +4,9 @@
 //! tree is built.
 //!
 //! Exact by construction: the MessagePack read here is what the value-tree
-//! path's JSON decode would hold (the values of `request`, which `fast`
-//! copies without reading, may be carried as their canonical JSON text and
-//! are written back as it is), `fast` decides on it as the value-tree path
+//! path's JSON decode would hold (the values `fast` copies without reading,
+//! [`Reads`], may be carried as their canonical JSON text and are written
+//! back as it is), `fast` decides on it as the value-tree path
 //! does, and the JSON written back is what the value-tree path's encoder
 //! writes; only the headers differ by encoding (`Content-Type`), and they are
 //! set here as the value-tree path sets them. Everything `fast` declines, and
@@ -18,11 +18,59 @@
 //! (`docs/performance.md`), paid for every result of a JSON producer.
 
 use super::header_values::content_type;
+use super::known::{Key, Kind, Set, classify, member, set};
 use super::{Decision, IdSource, Input, Outcome, Rules, fast};
 use crate::headers::names::{HANDOFF_DEADLINE, NATS_MSG_ID};
 use crate::headers::{msg_id, release_msg_id};
 use crate::wire::Encoding;
-use crate::wire::transcode::{json_to_msgpack, msgpack_to_json};
+use crate::wire::transcode::{Field, Plan, json_to_msgpack, msgpack_to_json};
+
+/// What `fast` reads of a result and what it only copies: the values it
+/// reads (the envelope, the first frame's reason and error, the params the
+/// engine checks look at) are converted; every other value is copied into
+/// the output as it is, so it may travel as its JSON text. A value read
+/// here that `fast` looked into would make it decline (an ext value is no
+/// string, number, map or nil to it), never answer differently.
+pub(super) struct Reads;
+
+const TOP: u8 = 0;
+const FRAME: u8 = 1;
+const PARAMS: u8 = 2;
+
+/// The values `fast` reads at each level (`request` it takes as a whole:
+/// a map, or an object's text).
+const READ: [Set; 3] = [
+    set(&["request_id", "reply_to", "deadline_ms"]),
+    set(&["error", "finish_reason"]),
+    set(&[
+        "ctx_request_id",
+        "request_type",
+        "disagg_request_id",
+        "bootstrap_host",
+        "bootstrap_port",
+        "bootstrap_room",
+        "remote_engine_id",
+        "remote_block_ids",
+        "remote_port",
+    ]),
+];
+
+impl Plan for Reads {
+    #[inline]
+    fn field(&self, level: u8, key: &[u8]) -> Field {
+        let read = READ[usize::from(level.min(PARAMS))];
+        let kind = classify(key).0;
+        if member(kind, read) {
+            Field::Converted
+        } else if level == TOP && kind == Key::Frames as Kind {
+            Field::Objects(FRAME)
+        } else if level == FRAME && kind == Key::DisaggregatedParams as Kind {
+            Field::Object(PARAMS)
+        } else {
+            Field::Copied
+        }
+    }
+}
 
 /// The decision for a JSON `input`, or `None` when the value-tree path must
 /// decide.
@@ -31,13 +79,13 @@ pub(super) fn decide(input: Input<'_>, rules: &Rules, ids: &mut dyn IdSource) ->
         return None;
     }
     let mut body = Vec::with_capacity(input.payload.len());
-    json_to_msgpack(input.payload, &mut body)?;
+    json_to_msgpack(input.payload, &mut body, &Reads)?;
     let as_msgpack = Input {
         payload: &body,
         encoding: Encoding::MsgPack,
         ..input
     };
-    let mut decision = fast::decide_msgpack(as_msgpack, rules, ids)?;
+    let mut decision = fast::decide(as_msgpack, rules, ids, fast::From::Json)?;
     // An output is about as large as its input (JSON is the larger form),
     // plus the job's own fields.
     let capacity = input.payload.len() + 512;

@@ -218,7 +218,7 @@ static TABLE: [Slot; SLOTS] = {
 
 /// The set of `names`, each of which must be in [`NAMES`] (a build-time
 /// error otherwise).
-const fn set(names: &[&str]) -> Set {
+pub(super) const fn set(names: &[&str]) -> Set {
     let mut set = 0;
     let mut i = 0;
     while i < names.len() {

@@ -2,7 +2,7 @@
 //!
 //! The output is byte for byte what [`crate::wire::decode`] (serde_json into
 //! a value tree) followed by [`crate::wire::msgpack::write`] would give
-//! (except the values of the top level's `request` map whose text is
+//! (except the values a [`Plan`] marks [`Field::Copied`] whose text is
 //! canonical, carried as that text: `raw`), and
 //! the reader refuses (`None`) every body that path refuses: not one complete
 //! JSON value, invalid UTF-8, a control character or a bad escape in a
@@ -15,31 +15,38 @@
 //! numbers, integers past 19 digits) are handed to serde_json one token at a
 //! time, so that their values are serde_json's by construction.
 
-use super::{raw, word};
+use super::{Field, Plan, raw, word};
 use crate::wire::{MAX_DEPTH, msgpack};
 use rmpv::Value;
 
-/// Appends the MessagePack form of the JSON object `json` to `out`; `None`
-/// (with `out` holding a partial value) when it is not one valid JSON
-/// object within the bounds above.
-pub fn json_to_msgpack(json: &[u8], out: &mut Vec<u8>) -> Option<()> {
-    let mut reader = Reader { b: json, p: 0, out };
+/// Appends the MessagePack form of the JSON object `json` to `out`, its
+/// values carried or converted as `plan` says (the top level is the plan's
+/// level 0); `None` (with `out` holding a partial value) when it is not one
+/// valid JSON object within the bounds above.
+pub fn json_to_msgpack(json: &[u8], out: &mut Vec<u8>, plan: &impl Plan) -> Option<()> {
+    let mut reader = Reader {
+        b: json,
+        p: 0,
+        out,
+        plan,
+    };
     reader.ws();
     if reader.peek()? != b'{' {
         return None;
     }
-    reader.value(0)?;
+    reader.entries(1, Some(0))?;
     reader.ws();
     (reader.p == json.len()).then_some(())
 }
 
-struct Reader<'a, 'o> {
+struct Reader<'a, 'o, P> {
     b: &'a [u8],
     p: usize,
     out: &'o mut Vec<u8>,
+    plan: &'o P,
 }
 
-impl Reader<'_, '_> {
+impl<P: Plan> Reader<'_, '_, P> {
     #[inline(always)]
     fn peek(&self) -> Option<u8> {
         self.b.get(self.p).copied()
@@ -77,14 +84,15 @@ impl Reader<'_, '_> {
         Some(())
     }
 
-    /// An object at nesting level `depth` (the top level is 1).
+    /// An object at nesting level `depth` (the top level is 1), every value
+    /// converted.
     fn object(&mut self, depth: usize) -> Option<()> {
-        self.entries(depth, false)
+        self.entries(depth, None)
     }
 
-    /// An object at nesting level `depth`; with `carried`, each value whose
-    /// text is canonical is kept as that text ([`raw`]).
-    fn entries(&mut self, depth: usize, carried: bool) -> Option<()> {
+    /// An object at nesting level `depth`; at a plan's `level`, each value
+    /// is read as the plan says for its key, else converted.
+    fn entries(&mut self, depth: usize, level: Option<u8>) -> Option<()> {
         if depth > MAX_DEPTH {
             return None;
         }
@@ -102,21 +110,23 @@ impl Reader<'_, '_> {
             if self.peek()? != b'"' {
                 return None;
             }
-            let key = self.p;
+            let key = self.out.len();
             self.string()?;
-            // The top level's `request` map: the decision copies its values
-            // without reading them.
-            let request = depth == 1 && self.b[key..self.p] == *b"\"request\"";
+            let field = match level {
+                Some(level) => self.plan.field(level, &self.out[key..]),
+                None => Field::Converted,
+            };
             self.ws();
             if self.peek()? != b':' {
                 return None;
             }
             self.p += 1;
             self.ws();
-            if request && self.peek()? == b'{' {
-                self.entries(depth + 1, true)?;
-            } else if !(carried && self.carried(depth)) {
-                self.value(depth)?;
+            match (field, self.peek()?) {
+                (Field::Object(level), b'{') => self.entries(depth + 1, Some(level))?,
+                (Field::Objects(level), b'[') => self.items(depth + 1, Some(level))?,
+                (Field::Copied, _) if self.carried(depth) => {}
+                _ => self.value(depth)?,
             }
             n += 1;
             self.ws();
@@ -143,9 +153,15 @@ impl Reader<'_, '_> {
         }
     }
 
-    /// An array at nesting level `depth`. Integers, the usual items (token
-    /// IDs), are read without a turn through [`Reader::value`].
+    /// An array at nesting level `depth`, every item converted.
     fn array(&mut self, depth: usize) -> Option<()> {
+        self.items(depth, None)
+    }
+
+    /// An array at nesting level `depth`; its objects read at a plan's
+    /// `level`. Integers, the usual items (token IDs), are read without a
+    /// turn through [`Reader::value`].
+    fn items(&mut self, depth: usize, level: Option<u8>) -> Option<()> {
         if depth > MAX_DEPTH {
             return None;
         }
@@ -160,8 +176,9 @@ impl Reader<'_, '_> {
         }
         loop {
             self.ws();
-            match self.peek()? {
-                b'0'..=b'9' => self.number()?,
+            match (self.peek()?, level) {
+                (b'0'..=b'9', _) => self.number()?,
+                (b'{', Some(_)) => self.entries(depth + 1, level)?,
                 _ => self.value(depth)?,
             }
             n += 1;
@@ -199,35 +216,18 @@ impl Reader<'_, '_> {
     /// the whole token.
     fn string(&mut self) -> Option<()> {
         let start = self.p + 1;
-        let b = self.b;
-        let mut i = start;
-        let mut ascii = true;
-        loop {
-            if let Some(chunk) = b.get(i..).and_then(<[u8]>::first_chunk::<8>) {
-                let w = u64::from_le_bytes(*chunk);
-                let special = word::special(w);
-                if special == 0 {
-                    i += 8;
-                    continue;
-                }
-                i += (special.trailing_zeros() / 8) as usize;
-            }
-            let c = *b.get(i)?;
-            match c {
-                b'"' => break,
-                b'\\' => return self.escaped_string(),
-                0..0x20 => return None,
-                0x80.. => ascii = false,
-                _ => {}
-            }
-            i += 1;
+        let (end, ascii) = word::text_end(self.b, start)?;
+        match self.b[end] {
+            b'"' => {}
+            b'\\' => return self.escaped_string(),
+            _ => return None,
         }
-        let bytes = &b[start..i];
+        let bytes = &self.b[start..end];
         if !ascii {
             std::str::from_utf8(bytes).ok()?;
         }
         msgpack::write_str(self.out, bytes);
-        self.p = i + 1;
+        self.p = end + 1;
         Some(())
     }
 

@@ -7,10 +7,10 @@
 //! decoding it into a value tree and writing that as MessagePack would give
 //! (and is refused whenever that decode fails), and MessagePack written back
 //! gives the bytes [`super::encode`] gives as JSON. One exception, undone on
-//! the way back: the values of the top level's `request` map, which the
-//! decision copies without reading, are carried as their JSON text when it
-//! is already canonical (`raw`). What a token-by-token
-//! reader costs against the tree is in `docs/performance.md`.
+//! the way back: values the decision copies without reading (a [`Plan`]
+//! names them) are carried as their JSON text when it is already canonical
+//! (`raw`). What a token-by-token reader costs against the tree is in
+//! `docs/performance.md`.
 
 mod from_json;
 mod raw;
@@ -18,7 +18,41 @@ mod to_json;
 mod word;
 
 pub use from_json::json_to_msgpack;
+pub use raw::carried;
 pub use to_json::msgpack_to_json;
+
+/// What the reader does with the value under an object's key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Field {
+    /// Converted to MessagePack: the value is read.
+    Converted,
+    /// Carried as its JSON text when that is canonical, else converted:
+    /// the value is only copied.
+    Copied,
+    /// An object read at the plan's level given; any other value converted.
+    Object(u8),
+    /// An array whose objects are read at the plan's level given; its other
+    /// items, and any other value, converted.
+    Objects(u8),
+}
+
+/// Which values of a JSON object the reader converts and which it may
+/// carry as text: what the reader of the MessagePack reads and what it only
+/// copies. Levels are the plan's own numbers; the top level is 0.
+pub trait Plan {
+    /// What to do with the value under `key` (canonical MessagePack) in an
+    /// object at `level`.
+    fn field(&self, level: u8, key: &[u8]) -> Field;
+}
+
+/// The plan that converts every value.
+pub struct ConvertAll;
+
+impl Plan for ConvertAll {
+    fn field(&self, _: u8, _: &[u8]) -> Field {
+        Field::Converted
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -57,7 +91,7 @@ mod tests {
         for body in extra {
             let tree = decode(&body, Encoding::Json).ok().filter(|v| v.is_map());
             let mut mp = Vec::new();
-            let read = json_to_msgpack(&body, &mut mp);
+            let read = json_to_msgpack(&body, &mut mp, &ConvertAll);
             let shown = String::from_utf8_lossy(&body[..body.len().min(80)]).into_owned();
             match tree {
                 Some(value) => {

@@ -10,6 +10,7 @@
 //! it: a MessagePack result is never converted, so an ext value a producer
 //! sends keeps its meaning.
 
+use super::word;
 use crate::wire::MAX_DEPTH;
 
 /// The ext type of a value carried as its JSON text.
@@ -87,13 +88,8 @@ fn items_end(
 /// zero that is not the start of a float; `None` for anything else.
 #[inline(always)]
 fn plain_uint_end(b: &[u8], start: usize) -> Option<usize> {
-    let mut i = start;
-    while let Some(c) = b.get(i)
-        && c.is_ascii_digit()
-    {
-        i += 1;
-    }
-    let digits = i - start;
+    let digits = word::digits(b, start);
+    let i = start + digits;
     let plain = (1..=19).contains(&digits)
         && (digits == 1 || b[start] != b'0')
         && !matches!(b.get(i), Some(b'.' | b'e' | b'E'));
@@ -104,17 +100,12 @@ fn plain_uint_end(b: &[u8], start: usize) -> Option<usize> {
 /// every other string as it is), valid UTF-8.
 fn string_end(b: &[u8], start: usize) -> Option<usize> {
     let from = start + 1;
-    let len = b
-        .get(from..)?
-        .iter()
-        .position(|&c| c == b'"' || c == b'\\' || c < 0x20)?;
-    let end = from + len;
+    let (end, ascii) = word::text_end(b, from)?;
     if b[end] != b'"' {
         return None;
     }
-    let text = &b[from..end];
-    if !text.is_ascii() {
-        std::str::from_utf8(text).ok()?;
+    if !ascii {
+        std::str::from_utf8(&b[from..end]).ok()?;
     }
     Some(end + 1)
 }
@@ -153,6 +144,29 @@ fn number_end(b: &[u8], start: usize) -> Option<usize> {
     serde_json::to_writer(&mut rest, &value).ok()?;
     let n = 32 - rest.len();
     (written[..n] == *text).then_some(end + len)
+}
+
+/// The JSON text of a MessagePack value that is an ext of type
+/// [`RAW_JSON`] (the whole of `mp`), or `None` for any other value.
+pub fn carried(mp: &[u8]) -> Option<&[u8]> {
+    let (len, at) = match *mp.first()? {
+        marker @ 0xd4..=0xd8 => (1usize << (marker - 0xd4), 1),
+        0xc7 => (usize::from(*mp.get(1)?), 2),
+        0xc8 => (
+            usize::from(u16::from_be_bytes(*mp.get(1..)?.first_chunk()?)),
+            3,
+        ),
+        0xc9 => (
+            usize::try_from(u32::from_be_bytes(*mp.get(1..)?.first_chunk()?)).ok()?,
+            5,
+        ),
+        _ => return None,
+    };
+    if *mp.get(at)? != RAW_JSON {
+        return None;
+    }
+    let text = mp.get(at + 1..)?;
+    (text.len() == len).then_some(text)
 }
 
 /// Appends `json` as an ext value of type [`RAW_JSON`] in its canonical

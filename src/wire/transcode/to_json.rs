@@ -196,16 +196,37 @@ fn string(b: &[u8], p: &mut usize, n: usize, out: &mut Vec<u8>) -> Option<()> {
 }
 
 /// Whether every byte of `bytes` is ASCII and none is `"`, `\\` or a
-/// control character. The last bytes are read as one word too, padded with
-/// a plain byte.
+/// control character: read a word at a time, the last word ending at the
+/// last byte (overlapping the one before it), a short string as two
+/// overlapping halves.
+#[inline(always)]
 fn plain_ascii(bytes: &[u8]) -> bool {
-    let (words, rest) = bytes.as_chunks::<8>();
-    let mut last = [b'a'; 8];
-    last[..rest.len()].copy_from_slice(rest);
-    words
-        .iter()
-        .all(|chunk| word::special(u64::from_le_bytes(*chunk)) == 0)
-        && word::special(u64::from_le_bytes(last)) == 0
+    let n = bytes.len();
+    let word = |at: usize| {
+        bytes[at..]
+            .first_chunk::<8>()
+            .map(|w| u64::from_le_bytes(*w))
+    };
+    let half = |at: usize| {
+        bytes[at..]
+            .first_chunk::<4>()
+            .map(|w| u32::from_le_bytes(*w))
+    };
+    let last = match (word(n.saturating_sub(8)), half(n.saturating_sub(4))) {
+        (Some(w), _) => w,
+        (None, Some(h)) => half(0).map_or(0, u64::from) << 32 | u64::from(h),
+        // Under four bytes: padded with a plain byte.
+        (None, None) => bytes
+            .iter()
+            .fold(u64::from_le_bytes(*b"aaaaaaaa"), |w, &c| {
+                w << 8 | u64::from(c)
+            }),
+    };
+    let (words, _) = bytes.as_chunks::<8>();
+    word::special(last) == 0
+        && words
+            .iter()
+            .all(|chunk| word::special(u64::from_le_bytes(*chunk)) == 0)
 }
 
 /// Whether any byte of `bytes` is `"`, `\\` or a control character.
