@@ -222,11 +222,18 @@ impl<P: Plan> Reader<'_, '_, P> {
             b'\\' => return self.escaped_string(),
             _ => return None,
         }
-        let bytes = &self.b[start..end];
-        if !ascii {
-            std::str::from_utf8(bytes).ok()?;
+        let n = end - start;
+        if ascii && n < 32 {
+            // Keys, IDs, subjects: a fixstr.
+            self.out.push(0xa0 | n as u8);
+            word::copy(self.out, self.b, start, n)?;
+        } else {
+            let bytes = &self.b[start..end];
+            if !ascii {
+                std::str::from_utf8(bytes).ok()?;
+            }
+            msgpack::write_str(self.out, bytes);
         }
-        msgpack::write_str(self.out, bytes);
         self.p = end + 1;
         Some(())
     }

@@ -133,6 +133,9 @@ fn number_end(b: &[u8], start: usize) -> Option<usize> {
         // as an integer, or none.
         return (negative && digits <= 18 && b[first] != b'0').then_some(end);
     }
+    if let Some(end) = short_decimal_end(b, first, digits) {
+        return Some(end);
+    }
     let len = b[end..]
         .iter()
         .take_while(|c| matches!(c, b'0'..=b'9' | b'.' | b'e' | b'E' | b'-' | b'+'))
@@ -144,6 +147,34 @@ fn number_end(b: &[u8], start: usize) -> Option<usize> {
     serde_json::to_writer(&mut rest, &value).ok()?;
     let n = 32 - rest.len();
     (written[..n] == *text).then_some(end + len)
+}
+
+/// The end of a float written as `int.frac` (sampling options: `0.7`,
+/// `0.95`) whose text is the one serde_json writes, known without
+/// converting it: the integer part (`digits` digits at `first`, no leading
+/// zero) is followed by a fraction that does not end in zero, with no
+/// exponent, at most 15 significant digits, and a magnitude serde_json
+/// writes in this form (at least 0.001, under 10^15). A decimal of at most
+/// 15 significant digits is the shortest text of the float nearest to it
+/// (no two such decimals share a float), which is what serde_json writes.
+/// `None` when the check does not apply; the caller converts then.
+fn short_decimal_end(b: &[u8], first: usize, digits: usize) -> Option<usize> {
+    let point = first + digits;
+    if b.get(point) != Some(&b'.') || digits > 15 {
+        return None;
+    }
+    let fraction = word::digits(b, point + 1);
+    let end = point + 1 + fraction;
+    if fraction == 0 || b[end - 1] == b'0' || matches!(b.get(end), Some(b'e' | b'E')) {
+        return None;
+    }
+    let significant = if b[first] == b'0' {
+        let zeros = b[point + 1..end].iter().take_while(|&&c| c == b'0').count();
+        (zeros <= 2).then_some(fraction - zeros)?
+    } else {
+        digits + fraction
+    };
+    (significant <= 15).then_some(end)
 }
 
 /// The JSON text of a MessagePack value that is an ext of type
@@ -195,4 +226,97 @@ pub(super) fn write(out: &mut Vec<u8>, json: &[u8]) -> bool {
     out.push(RAW_JSON);
     out.extend_from_slice(json);
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What serde_json writes for the float a text reads as.
+    fn serde_form(text: &[u8]) -> Option<Vec<u8>> {
+        let value: f64 = serde_json::from_slice(text).ok()?;
+        serde_json::to_vec(&value).ok()
+    }
+
+    /// Every decimal the short check accepts is written back by serde_json
+    /// as it is: integer parts of 1 to 16 digits and fractions of 1 to 16,
+    /// zeros where they matter most (leading, trailing, alone).
+    #[test]
+    fn short_decimals_are_what_serde_json_writes() {
+        let mut seed = 0x9E37_79B9_7F4A_7C15_u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let mut accepted = 0;
+        for _ in 0..200_000 {
+            let r = next();
+            let digits = |n: u64, r: u64| -> String {
+                let zeros = (r >> 8) % 4;
+                (0..n)
+                    .map(|i| match (zeros, i) {
+                        (1, 0) | (2, _) if r & (1 << i) == 0 => '0',
+                        _ => char::from(b'0' + ((r >> (i * 3 % 60)) % 10) as u8),
+                    })
+                    .collect()
+            };
+            let int = digits(1 + r % 16, next());
+            let frac = digits(1 + (r >> 4) % 16, next());
+            let sign = if r >> 63 == 1 { "-" } else { "" };
+            let text = format!("{sign}{int}.{frac}");
+            let b = text.as_bytes();
+            let first = usize::from(!sign.is_empty());
+            let int_digits = int.len();
+            if int_digits > 1 && int.starts_with('0') {
+                continue;
+            }
+            if let Some(end) = short_decimal_end(b, first, int_digits) {
+                accepted += 1;
+                assert_eq!(end, b.len(), "{text}");
+                assert_eq!(serde_form(b).as_deref(), Some(b), "{text}");
+            }
+        }
+        assert!(accepted > 10_000, "only {accepted} accepted");
+        // At the edges of the accepted range, and just past them.
+        for (text, short) in [
+            ("0.001", true),
+            ("0.0001", false),
+            ("0.7", true),
+            ("0.70", false),
+            ("1.0", false),
+            ("999999999999999.9", false),
+            ("99999999999999.9", true),
+            ("0.123456789012345", true),
+            ("0.1234567890123456", false),
+            ("-0.5", true),
+            ("1.5e3", false),
+        ] {
+            let b = text.as_bytes();
+            let first = usize::from(b[0] == b'-');
+            let int = word::digits(b, first);
+            assert_eq!(short_decimal_end(b, first, int).is_some(), short, "{text}");
+            if short {
+                assert_eq!(serde_form(b).as_deref(), Some(b), "{text}");
+            }
+        }
+    }
+
+    #[test]
+    fn carried_reads_every_ext_form_of_its_type_only() {
+        for n in [1usize, 2, 3, 4, 8, 16, 17, 255, 256, 70_000] {
+            let text = vec![b'7'; n];
+            let mut mp = Vec::new();
+            assert!(write(&mut mp, &text));
+            assert_eq!(carried(&mp), Some(&text[..]), "{n}");
+            let mut other = mp.clone();
+            let at = other.iter().position(|&x| x == RAW_JSON).unwrap();
+            other[at] = 0x4b;
+            assert_eq!(carried(&other), None, "{n}");
+            assert_eq!(carried(&mp[..mp.len() - 1]), None, "{n}");
+        }
+        assert_eq!(carried(&[0xa1, b'x']), None);
+        assert_eq!(carried(&[]), None);
+    }
 }

@@ -136,17 +136,16 @@ fn map(b: &[u8], p: &mut usize, n: usize, out: &mut Vec<u8>) -> Option<()> {
 /// `\n`, `\f`, `\r` or `\u00xx`, everything else as it is.
 fn string(b: &[u8], p: &mut usize, n: usize, out: &mut Vec<u8>) -> Option<()> {
     let end = p.checked_add(n)?;
-    let bytes = b.get(*p..end)?;
-    // Most strings (keys, a base64 state, subjects, IDs) are ASCII with
-    // nothing to escape: found in one pass, eight bytes a step, copied whole.
-    if plain_ascii(bytes) {
+    // Most strings (keys, subjects, IDs) are ASCII with nothing to escape:
+    // found in one pass, eight bytes a step, copied whole.
+    if word::plain(b, *p, n) {
+        out.push(b'"');
+        word::copy(out, b, *p, n)?;
+        out.push(b'"');
         *p = end;
-        out.reserve(n + 2);
-        out.push(b'"');
-        out.extend_from_slice(bytes);
-        out.push(b'"');
         return Some(());
     }
+    let bytes = b.get(*p..end)?;
     if !bytes.is_ascii() {
         std::str::from_utf8(bytes).ok()?;
     }
@@ -193,40 +192,6 @@ fn string(b: &[u8], p: &mut usize, n: usize, out: &mut Vec<u8>) -> Option<()> {
     out.extend_from_slice(&bytes[run..]);
     out.push(b'"');
     Some(())
-}
-
-/// Whether every byte of `bytes` is ASCII and none is `"`, `\\` or a
-/// control character: read a word at a time, the last word ending at the
-/// last byte (overlapping the one before it), a short string as two
-/// overlapping halves.
-#[inline(always)]
-fn plain_ascii(bytes: &[u8]) -> bool {
-    let n = bytes.len();
-    let word = |at: usize| {
-        bytes[at..]
-            .first_chunk::<8>()
-            .map(|w| u64::from_le_bytes(*w))
-    };
-    let half = |at: usize| {
-        bytes[at..]
-            .first_chunk::<4>()
-            .map(|w| u32::from_le_bytes(*w))
-    };
-    let last = match (word(n.saturating_sub(8)), half(n.saturating_sub(4))) {
-        (Some(w), _) => w,
-        (None, Some(h)) => half(0).map_or(0, u64::from) << 32 | u64::from(h),
-        // Under four bytes: padded with a plain byte.
-        (None, None) => bytes
-            .iter()
-            .fold(u64::from_le_bytes(*b"aaaaaaaa"), |w, &c| {
-                w << 8 | u64::from(c)
-            }),
-    };
-    let (words, _) = bytes.as_chunks::<8>();
-    word::special(last) == 0
-        && words
-            .iter()
-            .all(|chunk| word::special(u64::from_le_bytes(*chunk)) == 0)
 }
 
 /// Whether any byte of `bytes` is `"`, `\\` or a control character.
