@@ -118,17 +118,41 @@ fn map(b: &[u8], p: &mut usize, n: usize, out: &mut Vec<u8>) -> Option<()> {
         if i > 0 {
             out.push(b',');
         }
-        // Keys are strings: anything else is not from JSON.
-        let marker = *b.get(*p)?;
-        if !matches!(marker, 0xa0..=0xbf | 0xd9..=0xdb) {
-            return None;
+        if !plain_key(b, p, out) {
+            // Keys are strings: anything else is not from JSON.
+            let marker = *b.get(*p)?;
+            if !matches!(marker, 0xa0..=0xbf | 0xd9..=0xdb) {
+                return None;
+            }
+            value(b, p, out)?;
+            out.push(b':');
         }
-        value(b, p, out)?;
-        out.push(b':');
         value(b, p, out)?;
     }
     out.push(b'}');
     Some(())
+}
+
+/// The usual key, a fixstr with nothing to escape, written with its colon
+/// in one copy (its marker's place taking the opening quote); `false`,
+/// with nothing written, for any other.
+#[inline(always)]
+fn plain_key(b: &[u8], p: &mut usize, out: &mut Vec<u8>) -> bool {
+    let Some(&marker) = b.get(*p) else {
+        return false;
+    };
+    let n = usize::from(marker & 0x1f);
+    if marker & 0xe0 != 0xa0 || !word::plain(b, *p + 1, n) {
+        return false;
+    }
+    let at = out.len();
+    if word::copy(out, b, *p, n + 1).is_none() {
+        return false;
+    }
+    out[at] = b'"';
+    out.extend_from_slice(b"\":");
+    *p += 1 + n;
+    true
 }
 
 /// A string of `n` bytes at `p`, quoted and escaped as serde_json escapes
