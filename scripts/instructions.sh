@@ -4,10 +4,11 @@
 # machine; instruction counts repeat within about 2%: how much of a burst
 # queues at once, and so how much buffers grow and copy, varies).
 #
-#   scripts/instructions.sh [core|relay|js|js-relay] [COUNT]
+#   scripts/instructions.sh [core|core-json|relay|js|js-relay] [COUNT]
 #
 # Starts nats-server and etcd on free loopback ports, runs the release
-# worker in core mode (or examples/raw_relay; `js` and `js-relay`: the
+# worker in core mode (`core-json`: the same mix sent as JSON; or
+# examples/raw_relay; `js` and `js-relay`: the
 # worker in JetStream mode and examples/raw_js_relay, on a server with
 # JetStream and file storage, as bench.sh runs them) under callgrind, warms it up
 # with a burst of COUNT results, zeroes the counters, sends COUNT results (default 3000) from `loadgen` on
@@ -44,8 +45,8 @@ ETCD=${ETCD:-etcd}
 if [[ -z ${NATS_SERVER:-} ]]; then
     if [[ -x /usr/sbin/nats-server ]]; then NATS_SERVER=/usr/sbin/nats-server; else NATS_SERVER=nats-server; fi
 fi
-case $WHAT in core | relay | js | js-relay) ;; *)
-    echo "usage: scripts/instructions.sh [core|relay|js|js-relay] [COUNT]" >&2
+case $WHAT in core | core-json | relay | js | js-relay) ;; *)
+    echo "usage: scripts/instructions.sh [core|core-json|relay|js|js-relay] [COUNT]" >&2
     exit 2
     ;;
 esac
@@ -115,6 +116,9 @@ js-relay)
     if [[ $WHAT == js ]]; then
         mode=jetstream
         flags+=(--jetstream)
+    fi
+    if [[ $WHAT == core-json ]]; then
+        flags+=(--json-results)
     fi
     program=("$BIN" run --nats-url "$NATS_URL" --etcd-endpoints "$ETCD_URL"
         --namespace prof --mode "$mode" --metrics-addr "127.0.0.1:$(free_port)")

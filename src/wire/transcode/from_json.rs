@@ -125,6 +125,8 @@ impl<P: Plan> Reader<'_, '_, P> {
             match (field, self.peek()?) {
                 (Field::Object(level), b'{') => self.entries(depth + 1, Some(level))?,
                 (Field::Objects(level), b'[') => self.items(depth + 1, Some(level))?,
+                // A literal is as cheap to convert as to carry.
+                (Field::Copied, b'n' | b't' | b'f') => self.value(depth)?,
                 (Field::Copied, _) if self.carried(depth) => {}
                 _ => self.value(depth)?,
             }
