@@ -49,8 +49,16 @@ pub fn first<'a>(headers: Option<&'a HeaderMap>, name: &str) -> Option<&'a str> 
 /// sets the marker under exactly that name and never takes it from the wire
 /// (a block naming it, in any case, is itself unparsable), so it is looked up
 /// exactly, and a publisher forging it only gets its own message refused.
+///
+/// Found by walking the map, as [`first`] does: `HeaderMap::get` builds,
+/// allocates and hashes a name per call (about 800 instructions per result
+/// with headers), where a result carries one to three headers.
 pub fn block_error(headers: Option<&HeaderMap>) -> Option<&str> {
-    headers?.get(HEADER_BLOCK_ERROR).map(|what| what.as_str())
+    headers?
+        .iter()
+        .find(|(name, _)| AsRef::<str>::as_ref(*name) == HEADER_BLOCK_ERROR)
+        .and_then(|(_, values)| values.first())
+        .map(|what| what.as_str())
 }
 
 /// An output's headers for the client: `set` (the output's own), then the

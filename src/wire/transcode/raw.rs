@@ -52,17 +52,19 @@ fn object_end(b: &[u8], start: usize, depth: usize) -> Option<usize> {
 fn array_end(b: &[u8], start: usize, depth: usize) -> Option<usize> {
     // Token IDs, the usual items: an array of plain integers in one loop
     // (any other array, or one past the depth bound, read item by item).
-    let mut i = start + 1;
-    while depth <= MAX_DEPTH {
-        let digits = word::digits(b, i);
-        if digits == 0 || digits > 19 || (digits > 1 && b[i] == b'0') {
-            break;
-        }
-        i += digits;
-        match b.get(i) {
-            Some(b',') => i += 1,
-            Some(b']') => return Some(i + 1),
-            _ => break,
+    if depth <= MAX_DEPTH {
+        let mut i = start + 1;
+        loop {
+            let digits = word::digits(b, i);
+            if digits == 0 || digits > 19 || (digits > 1 && b[i] == b'0') {
+                break;
+            }
+            i += digits;
+            match b.get(i) {
+                Some(b',') => i += 1,
+                Some(b']') => return Some(i + 1),
+                _ => break,
+            }
         }
     }
     items_end(b, start, depth, b']', |i| {

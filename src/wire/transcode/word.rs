@@ -98,7 +98,7 @@ pub(super) fn plain(b: &[u8], start: usize, n: usize) -> bool {
     match word(i) {
         Some(w) => {
             let keep = (1u64 << (8 * (end - i))) - 1;
-            let padded = (u64::from_le_bytes(*w) & keep) | (ONES * u64::from(b'a') & !keep);
+            let padded = (u64::from_le_bytes(*w) & keep) | ((ONES * u64::from(b'a')) & !keep);
             special(padded) == 0
         }
         None => b
