@@ -130,6 +130,28 @@ fn long_prompt_result(tokens: u64) -> Value {
     Value::Map(top)
 }
 
+/// A case's input bytes: its value encoded, and for a `_spaced_json` case
+/// with a space after each `:` and `,` between tokens, as Python's
+/// `json.dumps` writes by default.
+fn payload(name: &str, value: &Value, encoding: Encoding) -> Vec<u8> {
+    let bytes = wire::encode(value, encoding);
+    if !name.ends_with("_spaced_json") {
+        return bytes;
+    }
+    let (mut out, mut in_string, mut escaped) = (Vec::new(), false, false);
+    for c in bytes {
+        out.push(c);
+        match c {
+            _ if escaped => escaped = false,
+            b'\\' if in_string => escaped = true,
+            b'"' => in_string = !in_string,
+            b':' | b',' if !in_string => out.push(b' '),
+            _ => {}
+        }
+    }
+    out
+}
+
 fn rules() -> Rules {
     Config::default()
         .resolve()
@@ -145,7 +167,7 @@ static ALLOCATOR: prefill_handoff::alloc::MiMalloc = prefill_handoff::alloc::MiM
 type DecideFn = fn(Input<'_>, &Rules, &mut dyn IdSource) -> Decision;
 
 /// The benchmarked results: name, value, encoding.
-fn cases() -> [(&'static str, Value, Encoding); 9] {
+fn cases() -> [(&'static str, Value, Encoding); 10] {
     [
         (
             "trtllm_decode_minted_msgpack",
@@ -202,6 +224,13 @@ fn cases() -> [(&'static str, Value, Encoding); 9] {
             Encoding::Json,
         ),
         (
+            // The same as Python's `json.dumps` writes it by default:
+            // `", "` and `": "` between tokens (see `payload`).
+            "loadgen_trtllm_spaced_json",
+            loadgen_json_result(),
+            Encoding::Json,
+        ),
+        (
             "trtllm_decode_minted_json",
             // JSON has no binary: opaque_state becomes an array of numbers.
             typical_result(Value::from("length"), None),
@@ -217,7 +246,7 @@ fn decisions(c: &mut Criterion) {
     let slot = MachineId::new(17).expect("slot");
     let mut group = c.benchmark_group("decide");
     for (name, value, encoding) in cases() {
-        let payload = wire::encode(&value, encoding);
+        let payload = payload(name, &value, encoding);
         let paths: [(&str, DecideFn); 2] = [("", decide), ("_values", decide_values)];
         for (suffix, decide_fn) in paths {
             let mut identity = Identity::fixed(IdLayout::Rc22, DEFAULT_EPOCH_UNIX_MS, slot);
@@ -253,11 +282,11 @@ fn count_instructions(iters: usize) {
         Ok("values") => decide_values,
         _ => decide,
     };
-    let (_, value, encoding) = cases()
+    let (name, value, encoding) = cases()
         .into_iter()
         .find(|(name, _, _)| *name == wanted)
         .expect("DECIDE_CASE names a case");
-    let payload = wire::encode(&value, encoding);
+    let payload = payload(name, &value, encoding);
     let mut identity = Identity::fixed(IdLayout::Rc22, DEFAULT_EPOCH_UNIX_MS, slot);
     for _ in 0..iters {
         let input = Input {

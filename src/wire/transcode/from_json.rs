@@ -144,10 +144,21 @@ impl<P: Plan> Reader<'_, '_, P> {
     }
 
     /// The value at `p` kept as its JSON text when that text is canonical
-    /// ([`raw::canonical_end`]); `false`, with nothing read, otherwise.
+    /// ([`raw::canonical_end`]), or is once the whitespace between its
+    /// tokens is taken out (a container as Python's `json.dumps` writes it,
+    /// `", "` and `": "`); `false`, with nothing read, otherwise.
     fn carried(&mut self, depth: usize) -> bool {
-        match raw::canonical_end(self.b, self.p, depth) {
-            Some(end) if raw::write(self.out, &self.b[self.p..end]) => {
+        if let Some(end) = raw::canonical_end::<false>(self.b, self.p, depth)
+            && raw::write(self.out, &self.b[self.p..end])
+        {
+            self.p = end;
+            return true;
+        }
+        if !matches!(self.peek(), Some(b'{' | b'[')) {
+            return false;
+        }
+        match raw::canonical_end::<true>(self.b, self.p, depth) {
+            Some(end) if raw::write(self.out, &raw::compact(&self.b[self.p..end])) => {
                 self.p = end;
                 true
             }

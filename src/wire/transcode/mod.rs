@@ -92,19 +92,63 @@ mod tests {
             let tree = decode(&body, Encoding::Json).ok().filter(|v| v.is_map());
             let mut mp = Vec::new();
             let read = json_to_msgpack(&body, &mut mp, &ConvertAll);
+            let mut carried = Vec::new();
+            let read_carried = json_to_msgpack(&body, &mut carried, &CopyAll);
             let shown = String::from_utf8_lossy(&body[..body.len().min(80)]).into_owned();
             match tree {
                 Some(value) => {
                     assert_eq!(read, Some(()), "{shown}");
+                    assert_eq!(read_carried, Some(()), "{shown}");
                     assert_eq!(mp, encode(&value, Encoding::MsgPack), "{shown}");
-                    assert_eq!(
-                        msgpack_to_json(&mp, 0),
-                        encode(&value, Encoding::Json),
-                        "{shown}"
-                    );
+                    let json = encode(&value, Encoding::Json);
+                    assert_eq!(msgpack_to_json(&mp, 0), json, "{shown}");
+                    assert_eq!(msgpack_to_json(&carried, 0), json, "{shown}");
                 }
-                None => assert_eq!(read, None, "{shown}"),
+                None => {
+                    assert_eq!(read, None, "{shown}");
+                    assert_eq!(read_carried, None, "{shown}");
+                }
             }
+        }
+    }
+
+    /// Every value of every object copied: carried as text where it can be.
+    struct CopyAll;
+
+    impl Plan for CopyAll {
+        fn field(&self, _: u8, _: &[u8]) -> Field {
+            Field::Copied
+        }
+    }
+
+    /// Values carried as their text, compact or spaced as other producers
+    /// write them, are written back as the value tree writes them; a
+    /// spaced value is carried (not converted) once compacted.
+    #[test]
+    fn carried_values_write_back_as_the_tree_writes_them() {
+        let bodies = [
+            r#"{"r": {"model": "m", "token_ids": [1, 22, 333], "s": {"t": 0.7, "p": 0.95}}}"#,
+            "{\"r\":\n  [ 1 ,\t2 , {\"a\" : [ ] , \"b\":{ }} ]\r\n}",
+            r#"{"r": [1.0, 1e3, -0, "tab\t", "\u0041"], "s": "x y"}"#,
+            r#"{"r": ["é", "a b", {"k": null, "k": true}]}"#,
+        ];
+        for body in bodies {
+            let value = decode(body.as_bytes(), Encoding::Json).unwrap();
+            let mut carried = Vec::new();
+            json_to_msgpack(body.as_bytes(), &mut carried, &CopyAll).unwrap();
+            assert_eq!(
+                msgpack_to_json(&carried, 0),
+                encode(&value, Encoding::Json),
+                "{body}"
+            );
+        }
+        // The first two are carried whole: one ext value under "r".
+        for body in &bodies[..2] {
+            let mut carried = Vec::new();
+            json_to_msgpack(body.as_bytes(), &mut carried, &CopyAll).unwrap();
+            let value = crate::wire::msgpack::read(&carried).unwrap();
+            let first = value.as_map().and_then(|m| m.first()).map(|(_, v)| v);
+            assert!(matches!(first, Some(rmpv::Value::Ext(0x4a, _))), "{body}");
         }
     }
 }

@@ -18,11 +18,17 @@ pub(super) const RAW_JSON: u8 = 0x4a;
 
 /// The end of the value at `start` when its text is the canonical compact
 /// JSON of that value and it sits within the depth bound (`depth`
-/// containers around it); `None` otherwise.
-pub(super) fn canonical_end(b: &[u8], start: usize, depth: usize) -> Option<usize> {
+/// containers around it); `None` otherwise. With `SPACED`, whitespace
+/// between tokens is allowed too (the text is then canonical once
+/// [`compact`]ed).
+pub(super) fn canonical_end<const SPACED: bool>(
+    b: &[u8],
+    start: usize,
+    depth: usize,
+) -> Option<usize> {
     match *b.get(start)? {
-        b'{' => object_end(b, start, depth + 1),
-        b'[' => array_end(b, start, depth + 1),
+        b'{' => object_end::<SPACED>(b, start, depth + 1),
+        b'[' => array_end::<SPACED>(b, start, depth + 1),
         b'"' => string_end(b, start),
         b't' => literal_end(b, start, b"true"),
         b'f' => literal_end(b, start, b"false"),
@@ -31,44 +37,55 @@ pub(super) fn canonical_end(b: &[u8], start: usize, depth: usize) -> Option<usiz
     }
 }
 
+/// `i` past any JSON whitespace there, with `SPACED`; `i` otherwise.
+#[inline(always)]
+fn skip<const SPACED: bool>(b: &[u8], mut i: usize) -> usize {
+    if SPACED {
+        while matches!(b.get(i), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+            i += 1;
+        }
+    }
+    i
+}
+
 fn literal_end(b: &[u8], start: usize, word: &[u8]) -> Option<usize> {
     let end = start + word.len();
     (b.get(start..end)? == word).then_some(end)
 }
 
-fn object_end(b: &[u8], start: usize, depth: usize) -> Option<usize> {
-    items_end(b, start, depth, b'}', |i| {
+fn object_end<const SPACED: bool>(b: &[u8], start: usize, depth: usize) -> Option<usize> {
+    items_end::<SPACED>(b, start, depth, b'}', |i| {
         if *b.get(i)? != b'"' {
             return None;
         }
-        let i = string_end(b, i)?;
+        let i = skip::<SPACED>(b, string_end(b, i)?);
         if *b.get(i)? != b':' {
             return None;
         }
-        canonical_end(b, i + 1, depth)
+        canonical_end::<SPACED>(b, skip::<SPACED>(b, i + 1), depth)
     })
 }
 
-fn array_end(b: &[u8], start: usize, depth: usize) -> Option<usize> {
+fn array_end<const SPACED: bool>(b: &[u8], start: usize, depth: usize) -> Option<usize> {
     // Token IDs, the usual items: an array of plain integers in one loop
     // (any other array, or one past the depth bound, read item by item).
     if depth <= MAX_DEPTH {
-        let mut i = start + 1;
+        let mut i = skip::<SPACED>(b, start + 1);
         loop {
             let digits = word::digits(b, i);
             if digits == 0 || digits > 19 || (digits > 1 && b[i] == b'0') {
                 break;
             }
-            i += digits;
+            i = skip::<SPACED>(b, i + digits);
             match b.get(i) {
-                Some(b',') => i += 1,
+                Some(b',') => i = skip::<SPACED>(b, i + 1),
                 Some(b']') => return Some(i + 1),
                 _ => break,
             }
         }
     }
-    items_end(b, start, depth, b']', |i| {
-        plain_uint_end(b, i).or_else(|| canonical_end(b, i, depth))
+    items_end::<SPACED>(b, start, depth, b']', |i| {
+        plain_uint_end(b, i).or_else(|| canonical_end::<SPACED>(b, i, depth))
     })
 }
 
@@ -76,7 +93,7 @@ fn array_end(b: &[u8], start: usize, depth: usize) -> Option<usize> {
 /// items read by `item` (from where one starts to where it ends),
 /// separated by commas, up to `close`.
 #[inline(always)]
-fn items_end(
+fn items_end<const SPACED: bool>(
     b: &[u8],
     start: usize,
     depth: usize,
@@ -86,18 +103,35 @@ fn items_end(
     if depth > MAX_DEPTH {
         return None;
     }
-    let mut i = start + 1;
+    let mut i = skip::<SPACED>(b, start + 1);
     if *b.get(i)? == close {
         return Some(i + 1);
     }
     loop {
-        i = item(i)?;
+        i = skip::<SPACED>(b, item(i)?);
         match *b.get(i)? {
-            b',' => i += 1,
+            b',' => i = skip::<SPACED>(b, i + 1),
             c if c == close => return Some(i + 1),
             _ => return None,
         }
     }
+}
+
+/// `text` (a value [`canonical_end`] with `SPACED` accepted) without its
+/// whitespace between tokens. Its strings have no escapes, so every quote
+/// opens or closes one.
+pub(super) fn compact(text: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(text.len());
+    let mut in_string = false;
+    for &c in text {
+        match c {
+            b'"' => in_string = !in_string,
+            b' ' | b'\t' | b'\n' | b'\r' if !in_string => continue,
+            _ => {}
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// The end of a non-negative integer of 1 to 19 digits without a leading
