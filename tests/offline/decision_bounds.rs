@@ -191,6 +191,12 @@ fn hostile_json_shapes_are_refused_within_the_memory_bound() {
             json_filled(&head, "[[[[[[[[0]]]]]]]]", "]}]}", MIB),
         ),
         ("zeros", json_filled(&head, "0", "]}]}", MIB)),
+        // Spaced as Python writes JSON: carried once compacted.
+        ("spaced zeros", json_filled(&head, " 0", "]}]}", MIB)),
+        (
+            "spaced nested arrays",
+            json_filled(&head, "[ [ [ [ 0 ] ] ] ]", "]}]}", MIB),
+        ),
     ];
     for (name, body) in shapes {
         assert_eq!(body.len(), MIB);
