@@ -162,21 +162,34 @@ fn check_decision(d: &Decision, payload: &[u8], encoding: Encoding, rules: &Rule
 /// minted), as tests/offline/decision_fast.rs checks on generated results.
 pub fn decide_msgpack(data: &[u8]) {
     for (rules, nats_reply, fenced) in situations() {
-        let (nats_reply, fenced) = (*nats_reply, *fenced);
-        let input = input(data, Encoding::MsgPack, nats_reply);
-        let (mut fast_ids, mut tree_ids) = (ids(fenced), ids(fenced));
-        let d = decide(input, rules, &mut fast_ids);
-        check_decision(&d, data, Encoding::MsgPack, rules);
-        let reference = decide_values(input, rules, &mut tree_ids);
-        assert_eq!(
-            d, reference,
-            "the in-place path and the value-tree path differ"
-        );
-        assert_eq!(
-            fast_ids.minted, tree_ids.minted,
-            "the paths minted different numbers of IDs"
-        );
+        decided_alike(data, Encoding::MsgPack, rules, *nats_reply, *fenced);
     }
+}
+
+/// The decision on `data` as `encoding` in one situation, with its
+/// invariants checked and held to the value-tree path's (same decision,
+/// same number of IDs minted).
+fn decided_alike(
+    data: &[u8],
+    encoding: Encoding,
+    rules: &Rules,
+    nats_reply: Option<&str>,
+    fenced: bool,
+) -> Decision {
+    let input = input(data, encoding, nats_reply);
+    let (mut fast_ids, mut tree_ids) = (ids(fenced), ids(fenced));
+    let d = decide(input, rules, &mut fast_ids);
+    check_decision(&d, data, encoding, rules);
+    let reference = decide_values(input, rules, &mut tree_ids);
+    assert_eq!(
+        d, reference,
+        "the in-place path and the value-tree path differ ({encoding:?})"
+    );
+    assert_eq!(
+        fast_ids.minted, tree_ids.minted,
+        "the paths minted different numbers of IDs"
+    );
+    d
 }
 
 /// The decision on arbitrary bytes as a JSON body, in each of the worker's
@@ -192,19 +205,7 @@ pub fn decide_json(data: &[u8]) {
         .map(|value| wire::encode(&value, Encoding::MsgPack));
     for (rules, nats_reply, fenced) in situations() {
         let (nats_reply, fenced) = (*nats_reply, *fenced);
-        let input = input(data, Encoding::Json, nats_reply);
-        let (mut fast_ids, mut tree_ids) = (ids(fenced), ids(fenced));
-        let d = decide(input, rules, &mut fast_ids);
-        check_decision(&d, data, Encoding::Json, rules);
-        let reference = decide_values(input, rules, &mut tree_ids);
-        assert_eq!(
-            d, reference,
-            "the in-place JSON path and the value-tree path differ"
-        );
-        assert_eq!(
-            fast_ids.minted, tree_ids.minted,
-            "the paths minted different numbers of IDs"
-        );
+        let d = decided_alike(data, Encoding::Json, rules, nats_reply, fenced);
         if let Some(bytes) = &as_msgpack {
             let input = self::input(bytes, Encoding::MsgPack, nats_reply);
             let m = decide(input, rules, &mut ids(fenced));
