@@ -304,12 +304,12 @@ pub(super) fn decide_msgpack(
     rules: &Rules,
     ids: &mut dyn IdSource,
 ) -> Option<Decision> {
-    decide(input, rules, ids, From::MsgPack)
+    decide(input, rules, ids, Origin::MsgPack)
 }
 
 /// Where the MessagePack [`decide`] reads came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum From {
+pub(super) enum Origin {
     /// The input itself: an ext value is what its producer sent.
     MsgPack,
     /// A JSON input read by `wire::transcode`: an ext value of its type
@@ -318,12 +318,12 @@ pub(super) enum From {
     Json,
 }
 
-/// [`decide_msgpack`] on MessagePack read `from` an input.
+/// [`decide_msgpack`] on MessagePack of the given `origin`.
 pub(super) fn decide(
     input: Input<'_>,
     rules: &Rules,
     ids: &mut dyn IdSource,
-    from: From,
+    origin: Origin,
 ) -> Option<Decision> {
     let body = input.payload;
     if input.encoding != Encoding::MsgPack || body.len() > rules.max_payload_bytes {
@@ -346,9 +346,9 @@ pub(super) fn decide(
     let request = match top.get(Key::Request) {
         Some(raw) if scan::is_nil(raw) => None,
         Some(raw) if scan::map_header(raw).is_some() => Some(raw),
-        Some(raw) => match (from, carried(raw)?) {
-            (From::Json, b"null") => None,
-            (From::Json, [b'{', ..]) => Some(raw),
+        Some(raw) => match (origin, carried(raw)?) {
+            (Origin::Json, b"null") => None,
+            (Origin::Json, [b'{', ..]) => Some(raw),
             _ => return None,
         },
         None => None,

@@ -18,7 +18,7 @@
 //! (`docs/performance.md`), paid for every result of a JSON producer.
 
 use super::header_values::content_type;
-use super::known::{Key, Kind, Set, classify, member, set};
+use super::known::{Key, Kind, Set, classify, keys, member, set};
 use super::{Decision, IdSource, Input, Outcome, Rules, fast};
 use crate::headers::names::{HANDOFF_DEADLINE, NATS_MSG_ID};
 use crate::headers::{msg_id, release_msg_id};
@@ -42,17 +42,9 @@ const PARAMS: u8 = 2;
 const READ: [Set; 3] = [
     set(&["request_id", "reply_to", "deadline_ms"]),
     set(&["error", "finish_reason"]),
-    set(&[
-        "ctx_request_id",
-        "request_type",
-        "disagg_request_id",
-        "bootstrap_host",
-        "bootstrap_port",
-        "bootstrap_room",
-        "remote_engine_id",
-        "remote_block_ids",
-        "remote_port",
-    ]),
+    // The params the engine checks read: the `Key`s from `ctx_request_id`
+    // to `remote_port`.
+    keys(Key::CtxRequestId, Key::RemotePort),
 ];
 
 impl Plan for Reads {
@@ -85,7 +77,7 @@ pub(super) fn decide(input: Input<'_>, rules: &Rules, ids: &mut dyn IdSource) ->
         encoding: Encoding::MsgPack,
         ..input
     };
-    let mut decision = fast::decide(as_msgpack, rules, ids, fast::From::Json)?;
+    let mut decision = fast::decide(as_msgpack, rules, ids, fast::Origin::Json)?;
     // An output is about as large as its input (JSON is the larger form),
     // plus the job's own fields.
     let capacity = input.payload.len() + 512;

@@ -1,10 +1,11 @@
-//! JSON text carried through unchanged: the values of a result's `request`
-//! map, which the decision copies without reading. A value whose text is
+//! JSON text carried through unchanged: the values the decision copies
+//! without reading (a [`super::Plan`] names them). A value whose text is
 //! already what writing it back would give (compact, strings without
 //! escapes, integers the value tree holds as integers, floats in the form
-//! serde_json writes) is carried as a MessagePack ext value of type
-//! [`RAW_JSON`] holding that text, and written back as it is; any other
-//! value is converted token by token as before.
+//! serde_json writes), or is once the whitespace between its tokens is taken
+//! out, is carried as a MessagePack ext value of type [`RAW_JSON`] holding
+//! that text, and written back as it is; any other value is converted token
+//! by token.
 //!
 //! Only JSON input produces this ext type here, and only JSON output reads
 //! it: a MessagePack result is never converted, so an ext value a producer
@@ -169,11 +170,7 @@ fn number_end(b: &[u8], start: usize) -> Option<usize> {
     }
     let negative = b.get(start) == Some(&b'-');
     let first = start + usize::from(negative);
-    let digits = b
-        .get(first..)?
-        .iter()
-        .take_while(|c| c.is_ascii_digit())
-        .count();
+    let digits = word::digits(b, first);
     let end = first + digits;
     if digits == 0 || (digits > 1 && b[first] == b'0') {
         return None;
@@ -230,6 +227,13 @@ fn short_decimal_end(b: &[u8], first: usize, digits: usize) -> Option<usize> {
 /// The JSON text of a MessagePack value that is an ext of type
 /// [`RAW_JSON`] (the whole of `mp`), or `None` for any other value.
 pub fn carried(mp: &[u8]) -> Option<&[u8]> {
+    carried_at(mp).and_then(|(text, len)| (len == mp.len()).then_some(text))
+}
+
+/// The JSON text of the ext value of type [`RAW_JSON`] that `mp` starts
+/// with, and that value's length in bytes; `None` for any other value.
+#[inline]
+pub(super) fn carried_at(mp: &[u8]) -> Option<(&[u8], usize)> {
     let (len, at) = match *mp.first()? {
         marker @ 0xd4..=0xd8 => (1usize << (marker - 0xd4), 1),
         0xc7 => (usize::from(*mp.get(1)?), 2),
@@ -246,8 +250,8 @@ pub fn carried(mp: &[u8]) -> Option<&[u8]> {
     if *mp.get(at)? != RAW_JSON {
         return None;
     }
-    let text = mp.get(at + 1..)?;
-    (text.len() == len).then_some(text)
+    let end = (at + 1).checked_add(len)?;
+    Some((mp.get(at + 1..end)?, end))
 }
 
 /// Appends `json` as an ext value of type [`RAW_JSON`] in its canonical
@@ -354,7 +358,7 @@ mod tests {
     }
 
     #[test]
-    fn carried_reads_every_ext_form_of_its_type_only() {
+    fn carried_reads_every_ext_form_of_its_type_only_and_where_it_ends() {
         for n in [1usize, 2, 3, 4, 8, 16, 17, 255, 256, 70_000] {
             let text = vec![b'7'; n];
             let mut mp = Vec::new();
@@ -365,6 +369,11 @@ mod tests {
             other[at] = 0x4b;
             assert_eq!(carried(&other), None, "{n}");
             assert_eq!(carried(&mp[..mp.len() - 1]), None, "{n}");
+            // Followed by another value: read at the start, not as the whole.
+            let mut longer = mp.clone();
+            longer.push(0xc0);
+            assert_eq!(carried_at(&longer), Some((&text[..], mp.len())), "{n}");
+            assert_eq!(carried(&longer), None, "{n}");
         }
         assert_eq!(carried(&[0xa1, b'x']), None);
         assert_eq!(carried(&[]), None);

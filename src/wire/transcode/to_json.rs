@@ -72,31 +72,14 @@ fn value(b: &[u8], p: &mut usize, out: &mut Vec<u8>) -> Option<()> {
             }
         }
         // JSON text carried through (`raw`): fixext 1 to 16, ext 8/16/32.
-        0xd4..=0xd8 => carried(b, p, 1 << (marker - 0xd4), out)?,
-        0xc7..=0xc9 => {
-            let n = match marker {
-                0xc7 => be::<1>(b, p)?,
-                0xc8 => be::<2>(b, p)?,
-                _ => be::<4>(b, p)?,
-            } as usize;
-            carried(b, p, n, out)?
+        0xd4..=0xd8 | 0xc7..=0xc9 => {
+            let (text, len) = raw::carried_at(&b[*p - 1..])?;
+            out.extend_from_slice(text);
+            *p += len - 1;
         }
         // Binary, other ext types and the undefined marker: not from JSON.
         _ => return None,
     }
-    Some(())
-}
-
-/// An ext value of `n` data bytes at `p` (its type byte first): JSON text
-/// the reader carried, written as it is; any other type is not from JSON.
-fn carried(b: &[u8], p: &mut usize, n: usize, out: &mut Vec<u8>) -> Option<()> {
-    if *b.get(*p)? != raw::RAW_JSON {
-        return None;
-    }
-    let start = *p + 1;
-    let end = start.checked_add(n)?;
-    out.extend_from_slice(b.get(start..end)?);
-    *p = end;
     Some(())
 }
 
