@@ -156,6 +156,21 @@ impl Watch {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 
+    /// Waits until no output has come for half a second (at most
+    /// [`WAIT`]).
+    pub async fn wait_still(&self) {
+        let deadline = Instant::now() + WAIT;
+        let mut last = self.count();
+        while Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let now = self.count();
+            if now == last {
+                return;
+            }
+            last = now;
+        }
+    }
+
     /// The error code of each reply, or "terminal", by request ID.
     pub fn replies(&self) -> BTreeMap<String, Vec<String>> {
         let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();

@@ -44,6 +44,9 @@ async fn jetstream_a_cancel_sent_while_the_worker_was_cut_off_is_honoured_after_
     proxy.set(Fault::Pass);
 
     watch.wait(3).await;
+    // Every answer is in once the result is acked and the outputs stop.
+    assert!(jetstream_support::wait_drained(&js, WAIT).await);
+    watch.wait_still().await;
     // The result may be answered twice: a reply sent while the client
     // re-established its connection once more (a connection the black hole
     // had accepted) is not confirmed, so the result is redelivered and
@@ -53,14 +56,21 @@ async fn jetstream_a_cancel_sent_while_the_worker_was_cut_off_is_honoured_after_
         !replies.is_empty() && replies.iter().all(|r| r == "cancelled"),
         "the kept cancel was loaded before the result was pulled: {replies:?}"
     );
-    let releases = watch.releases().get(away).map(Vec::len);
-    assert_eq!(releases, Some(replies.len()), "a release notice per answer");
+    // The release notice follows its answer unconfirmed (a side output):
+    // an answer cut off by the reconnect can lose its notice, but the
+    // acked answer's went out before its ack on the same connection.
+    let releases = watch.releases().get(away).map_or(0, Vec::len);
+    assert!(
+        (1..=replies.len()).contains(&releases),
+        "a release notice for the acked answer, none without an answer: \
+         {releases} for {} answers",
+        replies.len()
+    );
     assert!(!watch.jobs().contains_key(away), "no decode job");
     assert_eq!(
         watch.count(),
-        1 + 2 * replies.len(),
+        1 + replies.len() + releases,
         "nothing else was published"
     );
-    assert!(jetstream_support::wait_drained(&js, WAIT).await);
     worker.stop().await.expect("stop");
 }
