@@ -21,6 +21,12 @@
 //! While GEN refuses, `handoff_gen_refusing` is 1, `/readyz` names
 //! `gen_accepting`, and a log line says so once (and once more when GEN
 //! accepts again).
+//!
+//! A worker that stops closes the gate: the held results are handed back
+//! to the work queue at once (nak'd), so that another worker takes them
+//! without waiting out the ack wait and the drain does not wait out its
+//! timeout for a GEN that may stay full. The nak uses the delivery that a
+//! redelivery after the ack wait would use.
 
 use crate::metrics::{Metrics, Readiness};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -55,7 +61,14 @@ struct State {
     probing: bool,
     /// The probe's wait before its next try.
     backoff: Duration,
+    /// The worker is stopping: no delivery is held any longer.
+    closed: bool,
 }
+
+/// The worker is stopping and GEN refuses: the decode job is not tried
+/// again here.
+#[derive(Debug)]
+pub struct Closed;
 
 /// Leave to publish a decode job. The probe's, dropped without an answer
 /// (its publish failed otherwise, or its task was cancelled), hands the
@@ -89,28 +102,38 @@ impl GenGate {
 
     /// Leave to publish: at once while GEN accepts; while it refuses, when
     /// this delivery's turn to probe has come (after the backoff) or GEN
-    /// accepts again.
-    pub async fn pass(&self) -> Pass<'_> {
+    /// accepts again; [`Closed`] while it refuses once the worker stops.
+    pub async fn pass(&self) -> Result<Pass<'_>, Closed> {
         if self.accepting() {
-            return Pass {
+            return Ok(Pass {
                 gate: self,
                 probe: false,
-            };
+            });
         }
         // Boxed: rare, and inline its sleep would grow every result's future.
         Box::pin(self.wait()).await
     }
 
-    async fn wait(&self) -> Pass<'_> {
+    /// The worker stops: every delivery waiting for GEN, and every later
+    /// one while GEN refuses, gets [`Closed`].
+    pub fn close(&self) {
+        self.lock().closed = true;
+        self.changed.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    async fn wait(&self) -> Result<Pass<'_>, Closed> {
         let mut changed = self.changed.subscribe();
         loop {
             let probe_after = {
                 let mut state = self.lock();
                 if state.refusing_since.is_none() {
-                    return Pass {
+                    return Ok(Pass {
                         gate: self,
                         probe: false,
-                    };
+                    });
+                }
+                if state.closed {
+                    return Err(Closed);
                 }
                 if state.probing {
                     None
@@ -124,8 +147,24 @@ impl GenGate {
                     gate: self,
                     probe: true,
                 };
-                tokio::time::sleep(backoff).await;
-                return pass;
+                let sleep = tokio::time::sleep(backoff);
+                tokio::pin!(sleep);
+                loop {
+                    tokio::select! {
+                        () = &mut sleep => return Ok(pass),
+                        // Only a close ends the backoff early (dropping the
+                        // pass hands the probe on). Any other change (GEN
+                        // accepting meanwhile) leaves the probe to its try:
+                        // one that gave up its pass here would be woken
+                        // again by its own hand-on, and never try.
+                        _ = changed.changed() => {
+                            let closed = self.lock().closed;
+                            if closed {
+                                return Err(Closed);
+                            }
+                        }
+                    }
+                }
             }
             // The sender lives as long as `self`: never closed here.
             let _ = changed.changed().await;
@@ -202,10 +241,14 @@ mod tests {
         GenGate::new(Metrics::new(), None)
     }
 
+    async fn open(gate: &GenGate) -> Pass<'_> {
+        gate.pass().await.expect("the gate is open")
+    }
+
     #[tokio::test(start_paused = true)]
     async fn accepting_gives_leave_at_once() {
         let gate = gate();
-        let pass = gate.pass().await;
+        let pass = open(&gate).await;
         assert!(!pass.probe);
         gate.stored(pass);
         assert!(gate.accepting());
@@ -214,10 +257,10 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn one_probe_at_a_time_with_a_doubling_backoff() {
         let gate = gate();
-        gate.refused(gate.pass().await, "maximum messages exceeded");
+        gate.refused(open(&gate).await, "maximum messages exceeded");
         assert!(!gate.accepting());
         let start = tokio::time::Instant::now();
-        let probe = gate.pass().await;
+        let probe = open(&gate).await;
         assert!(probe.probe);
         assert_eq!(start.elapsed(), FIRST_PROBE);
         // A second delivery waits while the probe is out.
@@ -227,11 +270,11 @@ mod tests {
         gate.refused(probe, "maximum messages exceeded");
         // The next probe waits twice as long.
         let again = tokio::time::Instant::now();
-        let probe = gate.pass().await;
+        let probe = open(&gate).await;
         assert_eq!(again.elapsed(), FIRST_PROBE * 2);
         assert!(futures::poll!(waiting.as_mut()).is_pending());
         gate.stored(probe);
-        let released = waiting.await;
+        let released = waiting.await.expect("open");
         assert!(!released.probe, "GEN accepts: the waiting delivery goes");
         assert!(gate.accepting());
     }
@@ -239,24 +282,72 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_probe_dropped_without_an_answer_hands_the_probe_on() {
         let gate = gate();
-        gate.refused(gate.pass().await, "maximum bytes exceeded");
-        let probe = gate.pass().await;
+        gate.refused(open(&gate).await, "maximum bytes exceeded");
+        let probe = open(&gate).await;
         let waiting = gate.pass();
         tokio::pin!(waiting);
         assert!(futures::poll!(waiting.as_mut()).is_pending());
         drop(probe);
-        let next = waiting.await;
+        let next = waiting.await.expect("open");
         assert!(next.probe, "the waiting delivery probes next");
     }
 
     #[tokio::test(start_paused = true)]
     async fn the_backoff_is_capped() {
         let gate = gate();
-        gate.refused(gate.pass().await, "full");
+        gate.refused(open(&gate).await, "full");
         for _ in 0..10 {
-            let probe = gate.pass().await;
+            let probe = open(&gate).await;
             gate.refused(probe, "full");
         }
         assert_eq!(gate.lock().backoff, LAST_PROBE);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn closing_turns_away_the_held_deliveries_not_the_others() {
+        let gate = gate();
+        // While GEN accepts, a closed gate gives leave as before: results
+        // in flight at a shutdown still finish.
+        gate.close();
+        let pass = open(&gate).await;
+        gate.refused(pass, "full");
+        assert!(gate.pass().await.is_err(), "a new delivery is not held");
+
+        let gate = self::gate();
+        gate.refused(open(&gate).await, "full");
+        let probe = gate.pass();
+        tokio::pin!(probe);
+        assert!(
+            futures::poll!(probe.as_mut()).is_pending(),
+            "in its backoff"
+        );
+        let waiting = gate.pass();
+        tokio::pin!(waiting);
+        assert!(futures::poll!(waiting.as_mut()).is_pending());
+        gate.close();
+        assert!(
+            probe.await.is_err(),
+            "the probe's backoff ends at the close"
+        );
+        assert!(
+            waiting.await.is_err(),
+            "the waiting delivery is turned away"
+        );
+        assert!(!gate.lock().probing);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_change_during_the_backoff_does_not_cut_it_short() {
+        let gate = gate();
+        gate.refused(open(&gate).await, "full");
+        let start = tokio::time::Instant::now();
+        let probe = gate.pass();
+        tokio::pin!(probe);
+        assert!(futures::poll!(probe.as_mut()).is_pending());
+        // As a publish stored out of order, or a probe handed on, would.
+        gate.changed.send_modify(|n| *n = n.wrapping_add(1));
+        let probe = probe.await.expect("open");
+        assert!(probe.probe, "still the probe");
+        assert_eq!(start.elapsed(), FIRST_PROBE, "after its whole backoff");
     }
 }

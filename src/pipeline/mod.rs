@@ -380,7 +380,8 @@ impl Pipeline {
 
     /// Publishes a decode job into the GEN stream and waits for its store
     /// ack; while GEN refuses it (full), holds it and tries again
-    /// ([`gen_gate`]). Durable mode only: no outbox.
+    /// ([`gen_gate`]) until the worker stops, which hands it back as
+    /// refused. Durable mode only: no outbox.
     async fn store_decode_job(
         &self,
         subject: &str,
@@ -388,7 +389,12 @@ impl Pipeline {
         payload: Bytes,
     ) -> Result<(), PublishError> {
         loop {
-            let pass = self.gen_gate.pass().await;
+            let Ok(pass) = self.gen_gate.pass().await else {
+                return Err(PublishError::Refused {
+                    subject: subject.to_string(),
+                    reason: "held while GEN refused decode jobs, and the worker is stopping".into(),
+                });
+            };
             // Cloned for a try after a refusal: the publish takes them.
             let stored = self
                 .sink

@@ -158,6 +158,75 @@ async fn jetstream_full_gen_holds_results_until_room_returns() {
     );
 }
 
+/// A worker asked to stop while it holds results for a full GEN hands
+/// them back to the work queue at once (nak) instead of waiting out its
+/// shutdown timeout and leaving them to the ack wait: it exits with
+/// nothing unfinished, and another worker takes them as soon as GEN has
+/// room. Both waits are a minute here, so either old way would fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn jetstream_a_stopping_worker_hands_its_held_results_back() {
+    let nats = Nats::start();
+    let etcd = Etcd::start();
+    let config = config(&nats);
+    let client = async_nats::connect(nats.url()).await.expect("connect");
+    let js = jetstream::new(client.clone());
+    setup(&js, &config).await;
+    let room = 4;
+    limit_gen(&js, room).await;
+    let settings = [
+        "jetstream.create=false",
+        "jetstream.ack_wait_secs=60",
+        "jetstream.nak_delay_ms=100",
+        "shutdown_timeout_secs=60",
+    ];
+    let (mut worker, metrics) =
+        block_in_place(|| Worker::run_ready(&nats, &etcd, "jetstream", &settings, &[]));
+    let inputs: Vec<Input> = (0..20).map(|i| needs_mint(&format!("held-{i}"))).collect();
+    publish_all(&js, &inputs).await;
+    let holding = block_in_place(|| {
+        common::eventually(Duration::from_secs(30), || {
+            metric(&metrics, "handoff_gen_refusing") == Some(1.0)
+        })
+    });
+    assert!(
+        holding,
+        "GEN refuses and results are held:\n{}",
+        worker.log()
+    );
+    assert_eq!(gen_stored(&js).await, room as u64);
+
+    worker.sigterm();
+    let exit = block_in_place(|| worker.wait_exit(Duration::from_secs(30)));
+    assert_eq!(
+        exit,
+        Some(0),
+        "stopped without waiting for GEN:\n{}",
+        worker.log()
+    );
+    let log = worker.log();
+    assert!(
+        log.contains("unfinished=0"),
+        "nothing left unsettled:\n{log}"
+    );
+    assert!(!log.contains("shutdown timeout ran out"), "{log}");
+
+    // Room returns; another worker takes what was handed back, before the
+    // minute's ack wait of the first worker's deliveries would run out.
+    limit_gen(&js, -1).await;
+    let (_next, _) =
+        block_in_place(|| Worker::run_ready(&nats, &etcd, "jetstream", &settings, &[]));
+    assert!(
+        wait_drained(&js, Duration::from_secs(30)).await,
+        "the handed-back results are taken at once: {}",
+        queue_state(&js).await
+    );
+    let stored = gen_stream_request_ids(&js).await;
+    let unique: BTreeSet<&String> = stored.iter().collect();
+    assert_eq!(unique.len(), stored.len(), "each decode job stored once");
+    let wanted: BTreeSet<&String> = inputs.iter().map(|i| &i.request_id).collect();
+    assert_eq!(unique, wanted, "every decode job is in GEN");
+}
+
 /// Core mode publishes a decode job without waiting for a stream: a full
 /// GEN stream drops it, and the worker counts it as published. What the
 /// documents say (docs/design.md, "A full GEN stream"), held here.

@@ -59,6 +59,7 @@ impl Runner {
         tokio::select! {
             biased;
             () = inbound.shutdown.as_mut(), if !draining => {
+                self.pipeline.gen_gate.close();
                 let timeout = self.options.shutdown_timeout;
                 let deadline = begin_drain(&mut inbound.source, timeout).await;
                 inbound.drain_timer.as_mut().reset(deadline);

@@ -191,6 +191,8 @@ impl Runner {
     /// `deadline` (the shutdown timeout from now when the source closed by
     /// itself), flushes, and reports.
     async fn wind_down(&self, mut tasks: JoinSet<()>, deadline: Option<Instant>) -> Report {
+        // No result waits here for a GEN that refuses (`gen_gate`).
+        self.pipeline.gen_gate.close();
         let timeout = self.options.shutdown_timeout;
         let deadline = deadline.unwrap_or_else(|| Instant::now() + timeout);
         let unfinished = finish(&mut tasks, deadline, &self.stats).await;
