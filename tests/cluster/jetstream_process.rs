@@ -106,11 +106,7 @@ async fn jetstream_process_sigkill_of_one_of_three_workers_loses_nothing() {
 
     let n = 10_000;
     let inputs: Vec<Input> = (0..n).map(mixed).collect();
-    let publisher = {
-        let js = js.clone();
-        let inputs = inputs.clone();
-        tokio::spawn(async move { publish_all(&js, &inputs).await })
-    };
+    let publisher = publish_in_background(&js, &inputs);
     assert!(collector.wait_for(n / 5, Duration::from_secs(60)).await);
     doomed.kill(); // SIGKILL
     println!("SIGKILLed one worker after {} outputs", collector.len());
@@ -121,16 +117,7 @@ async fn jetstream_process_sigkill_of_one_of_three_workers_loses_nothing() {
         "work queue not drained: {}",
         queue_state(&js).await
     );
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let outputs = all_outputs(&js).await;
-    let dups = check_outputs(&inputs, &outputs);
-    println!(
-        "after SIGKILL: {} request IDs had more than one reply or dead letter",
-        dups.len()
-    );
-    for (id, kind, count) in dups.iter().take(20) {
-        println!("  duplicate: {id} {kind:?} x{count}");
-    }
+    check_run(&js, &inputs, None, "after SIGKILL").await;
     let republished = collector
         .counts()
         .iter()
@@ -166,11 +153,7 @@ async fn jetstream_process_sigterm_under_load_exits_0_and_loses_nothing() {
 
     let n = 10_000;
     let inputs: Vec<Input> = (0..n).map(mixed).collect();
-    let publisher = {
-        let js = js.clone();
-        let inputs = inputs.clone();
-        tokio::spawn(async move { publish_all(&js, &inputs).await })
-    };
+    let publisher = publish_in_background(&js, &inputs);
     assert!(collector.wait_for(n / 5, Duration::from_secs(60)).await);
     leaving.sigterm();
     // shutdown_timeout_secs is 5; a little slack for the lease revoke.
@@ -192,13 +175,7 @@ async fn jetstream_process_sigterm_under_load_exits_0_and_loses_nothing() {
         "work queue not drained: {}",
         queue_state(&js).await
     );
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let outputs = all_outputs(&js).await;
-    let dups = check_outputs(&inputs, &outputs);
-    println!(
-        "after SIGTERM under load: {} request IDs had more than one output",
-        dups.len()
-    );
+    check_run(&js, &inputs, None, "after SIGTERM under load").await;
     staying.sigterm();
     assert_eq!(
         staying.wait_exit(Duration::from_secs(20)),
@@ -224,30 +201,7 @@ async fn jetstream_process_nats_server_restart_mid_run_loses_nothing() {
     let collector = Collector::start(&client).await;
     let mut workers = vec![spawn_worker(&nats, &etcd), spawn_worker(&nats, &etcd)];
 
-    let n = 10_000;
-    let inputs: Vec<Input> = (0..n).map(mixed).collect();
-    publish_all(&js, &inputs).await;
-    assert!(collector.wait_for(n / 5, Duration::from_secs(60)).await);
-    nats.restart_gracefully();
-    println!("nats-server restarted after {} outputs", collector.len());
-
-    assert!(
-        wait_consumed(&js, Duration::from_secs(90)).await,
-        "not everything was delivered and acked after the restart: {}",
-        queue_state(&js).await
-    );
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let outputs = with_live_outputs(all_outputs(&js).await, &collector);
-    let dups = check_outputs(&inputs, &outputs);
-    println!(
-        "after a nats-server restart: {} request IDs had more than one reply or dead letter",
-        dups.len()
-    );
-    assert!(
-        wait_drained(&js, Duration::from_secs(30)).await,
-        "prefill stream not empty: {}",
-        queue_state(&js).await
-    );
+    restart_mid_run(&mut nats, &js, &collector, Duration::from_secs(90)).await;
     for w in &workers {
         w.sigterm();
     }

@@ -5,19 +5,30 @@
 use crate::common;
 use crate::common::jetstream_support;
 
+use async_nats::jetstream;
 use common::Nats;
 use jetstream_support::*;
 use prefill_handoff::ids::{IdLayout, MachineId};
 use std::time::Duration;
 
-fn report_duplicates(what: &str, dups: &[(String, Expect, usize)]) {
-    println!(
-        "{what}: {} request IDs had more than one output",
-        dups.len()
+/// Publishes `inputs`, waits for `outputs` of them, and for the work queue
+/// to be settled and empty: nothing left that could come again (a message
+/// not settled stays pending an ack; a nak'd one stays in the queue),
+/// instead of sleeping past the ack wait. Every output seen.
+async fn answered_and_settled(
+    js: &jetstream::Context,
+    collector: &Collector,
+    inputs: &[Input],
+    outputs: usize,
+) -> Vec<Seen> {
+    publish_all(js, inputs).await;
+    assert!(collector.wait_for(outputs, Duration::from_secs(20)).await);
+    assert!(
+        wait_drained(js, Duration::from_secs(30)).await,
+        "settled: {}",
+        queue_state(js).await
     );
-    for (id, kind, n) in dups.iter().take(20) {
-        println!("  duplicate: {id} {kind:?} x{n}");
-    }
+    collector.all()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -37,11 +48,7 @@ async fn jetstream_worker_dying_mid_run_loses_nothing() {
     ];
     let n = 10_000;
     let inputs: Vec<Input> = (0..n).map(mixed).collect();
-    let publisher = {
-        let js = js.clone();
-        let inputs = inputs.clone();
-        tokio::spawn(async move { publish_all(&js, &inputs).await })
-    };
+    let publisher = publish_in_background(&js, &inputs);
     assert!(collector.wait_for(n / 5, Duration::from_secs(60)).await);
     doomed.crash();
     println!("worker crashed after {} outputs", collector.len());
@@ -52,11 +59,7 @@ async fn jetstream_worker_dying_mid_run_loses_nothing() {
         "work queue not drained: {}",
         queue_state(&js).await
     );
-    tokio::time::sleep(Duration::from_secs(3)).await;
-
-    let outputs = all_outputs(&js).await;
-    let dups = check_outputs(&inputs, &outputs);
-    report_duplicates("after a worker crash", &dups);
+    check_run(&js, &inputs, None, "after a worker crash").await;
     assert_eq!(prefill_left(&js).await, 0);
     let (_, redelivered, _) = consumer_counters(&js).await;
     println!("consumer redeliveries: {redelivered}");
@@ -82,32 +85,7 @@ async fn jetstream_nats_server_restart_mid_run_loses_nothing() {
         LibWorker::start(&config, fixed_identity(1)).await,
         LibWorker::start(&config, fixed_identity(2)).await,
     ];
-    let n = 10_000;
-    let inputs: Vec<Input> = (0..n).map(mixed).collect();
-    publish_all(&js, &inputs).await;
-    assert!(collector.wait_for(n / 5, Duration::from_secs(60)).await);
-    nats.restart_gracefully();
-    println!("nats-server restarted after {} outputs", collector.len());
-
-    assert!(
-        wait_consumed(&js, Duration::from_secs(60)).await,
-        "not everything was delivered and acked after the restart: {}",
-        queue_state(&js).await
-    );
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let outputs = with_live_outputs(all_outputs(&js).await, &collector);
-    let dups = check_outputs(&inputs, &outputs);
-    report_duplicates("after a nats-server restart", &dups);
-    // Acked messages an old server kept are swept by the idle workers.
-    let left = prefill_left(&js).await;
-    if left > 0 {
-        println!("{left} acked messages kept by the restarted server; waiting for the sweep");
-    }
-    assert!(
-        wait_drained(&js, Duration::from_secs(30)).await,
-        "prefill stream not empty: {}",
-        queue_state(&js).await
-    );
+    restart_mid_run(&mut nats, &js, &collector, Duration::from_secs(60)).await;
     for w in workers {
         w.stop().await.expect("stop");
     }
@@ -141,18 +119,7 @@ async fn jetstream_poison_is_dead_lettered_once_and_terminated() {
             expect: Expect::Dead,
         },
     ];
-    publish_all(&js, &inputs).await;
-    assert!(collector.wait_for(2, Duration::from_secs(20)).await);
-    // Settled and gone from the work queue: nothing left that could come
-    // again (a message not settled stays pending an ack; a nak'd one stays
-    // in the queue), instead of sleeping past the ack wait.
-    assert!(
-        wait_drained(&js, Duration::from_secs(30)).await,
-        "settled: {}",
-        queue_state(&js).await
-    );
-
-    let seen = collector.all();
+    let seen = answered_and_settled(&js, &collector, &inputs, 2).await;
     assert_eq!(seen.len(), 2, "each dead-lettered exactly once: {seen:?}");
     let code = |id: &str| {
         let s = seen.iter().find(|s| s.request_id == id).expect(id);
@@ -201,18 +168,7 @@ async fn jetstream_input_too_large_to_dead_letter_whole_goes_without_its_bytes()
         json: true,
         expect: Expect::Dead,
     }];
-    publish_all(&js, &inputs).await;
-    assert!(collector.wait_for(1, Duration::from_secs(20)).await);
-    // Settled and gone from the work queue: nothing left that could come
-    // again (a message not settled stays pending an ack; a nak'd one stays
-    // in the queue), instead of sleeping past the ack wait.
-    assert!(
-        wait_drained(&js, Duration::from_secs(30)).await,
-        "settled: {}",
-        queue_state(&js).await
-    );
-
-    let seen = collector.all();
+    let seen = answered_and_settled(&js, &collector, &inputs, 1).await;
     assert_eq!(seen.len(), 1, "exactly one output: {seen:?}");
     let header = |name: &str| {
         seen[0]

@@ -1,7 +1,8 @@
 //! Observing outputs (core subscriptions, streams) and the work queue.
 
-use super::traffic::{Expect, Input, request_id_of};
+use super::traffic::{Expect, Input, mixed, publish_all, request_id_of};
 use super::{DEAD, GEN};
+use crate::common::Nats;
 use async_nats::Client;
 use async_nats::HeaderMap;
 use async_nats::jetstream::{self, stream::Stream};
@@ -214,6 +215,68 @@ pub fn check_outputs(inputs: &[Input], seen: &[Seen]) -> Vec<(String, Expect, us
         .filter(|(_, n)| *n > 1)
         .map(|((id, kind), n)| (id, kind, n))
         .collect()
+}
+
+/// A settled run's outputs checked against `inputs` ([`check_outputs`]),
+/// read a few seconds after the work queue settled so that the last ones
+/// have landed; with `live`, the replies and dead letters only that
+/// collector saw count too ([`with_live_outputs`]: across a server
+/// restart). Prints the duplicates, under `what`, and returns them.
+pub async fn check_run(
+    js: &jetstream::Context,
+    inputs: &[Input],
+    live: Option<&Collector>,
+    what: &str,
+) -> Vec<(String, Expect, usize)> {
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut outputs = all_outputs(js).await;
+    if let Some(collector) = live {
+        outputs = with_live_outputs(outputs, collector);
+    }
+    let dups = check_outputs(inputs, &outputs);
+    println!(
+        "{what}: {} request IDs had more than one output",
+        dups.len()
+    );
+    for (id, kind, n) in dups.iter().take(20) {
+        println!("  duplicate: {id} {kind:?} x{n}");
+    }
+    dups
+}
+
+/// The nats-server restart under load, whoever the workers are: 10,000
+/// mixed results published, the server restarted gracefully once a fifth
+/// of them are answered; then everything is delivered and acked within
+/// `consumed_within`, every result has its output ([`check_run`], the live
+/// outputs counted too), and the work queue drains (acked messages the
+/// restarted server kept are swept by the idle workers).
+pub async fn restart_mid_run(
+    nats: &mut Nats,
+    js: &jetstream::Context,
+    collector: &Collector,
+    consumed_within: Duration,
+) {
+    let n = 10_000;
+    let inputs: Vec<Input> = (0..n).map(mixed).collect();
+    publish_all(js, &inputs).await;
+    assert!(collector.wait_for(n / 5, Duration::from_secs(60)).await);
+    nats.restart_gracefully();
+    println!("nats-server restarted after {} outputs", collector.len());
+    assert!(
+        wait_consumed(js, consumed_within).await,
+        "not everything was delivered and acked after the restart: {}",
+        queue_state(js).await
+    );
+    check_run(js, &inputs, Some(collector), "after a nats-server restart").await;
+    let left = prefill_left(js).await;
+    if left > 0 {
+        println!("{left} acked messages kept by the restarted server; waiting for the sweep");
+    }
+    assert!(
+        wait_drained(js, Duration::from_secs(30)).await,
+        "prefill stream not empty: {}",
+        queue_state(js).await
+    );
 }
 
 /// Messages left in the prefill work queue.

@@ -4,6 +4,7 @@ use super::PREFILL;
 use async_nats::{HeaderMap, jetstream};
 use prefill_handoff::wire::{self, Encoding};
 use serde_json::{Value as Json, json};
+use tokio::task::JoinHandle;
 
 /// Where an input's one output must go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -155,6 +156,13 @@ pub fn terminal(request_id: &str) -> Input {
         json: false,
         expect: Expect::Reply,
     }
+}
+
+/// [`publish_all`] in a task of its own, so that the test can act on the
+/// run meanwhile.
+pub fn publish_in_background(js: &jetstream::Context, inputs: &[Input]) -> JoinHandle<()> {
+    let (js, inputs) = (js.clone(), inputs.to_vec());
+    tokio::spawn(async move { publish_all(&js, &inputs).await })
 }
 
 /// Publishes every input into the prefill stream and waits for the stream's acks.
