@@ -47,19 +47,29 @@ fn at(
         Encoding::MsgPack => msgpack(&v(message.clone())),
         Encoding::Json => serde_json::to_vec(message).unwrap(),
     };
-    let input = Input {
-        payload: &payload,
+    let input = input_at(&payload, encoding, header, cancels);
+    let reference = decide_values(input, &rules(), &mut ids.clone());
+    let d = decide(input, &rules(), ids);
+    assert_eq!(d, reference, "both paths decide alike");
+    d
+}
+
+/// A result's input at [`NOW`] on [`SOURCE`], with no NATS reply subject.
+fn input_at<'a>(
+    payload: &'a [u8],
+    encoding: Encoding,
+    header: Option<&'a str>,
+    cancels: &'a dyn Cancels,
+) -> Input<'a> {
+    Input {
+        payload,
         encoding,
         subject: SOURCE,
         nats_reply: None,
         deadline_header: header,
         now_ms: NOW,
         cancels,
-    };
-    let reference = decide_values(input, &rules(), &mut ids.clone());
-    let d = decide(input, &rules(), ids);
-    assert_eq!(d, reference, "both paths decide alike");
-    d
+    }
 }
 
 fn msgpack_at(message: &Json, header: Option<&str>, cancels: &dyn Cancels) -> Decision {
@@ -279,15 +289,7 @@ fn the_clock_skew_allowance_moves_the_line() {
         let mut rules = rules();
         rules.deadline_skew_ms = skew;
         let payload = msgpack(&v(message.clone()));
-        let input = Input {
-            payload: &payload,
-            encoding: Encoding::MsgPack,
-            subject: SOURCE,
-            nats_reply: None,
-            deadline_header: None,
-            now_ms: NOW,
-            cancels: NO_CANCELS,
-        };
+        let input = input_at(&payload, Encoding::MsgPack, None, NO_CANCELS);
         let d = decide(input, &rules, &mut TestIds::holding_slot());
         assert_eq!(
             code(&d) == Some(ErrorCode::DeadlineExceeded),
@@ -415,15 +417,7 @@ fn common_refusals_and_jobs_with_deadlines_are_decided_in_place() {
         (&future, NO_CANCELS, Some("1767225599999"), "error"),
     ] {
         let payload = msgpack(&v(message.clone()));
-        let input = Input {
-            payload: &payload,
-            encoding: Encoding::MsgPack,
-            subject: SOURCE,
-            nats_reply: None,
-            deadline_header: header,
-            now_ms: NOW,
-            cancels,
-        };
+        let input = input_at(&payload, Encoding::MsgPack, header, cancels);
         let d = decide_in_place(input, &rules(), &mut TestIds::holding_slot())
             .unwrap_or_else(|| panic!("decided in place: {kind} {header:?}"));
         assert_eq!(d.outcome.kind(), kind);
