@@ -2,8 +2,8 @@
 //! from the request ID, escaped so that distinct request IDs keep distinct
 //! message IDs.
 
-const MSG_ID_PREFIX: &[u8] = b"handoff-";
-const RELEASE_PREFIX: &[u8] = b"release-";
+const MSG_ID_PREFIX: &str = "handoff-";
+const RELEASE_PREFIX: &str = "release-";
 
 /// The `Nats-Msg-Id` of a decode job: `handoff-{request_id}`, with bytes that
 /// cannot stand in a header (control characters, `%`, non-ASCII) or that a
@@ -20,12 +20,26 @@ pub fn release_msg_id(request_id: &str) -> String {
 }
 
 /// `prefix` then the escaped request ID, in a string of exactly its size
-/// for a request ID of plain bytes.
-fn prefixed_msg_id(prefix: &[u8], request_id: &str) -> String {
-    let mut out = Vec::with_capacity(prefix.len() + request_id.len());
-    push_msg_id(&mut out, prefix, request_id);
-    // Plain bytes are printable ASCII and the rest is written as `%XX`.
-    String::from_utf8(out).unwrap_or_default()
+/// for a request ID of plain bytes. Written as a `String` from the start:
+/// every byte of it is ASCII, so no UTF-8 check of the result is needed.
+fn prefixed_msg_id(prefix: &str, request_id: &str) -> String {
+    let mut out = String::with_capacity(prefix.len() + request_id.len());
+    out.push_str(prefix);
+    if all_plain(request_id.as_bytes()) {
+        out.push_str(request_id);
+        return out;
+    }
+    for b in request_id.bytes() {
+        if plain(b) {
+            out.push(char::from(b));
+        } else {
+            const HEX: &[u8; 16] = b"0123456789ABCDEF";
+            out.push('%');
+            out.push(char::from(HEX[usize::from(b >> 4)]));
+            out.push(char::from(HEX[usize::from(b & 0xf)]));
+        }
+    }
+    out
 }
 
 /// A byte written as it is in a message ID: printable ASCII but `%`.
@@ -50,24 +64,6 @@ fn all_plain(bytes: &[u8]) -> bool {
     match (bytes.first_chunk::<8>(), bytes.last_chunk::<8>()) {
         (Some(first), Some(last)) => each(first) & each(last),
         _ => each(bytes),
-    }
-}
-
-/// Appends [`msg_id`]'s value for `request_id`, after `prefix`, to `out`:
-/// ASCII only.
-fn push_msg_id(out: &mut Vec<u8>, prefix: &[u8], request_id: &str) {
-    out.extend_from_slice(prefix);
-    if all_plain(request_id.as_bytes()) {
-        out.extend_from_slice(request_id.as_bytes());
-        return;
-    }
-    for b in request_id.bytes() {
-        if plain(b) {
-            out.push(b);
-        } else {
-            const HEX: &[u8; 16] = b"0123456789ABCDEF";
-            out.extend_from_slice(&[b'%', HEX[usize::from(b >> 4)], HEX[usize::from(b & 0xf)]]);
-        }
     }
 }
 
