@@ -36,10 +36,10 @@ impl Limits {
 #[derive(Debug)]
 pub struct Admitted {
     /// Boxed: an admission moves from the subscription through the runner's
-    /// queue, a batch and a task into the pipeline's future, and a
-    /// 240-byte `Delivery` copied at each step cost about 750 instructions
-    /// of `memcpy` per result in core-mode bursts (callgrind,
-    /// `scripts/instructions.sh`); the box costs one allocation, about 60.
+    /// queue, a batch and a task into the pipeline's future, and copying
+    /// the whole `Delivery` at each step costs far more than the box's one
+    /// allocation (docs/performance.md, "Figures behind choices in the
+    /// code").
     pub delivery: Box<Delivery>,
     pub held: Held,
     /// The processing slot, when the source took one before it pulled; the

@@ -6,13 +6,11 @@
 //!
 //! async-nats' `Message::info` reads the same, and is what this must agree
 //! with (`same_answers_as_the_client`). It splits the subject with a `char`
-//! searcher and reads the store time as an `i128`: about 1,600 instructions
-//! per result, 5% of JetStream mode's (callgrind, `scripts/instructions.sh
-//! js`). One pass over the bytes and `u64` arithmetic: about 880. Tried
-//! instead: the dots found with `memchr_iter`, 1,200 (its set-up per dot is
-//! dearer than a byte compare on a 90-byte subject); each number read with
-//! `str::from_utf8` and `str::parse`, which `unsigned` and `signed`
-//! restate, 1,550.
+//! searcher and reads the store time as an `i128`; one pass over the bytes
+//! with `u64` arithmetic costs about half as much per result, less than
+//! `memchr` for the dots (its set-up per dot is dearer than a byte compare
+//! on a 90-byte subject) or `str::parse` per number (docs/performance.md,
+//! "Figures behind choices in the code").
 
 use time::OffsetDateTime;
 
