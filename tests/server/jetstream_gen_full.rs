@@ -43,6 +43,19 @@ async fn gen_stored(js: &jetstream::Context) -> u64 {
     stream.get_info().await.expect("GEN info").state.messages
 }
 
+/// The GEN stream holds a decode job for each of `wanted`, once each, and
+/// nothing else.
+async fn each_decode_job_stored_once(
+    js: &jetstream::Context,
+    wanted: impl IntoIterator<Item = &Input>,
+) {
+    let stored = gen_stream_request_ids(js).await;
+    let unique: BTreeSet<&String> = stored.iter().collect();
+    assert_eq!(unique.len(), stored.len(), "each decode job stored once");
+    let wanted: BTreeSet<&String> = wanted.into_iter().map(|i| &i.request_id).collect();
+    assert_eq!(unique, wanted, "every decode job is in GEN");
+}
+
 fn metric(addr: &str, series: &str) -> Option<f64> {
     prometheus_samples(&http_get(addr, "/metrics").body)
         .get(series)
@@ -135,15 +148,8 @@ async fn jetstream_full_gen_holds_results_until_room_returns() {
         "everything flows once GEN has room: {}",
         queue_state(&js).await
     );
-    let stored = gen_stream_request_ids(&js).await;
-    let unique: BTreeSet<&String> = stored.iter().collect();
-    assert_eq!(unique.len(), stored.len(), "each decode job stored once");
-    let wanted: BTreeSet<&String> = inputs
-        .iter()
-        .filter(|i| i.expect == Expect::Gen)
-        .map(|i| &i.request_id)
-        .collect();
-    assert_eq!(unique, wanted, "every decode job is in GEN");
+    let wanted = inputs.iter().filter(|i| i.expect == Expect::Gen);
+    each_decode_job_stored_once(&js, wanted).await;
     let accepting = block_in_place(|| {
         common::eventually(Duration::from_secs(10), || {
             metric(&metrics, "handoff_gen_refusing") == Some(0.0)
@@ -220,11 +226,7 @@ async fn jetstream_a_stopping_worker_hands_its_held_results_back() {
         "the handed-back results are taken at once: {}",
         queue_state(&js).await
     );
-    let stored = gen_stream_request_ids(&js).await;
-    let unique: BTreeSet<&String> = stored.iter().collect();
-    assert_eq!(unique.len(), stored.len(), "each decode job stored once");
-    let wanted: BTreeSet<&String> = inputs.iter().map(|i| &i.request_id).collect();
-    assert_eq!(unique, wanted, "every decode job is in GEN");
+    each_decode_job_stored_once(&js, &inputs).await;
 }
 
 /// Core mode publishes a decode job without waiting for a stream: a full

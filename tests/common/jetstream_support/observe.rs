@@ -217,11 +217,8 @@ pub fn check_outputs(inputs: &[Input], seen: &[Seen]) -> Vec<(String, Expect, us
         .collect()
 }
 
-/// A settled run's outputs checked against `inputs` ([`check_outputs`]),
-/// read a few seconds after the work queue settled so that the last ones
-/// have landed; with `live`, the replies and dead letters only that
-/// collector saw count too ([`with_live_outputs`]: across a server
-/// restart). Prints the duplicates, under `what`, and returns them.
+/// [`check_stored`], a few seconds after the work queue settled so that
+/// the last outputs have landed.
 pub async fn check_run(
     js: &jetstream::Context,
     inputs: &[Input],
@@ -229,6 +226,20 @@ pub async fn check_run(
     what: &str,
 ) -> Vec<(String, Expect, usize)> {
     tokio::time::sleep(Duration::from_secs(3)).await;
+    check_stored(js, inputs, live, what).await
+}
+
+/// A run's outputs ([`all_outputs`]: GEN holds each decode job once)
+/// checked against `inputs` ([`check_outputs`]); with `live`, the replies
+/// and dead letters only that collector saw count too
+/// ([`with_live_outputs`]: across a server restart). Prints the
+/// duplicates, under `what`, and returns them.
+pub async fn check_stored(
+    js: &jetstream::Context,
+    inputs: &[Input],
+    live: Option<&Collector>,
+    what: &str,
+) -> Vec<(String, Expect, usize)> {
     let mut outputs = all_outputs(js).await;
     if let Some(collector) = live {
         outputs = with_live_outputs(outputs, collector);
