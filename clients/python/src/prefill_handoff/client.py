@@ -23,7 +23,7 @@ from nats.aio.msg import Msg
 
 from . import wire
 from .errors import HandoffError, IdentityUnavailable, ProtocolError, from_response
-from .messages import Terminal
+from .messages import DecodeJob, Terminal
 from .streams import DecodeJobs, KvReleases
 from .subjects import Subjects
 from .wire import Encoding
@@ -278,6 +278,18 @@ class HandoffClient:
             await self.nc.publish(subject, payload, headers=headers or None)
 
     # --- the decode side and the KV holders -------------------------------------
+
+    async def answer(self, job: DecodeJob, output: Mapping[str, Any]) -> None:
+        """The decode side's final answer to the client, on the job's
+        ``reply_to``, in the shape and encoding of the worker's own terminal
+        answers: :meth:`await_reply` returns it as a :class:`Terminal`."""
+        body = {"request_id": job.request_id, "kind": "terminal", "output": dict(output)}
+        trace = {k: v for k, v in job.headers.items() if k in ("traceparent", "tracestate")}
+        await self.nc.publish(
+            job.reply_to,
+            wire.encode(body, job.encoding),
+            headers=wire.headers_for(job.encoding, trace) or None,
+        )
 
     def decode_jobs(
         self, durable: str | None = None, queue: str | None = None, *, batch: int = 1

@@ -1,0 +1,83 @@
+"""JetStream mode, on the second nats-server build (2.15): durable results,
+decode jobs from a durable pull consumer on the GEN stream."""
+
+from __future__ import annotations
+
+from harness import Worker, next_of, nothing_more, unique, until
+
+from prefill_handoff import DecodeJob, HandoffClient
+from prefill_handoff.engines import sglang
+
+
+async def consumer_settled(client: HandoffClient, durable: str) -> bool:
+    """Nothing left for the consumer: every job delivered and acked."""
+    info = await client.nc.jetstream().consumer_info(client.subjects.gen_stream, durable)
+    return bool(info.num_pending == 0 and info.num_ack_pending == 0)
+
+
+async def publish(client: HandoffClient, request_id: str, room: int) -> None:
+    frame = sglang.bootstrap_frame("10.0.0.7", 8998, room)
+    await client.publish_result(request_id, [frame], durable=True)
+
+
+async def test_a_durable_consumer_gets_the_job_and_acks_it(js_worker: Worker) -> None:
+    request_id, durable = unique("js-ack"), unique("decoders-ack")
+    async with await HandoffClient.connect(js_worker.nats.url, js_worker.namespace) as client:
+        async with client.decode_jobs(durable=durable) as jobs:
+            await publish(client, request_id, 1)
+            job: DecodeJob = await next_of(jobs)
+            assert (job.request_id, job.delivery) == (request_id, 1)
+            assert job.msg_id == f"handoff-{request_id}"
+            await job.ack()
+            assert await until(lambda: consumer_settled(client, durable))
+
+
+async def test_a_nak_redelivers_the_same_job(js_worker: Worker) -> None:
+    request_id, durable = unique("js-nak"), unique("decoders-nak")
+    async with await HandoffClient.connect(js_worker.nats.url, js_worker.namespace) as client:
+        async with client.decode_jobs(durable=durable) as jobs:
+            await publish(client, request_id, 2)
+            first = await next_of(jobs)
+            await first.nak()
+            again = await next_of(jobs)
+            assert again.request_id == request_id
+            assert again.delivery == 2
+            assert again.msg_id == first.msg_id == f"handoff-{request_id}"
+            assert again.raw == first.raw
+            await again.ack()
+            assert await until(lambda: consumer_settled(client, durable))
+
+
+async def test_a_second_consumer_of_the_same_durable_shares_the_work(js_worker: Worker) -> None:
+    durable = unique("decoders-shared")
+    ids = [unique("js-share-a"), unique("js-share-b")]
+    async with await HandoffClient.connect(js_worker.nats.url, js_worker.namespace) as client:
+        a = client.decode_jobs(durable=durable)
+        b = client.decode_jobs(durable=durable)
+        async with a, b:
+            for room, request_id in enumerate(ids):
+                await publish(client, request_id, 10 + room)
+            # a holds its job unacked; b, pulling from the same consumer, gets
+            # the other one (a consumer of its own would start with the first).
+            held = await next_of(a)
+            other = await next_of(b)
+            assert {held.request_id, other.request_id} == set(ids)
+            await held.ack()
+            await other.ack()
+            assert await until(lambda: consumer_settled(client, durable))
+            assert await nothing_more(a) and await nothing_more(b)
+
+
+async def test_a_cancel_stored_in_the_stream_reaches_a_durable_result(js_worker: Worker) -> None:
+    request_id = unique("js-cancel")
+    async with await HandoffClient.connect(js_worker.nats.url, js_worker.namespace) as client:
+        async with client.kv_releases() as releases:
+            recorded = 'handoff_cancels_total{event="recorded"}'
+            before = js_worker.metric(recorded)
+            await client.cancel(request_id, durable=True)
+            assert await until(lambda: js_worker.metric(recorded) > before)
+            await publish(client, request_id, 3)
+            reply = await client.await_reply(request_id, timeout=20)
+            notice = await next_of(releases)
+    assert getattr(reply, "code", None) == "cancelled"
+    assert notice.request_id == request_id
