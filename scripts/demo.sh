@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The README's first command: two prefill-handoff workers on a real
 # nats-server and etcd (free loopback ports, a temporary directory), a mixed
-# set of prefill results, and where each one went; a cancelled request and
-# an expired deadline with their KV release notices. Then a lease loss (etcd
-# stopped and restarted) and a graceful shutdown. Cleans up after itself.
+# set of prefill results published through the Python client
+# (clients/python, scripts/demo_client.py), and where each one went; a
+# cancelled request and an expired deadline with their KV release notices.
+# Then a lease loss (etcd stopped and restarted) and a graceful shutdown.
+# Cleans up after itself.
 #
 #   scripts/demo.sh
 #
@@ -138,12 +140,12 @@ echo "  etcd keys:"
 etcd_keys
 
 # --- traffic ----------------------------------------------------------------
+# Through the Python client (clients/python), from its source tree.
+export PYTHONPATH="$root/clients/python/src${PYTHONPATH:+:$PYTHONPATH}"
 say "publishing a mixed set of prefill results to llm.prefill.results"
 python3 scripts/demo_client.py "$nats_url" mixed
 
 say "deadlines and cancels: a request its client cancelled, one past its deadline, one in time"
-"$bin" cancel --nats-url "$nats_url" --reason "client closed the stream" demo-cancelled-by-client 2>>"$tmp/cancel.log" | sed 's/^/  /'
-sleep 0.5 # both workers hear the cancel (a plain subscription each)
 python3 scripts/demo_client.py "$nats_url" deadlines
 
 say "lease loss: etcd stopped for longer than the TTL"
