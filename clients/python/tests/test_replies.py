@@ -155,3 +155,21 @@ async def test_a_core_queue_group_shares_the_jobs(core_worker: Worker) -> None:
         for t in tasks:
             t.cancel()
     assert sorted(seen) == sorted(ids), "each job reached exactly one member"
+
+
+async def test_closing_a_stream_ends_an_iteration_in_progress(core_worker: Worker) -> None:
+    async with await HandoffClient.connect(core_worker.nats.url) as client:
+        jobs = client.decode_jobs(queue="closing")
+        releases = client.kv_releases()
+        await jobs.start()
+        await releases.start()
+
+        async def iterate(stream: Any) -> str:
+            async for _ in stream:
+                pass
+            return "ended"
+
+        waiting = [asyncio.ensure_future(iterate(jobs)), asyncio.ensure_future(iterate(releases))]
+        await jobs.close()
+        await client.close()  # closes the releases too
+        assert await asyncio.wait_for(asyncio.gather(*waiting), 10) == ["ended", "ended"]

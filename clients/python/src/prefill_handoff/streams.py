@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import nats.errors
 from nats.aio.msg import Msg
@@ -21,6 +22,8 @@ from .messages import DecodeJob, ReleaseNotice
 
 if TYPE_CHECKING:
     from .client import HandoffClient
+
+T = TypeVar("T")
 
 # How long one pull waits for jobs before it asks again; it bounds how long a
 # closed iterator's last pull lingers, not how long a job waits.
@@ -34,6 +37,9 @@ class _Subscription:
         self._queue = queue
         self._sub: Any = None
         self._closed = False
+        # Set by close(): a waiting __anext__ ends at once instead of waiting
+        # on a subscription that will never deliver again.
+        self._closing = asyncio.Event()
         self._lock = asyncio.Lock()
 
     async def start(self) -> None:
@@ -49,18 +55,30 @@ class _Subscription:
     async def _subscribe(self) -> Any:
         return await self._client.nc.subscribe(self._subject, queue=self._queue or "")
 
+    async def _until_closed(self, wait: Awaitable[T]) -> T:
+        """``wait``'s result, or StopAsyncIteration once the subscription is
+        closed."""
+        got = asyncio.ensure_future(wait)
+        closing = asyncio.ensure_future(self._closing.wait())
+        try:
+            await asyncio.wait({got, closing}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            closing.cancel()
+        if got.done():
+            return got.result()
+        got.cancel()
+        with contextlib.suppress(asyncio.CancelledError, nats.errors.Error):
+            await got
+        raise StopAsyncIteration
+
     async def _next_msg(self) -> Msg:
         await self.start()
-        while True:
-            try:
-                msg: Msg = await self._sub.next_msg(timeout=None)
-                return msg
-            except nats.errors.TimeoutError:
-                continue
+        return await self._until_closed(self._sub.next_msg(timeout=None))
 
     async def close(self) -> None:
         """Unsubscribes; iterating ends."""
         self._closed = True
+        self._closing.set()
         self._client._forget(self)  # type: ignore[arg-type]
         sub, self._sub = self._sub, None
         if sub is not None:
@@ -119,7 +137,8 @@ class DecodeJobs(_Subscription):
             if self._closed or self._sub is None:
                 raise StopAsyncIteration
             try:
-                self._fetched = list(await self._sub.fetch(self._batch, timeout=_PULL_WAIT_S))
+                fetch = self._sub.fetch(self._batch, timeout=_PULL_WAIT_S)
+                self._fetched = list(await self._until_closed(fetch))
             except nats.errors.TimeoutError:
                 continue
         return _job(self._fetched.pop(0), jetstream=True)
