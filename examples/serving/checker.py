@@ -105,10 +105,12 @@ def check(run_dir: str) -> tuple[list[Row], dict[str, Any], list[Fault]]:
         t = sent[rid]["t"] if rid in sent else None
         if t is None:
             return None
+        # The latest fault whose window holds the request's send time.
+        found = None
         for f in run.faults:
             if f.t_start - run.pre <= t <= f.t_end + run.post:
-                return f
-        return None
+                found = f
+        return found
 
     for f in run.faults:
         f.requests = sum(1 for e in sent.values() if f.t_start - run.pre <= e["t"] <= f.t_end + run.post)

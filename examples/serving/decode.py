@@ -4,7 +4,9 @@
 
 Jobs come from the GEN subject: a queue group in core mode, the shared
 durable pull consumer in JetStream mode (acked once the client has its
-answer). For each job: refuse KV that expired before it could be read
+answer). An engine runs `--slots` sequences at once and takes the next job
+when a slot is free (in core mode the jobs routed to it wait in its
+subscription meanwhile); each generated token takes `--step-ms`. For each job: refuse KV that expired before it could be read
 (answer `kv_expired`), read the blocks the handoff names from the prefill
 engine, confirm the read (the prefill engine frees them), continue the
 model from the KV and the prefill's first token, answer the client on
@@ -35,7 +37,7 @@ class Engine:
         self.args = args
         self.log = EventLog(args.events, args.id)
         self.bugs = set(args.bug.split(",")) if args.bug else set()
-        self.slots = asyncio.Semaphore(args.concurrency)
+        self.slots = asyncio.Semaphore(args.slots)
         self.tasks: set[asyncio.Task[None]] = set()
 
     async def answer(self, job: Any, body: dict[str, Any]) -> None:
@@ -85,6 +87,8 @@ class Engine:
         n = int(answer["n_tokens"])
         kv = [[e for block in group for e in block][:n] for group in answer["data"]]
         tokens, finish = model.decode(kv, first, int(req["max_tokens"]), list(req["stop"]))
+        # The decode steps' time: a job holds its slot while it generates.
+        await asyncio.sleep(self.args.step_ms * (len(tokens) - 1) / 1000)
         await self.answer(job, {"request_id": job.request_id, "kind": "terminal",
                                 "output": {"token_ids": tokens, "text": "", "finish_reason": finish,
                                            "engine": self.args.id}})
@@ -121,7 +125,8 @@ def main() -> None:
     p = common.parser("a decode engine")
     p.add_argument("--durable", default="decode", help="JetStream consumer on the GEN stream")
     p.add_argument("--queue", default="decode", help="queue group on the GEN subject (core mode)")
-    p.add_argument("--concurrency", type=int, default=64)
+    p.add_argument("--slots", type=int, default=8, help="sequences decoded at once")
+    p.add_argument("--step-ms", type=float, default=4, help="time per generated token")
     asyncio.run(Engine(p.parse_args()).run())
 
 

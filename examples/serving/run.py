@@ -174,7 +174,7 @@ class System:
         subprocess.run([self.args.bin, "setup", "--nats-url", self.nats_url, "--namespace", NS, "--mode",
                         "jetstream", "--set", f"jetstream.ack_wait_secs={WORKER_ACK_WAIT_S}",
                         "--set", "jetstream.nak_delay_ms=200"],
-                       check=True, stdout=subprocess.DEVNULL, cwd=HERE)
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=HERE)
 
         # The decode engines' consumer, made before they start so its ack wait
         # is short: a killed decode engine's jobs go to the other one after it.
