@@ -12,6 +12,8 @@
 #   6. the JetStream tests again against the second nats-server build
 #   6b. the Python client (clients/python): pip install, mypy --strict,
 #      ruff, and its pytest suite against real worker processes
+#   6c. the serving example (scripts/serving.sh): the whole loop with
+#      faults for 60 s per flow, and its checker's own tests
 #   7. a short smoke run of every fuzz target (scripts/fuzz.sh --smoke,
 #      15 s each, coverage-guided, built on what step 3 compiled); it runs
 #      in the background at the lowest CPU priority during steps 5 to 8,
@@ -202,6 +204,21 @@ worker_bin=$(realpath "${CARGO_TARGET_DIR:-target}/debug/prefill-handoff")
     python3 -m ruff check .
     PREFILL_HANDOFF_BIN="$worker_bin" python3 -m pytest -q -p no:cacheprovider
 )
+
+# --- The serving example ----------------------------------------------------------
+# examples/serving: toy prefill and decode engines around two workers on the
+# dev binary, 60 s per flow (vLLM shapes in core mode, TensorRT-LLM shapes in
+# JetStream mode) at 20 requests a second with faults injected (worker and
+# decode engine killed, etcd stopped past the lease TTL, nats-server
+# restarted); fails when the checker finds a request answered twice or
+# wrongly, or a KV block freed twice, read after its free or never freed.
+# Then the checker's tests: a deliberately broken engine per invariant, each
+# caught. About 3.5 minutes in all; the seed is printed for a rerun.
+begin "serving example with faults, both flows (scripts/serving.sh), and its checker's tests"
+SERVING_BIN="${CARGO_TARGET_DIR:-target}/debug/prefill-handoff" \
+    bash scripts/serving.sh --faults --seconds 60 --flow both
+SERVING_BIN="$(realpath "${CARGO_TARGET_DIR:-target}/debug/prefill-handoff")" \
+    python3 -m pytest -q -p no:cacheprovider examples/serving/tests
 
 # --- Soak, short form -------------------------------------------------------------
 # scripts/soak.sh for 60 s in both modes at once, on the dev binary step 3

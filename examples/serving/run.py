@@ -350,6 +350,7 @@ def main() -> int:
                    else (shutil.which("nats-server") or "nats-server"))
     p.add_argument("--etcd", default=shutil.which("etcd") or "etcd")
     args = p.parse_args()
+    args.bin = os.path.abspath(args.bin)  # the processes run in this directory
     if not os.access(args.bin, os.X_OK):
         print(f"serving: no prefill-handoff binary at {args.bin} (cargo build --bin prefill-handoff)", file=sys.stderr)
         return 2
