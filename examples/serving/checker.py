@@ -55,6 +55,7 @@ class Fault:
     target: str
     t_start: float
     t_end: float
+    recovered: bool = True
     blocks_to_hold: int = 0
     requests: int = 0
 
@@ -70,7 +71,7 @@ class Run:
     def __init__(self, run_dir: str) -> None:
         with open(os.path.join(run_dir, "run.json"), encoding="utf-8") as f:
             self.cfg: dict[str, Any] = json.load(f)
-        self.faults = [Fault(e["name"], e.get("target", ""), e["t_start"], e["t_end"])
+        self.faults = [Fault(e["name"], e.get("target", ""), e["t_start"], e["t_end"], e.get("recovered", True))
                        for e in self._read(run_dir, "faults.jsonl") if e.get("ev") == "fault"]
         self.logs: dict[str, list[dict[str, Any]]] = {}
         for path in sorted(glob.glob(os.path.join(run_dir, "*.jsonl"))):
@@ -116,6 +117,9 @@ def check(run_dir: str) -> tuple[list[Row], dict[str, Any], list[Fault]]:
         f.requests = sum(1 for e in sent.values() if f.t_start - run.pre <= e["t"] <= f.t_end + run.post)
 
     rows: list[Row] = []
+    if run.faults:
+        probs = [f"{f.name} ({f.target}): the processes did not recover" for f in run.faults if not f.recovered]
+        rows.append(Row("every fault recovered from", not probs, f"{len(run.faults)} faults injected", probs))
 
     # --- answers -------------------------------------------------------------------
     probs: list[str] = []
@@ -132,6 +136,9 @@ def check(run_dir: str) -> tuple[list[Row], dict[str, Any], list[Fault]]:
                 timeouts_explained += 1
             else:
                 probs.append(f"{rid} ({s['kind']}): no answer within the client's timeout, and no fault explains it")
+    for e in front:
+        if e["ev"] == "frontend_error":
+            probs.append(f"{e['rid']}: the frontend failed: {e['error']}")
     if not front or not any(e["ev"] == "done" for e in front):
         probs.append("the frontend did not finish")
     rows.append(Row("every request answered once", not probs,

@@ -8,6 +8,8 @@ import asyncio
 import os
 import signal
 import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # The client library lives in the repository's clients/python/src; an installed
@@ -34,11 +36,14 @@ def parser(what: str) -> argparse.ArgumentParser:
     return p
 
 
-async def connect(url: str, name: str) -> nats.NATS:
+async def connect(url: str, name: str, reconnected: Callable[[], Awaitable[None]] | None = None) -> nats.NATS:
     # Reconnect for ever, quickly: a nats-server restart is one of the
     # injected faults, and an engine must outlive it.
+    options: dict[str, Any] = {}
+    if reconnected is not None:
+        options["reconnected_cb"] = reconnected
     return await nats.connect(url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.25,
-                              connect_timeout=2, allow_reconnect=True)
+                              connect_timeout=2, allow_reconnect=True, **options)
 
 
 def stop_event() -> asyncio.Event:

@@ -40,17 +40,17 @@ class Engine:
         self.slots = asyncio.Semaphore(args.slots)
         self.tasks: set[asyncio.Task[None]] = set()
 
-    async def answer(self, job: Any, body: dict[str, Any]) -> None:
-        data = msgpack.packb(body)
-        await self.nc.publish(job.reply_to, data)
-        if "answer-twice" in self.bugs:
-            await self.nc.publish(job.reply_to, data)
-        self.log("answer", rid=job.request_id, kind=body["kind"],
-                 code=body.get("error", {}).get("code"), tokens=body.get("output", {}).get("token_ids"))
+    async def answer(self, job: Any, output: dict[str, Any]) -> None:
+        """The tokens, in the worker's terminal shape (HandoffClient.answer)."""
+        for _ in range(2 if "answer-twice" in self.bugs else 1):
+            await self.client.answer(job, output)
+        self.log("answer", rid=job.request_id, kind="terminal", tokens=output["token_ids"])
 
     async def error(self, job: Any, code: str, message: str) -> None:
-        await self.answer(job, {"request_id": job.request_id, "kind": "error",
-                                "error": {"code": code, "message": message}})
+        """A typed error, in the shape of the worker's error responses."""
+        await self.nc.publish(job.reply_to, msgpack.packb(
+            {"request_id": job.request_id, "kind": "error", "error": {"code": code, "message": message}}))
+        self.log("answer", rid=job.request_id, kind="error", code=code)
 
     async def handle(self, job: Any) -> None:
         try:
@@ -89,25 +89,43 @@ class Engine:
         tokens, finish = model.decode(kv, first, int(req["max_tokens"]), list(req["stop"]))
         # The decode steps' time: a job holds its slot while it generates.
         await asyncio.sleep(self.args.step_ms * (len(tokens) - 1) / 1000)
-        await self.answer(job, {"request_id": job.request_id, "kind": "terminal",
-                                "output": {"token_ids": tokens, "text": "", "finish_reason": finish,
-                                           "engine": self.args.id}})
+        await self.answer(job, {"token_ids": tokens, "text": "", "finish_reason": finish, "engine": self.args.id})
 
     async def run(self) -> None:
         stop = common.stop_event()
-        self.nc = await common.connect(self.args.nats, self.args.id)
-        client = HandoffClient(self.nc, namespace=self.args.ns)
-        if self.args.mode == "jetstream":
-            jobs = client.decode_jobs(durable=self.args.durable)
-        else:
-            jobs = client.decode_jobs(queue=self.args.queue)
+        jobs: Any = None
+
+        async def reconnected() -> None:
+            # The pull the client had open died with the server, and the
+            # client would wait out that pull (5 s) before asking again while
+            # the jobs' KV holds run out: close the iterator; a new one pulls
+            # at once.
+            self.log("reconnected")
+            if jobs is not None and self.args.mode == "jetstream":
+                await jobs.close()
+
+        self.nc = await common.connect(self.args.nats, self.args.id, reconnected)
+        client = self.client = HandoffClient(self.nc, namespace=self.args.ns)
 
         async def consume() -> None:
-            async for job in jobs:
-                await self.slots.acquire()
-                task = asyncio.get_running_loop().create_task(self.handle(job))
-                self.tasks.add(task)
-                task.add_done_callback(self.tasks.discard)
+            # A fresh iterator after an error (the client raises what nats-py
+            # raises) or a reconnect.
+            nonlocal jobs
+            while True:
+                if self.args.mode == "jetstream":
+                    jobs = client.decode_jobs(durable=self.args.durable)
+                else:
+                    jobs = client.decode_jobs(queue=self.args.queue)
+                try:
+                    async for job in jobs:
+                        await self.slots.acquire()
+                        task = asyncio.get_running_loop().create_task(self.handle(job))
+                        self.tasks.add(task)
+                        task.add_done_callback(self.tasks.discard)
+                except Exception as e:
+                    self.log("consumer_error", error=f"{type(e).__name__}: {e}")
+                    await jobs.close()
+                    await asyncio.sleep(0.2)
 
         consumer = asyncio.get_running_loop().create_task(consume())
         await asyncio.sleep(0.3)  # decode_jobs subscribes when first iterated

@@ -58,8 +58,11 @@ class Frontend:
         await self.nc.publish(common.prefill_subject(self.args.ns), msgpack.packb(req))
         if kind == "cancel":
             await asyncio.sleep(self.rng.uniform(0, self.args.cancel_within_ms) / 1000)
-            await self.client.cancel(rid, reason="client went away")
-            self.log("cancel", rid=rid)
+            try:
+                await self.client.cancel(rid, reason="client went away")
+                self.log("cancel", rid=rid)
+            except Exception as e:  # NATS reconnecting: the request goes on uncancelled
+                self.log("cancel_failed", rid=rid, error=f"{type(e).__name__}: {e}")
         try:
             reply = await self.client.await_reply(rid, timeout=self.args.answer_timeout)
         except (asyncio.TimeoutError, TimeoutError):
@@ -97,7 +100,10 @@ class Frontend:
             if delay > 0:
                 await asyncio.sleep(delay)
             tasks.append(asyncio.get_running_loop().create_task(self.one(req)))
-        await asyncio.gather(*tasks)
+        for rid, result in zip((f"{self.args.run}-{i}" for i in range(len(tasks))),
+                               await asyncio.gather(*tasks, return_exceptions=True)):
+            if isinstance(result, BaseException):
+                self.log("frontend_error", rid=rid, error=f"{type(result).__name__}: {result}")
         await asyncio.sleep(0.5)  # late duplicates reach the tap
         self.log("done")
         await self.nc.close()

@@ -153,7 +153,9 @@ class Engine:
         deadline = time.monotonic() + self.args.mint_budget_s
         while True:
             try:
-                params = await trtllm.context_params(self.client)
+                # A short wait per try: a request that went to a worker being
+                # killed gets no answer, and the client would wait 5 s.
+                params = await asyncio.wait_for(trtllm.context_params(self.client), 0.5)
                 return int(params["disagg_request_id"])
             except Exception as e:  # IdentityUnavailable, RateLimited, timeouts, a reconnect
                 if time.monotonic() >= deadline:
@@ -220,11 +222,14 @@ class Engine:
         # a moment. A retried publish may store the result twice; the GEN
         # stream's Nats-Msg-Id keeps one decode job.
         limit = time.monotonic() + (self.args.hold_ms / 1000 if expires else 5)
+        # One message ID for every try, so the prefill stream stores a result
+        # whose store ack was lost only once.
+        headers = {"Nats-Msg-Id": f"result-{rid}"} if durable else None
         while True:
             try:
-                await self.client.publish_result(rid, frames, reply_to=req["reply_to"], request=request,
-                                                 deadline_ms=req.get("deadline_ms"), kv_expires_ms=expires,
-                                                 durable=durable)
+                await asyncio.wait_for(self.client.publish_result(
+                    rid, frames, reply_to=req["reply_to"], request=request, deadline_ms=req.get("deadline_ms"),
+                    kv_expires_ms=expires, headers=headers, durable=durable), 1.0)
                 break
             except Exception as e:
                 if time.monotonic() >= limit:
@@ -235,14 +240,22 @@ class Engine:
                  finish_reason=frames[0].get("finish_reason"))
 
     async def releases(self) -> None:
-        async for notice in self.client.kv_releases():
-            s = self.by_rid.get(notice.request_id)
-            if s is None or not shapes.names_engine(notice.handoff, self.args.id):
-                continue
-            if "drop-release" in self.bugs:
-                continue
-            self.log("release", rid=s.rid, reason=notice.reason)
-            self.free(s, "release")
+        """Every engine hears every notice and frees what names its own KV."""
+        while True:
+            notices = self.client.kv_releases()
+            try:
+                async for notice in notices:
+                    s = self.by_rid.get(notice.request_id)
+                    if s is None or not shapes.names_engine(notice.handoff, self.args.id):
+                        continue
+                    if "drop-release" in self.bugs:
+                        continue
+                    self.log("release", rid=s.rid, reason=notice.reason)
+                    self.free(s, "release")
+            except Exception as e:
+                self.log("release_error", error=f"{type(e).__name__}: {e}")
+                await notices.close()
+                await asyncio.sleep(0.2)
 
     def spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)

@@ -230,6 +230,19 @@ class System:
     def inject(self, kind: str, target: int) -> None:
         t_start = events.now_ms()
         name = kind
+        recovered = True
+        try:
+            name = self._inject(kind, target)
+        except RuntimeError as e:  # a process did not come back
+            recovered = False
+            self.say(f"fault {kind}: {e}")
+        t_end = events.now_ms()
+        self.fault_log("fault", name=kind, target=name, t_start=t_start, t_end=t_end, recovered=recovered)
+        self.say(f"fault {kind} ({name}) at {(t_start - self.t0) / 1000:.1f} s, "
+                 + (f"recovered after {(t_end - t_start) / 1000:.1f} s" if recovered else "NOT RECOVERED"))
+
+    def _inject(self, kind: str, target: int) -> str:
+        name = kind
         if kind == "worker_kill":
             name = self.workers[target].name
             self.workers[target].stop(signal.SIGKILL)
@@ -254,10 +267,7 @@ class System:
             time.sleep(LEASE_TTL_S + 2)
             self.start_etcd()
             wait_until("the workers after the etcd restart", self.workers_ready, 30)
-        t_end = events.now_ms()
-        self.fault_log("fault", name=kind, target=name, t_start=t_start, t_end=t_end)
-        self.say(f"fault {kind} ({name}) at {(t_start - self.t0) / 1000:.1f} s, recovered after "
-                 f"{(t_end - t_start) / 1000:.1f} s")
+        return name
 
     # --- the run ---------------------------------------------------------------------
     def run(self) -> int:
