@@ -259,7 +259,9 @@ fn decisions(c: &mut Criterion) {
                         subject: "llm.prefill.results",
                         nats_reply: None,
                         deadline_header: None,
+                        kv_expires_header: None,
                         now_ms: 0,
+                        published_ms: 0,
                         cancels: prefill_handoff::decision::NO_CANCELS,
                     };
                     black_box(decide_fn(input, &rules, &mut identity))
@@ -295,7 +297,9 @@ fn count_instructions(iters: usize) {
             subject: "llm.prefill.results",
             nats_reply: None,
             deadline_header: None,
+            kv_expires_header: None,
             now_ms: 0,
+            published_ms: 0,
             cancels: prefill_handoff::decision::NO_CANCELS,
         };
         black_box(decide_fn(input, &rules, &mut identity));

@@ -138,9 +138,11 @@ fn input<'a>(payload: &'a [u8], encoding: Encoding, nats_reply: Option<&'a str>)
         subject: SOURCE,
         nats_reply,
         deadline_header: None,
+        kv_expires_header: None,
         // A time near the deadlines a generated result carries, so both
         // sides of the compare are reached.
         now_ms: NOW_MS,
+        published_ms: NOW_MS,
         cancels: prefill_handoff::decision::NO_CANCELS,
     }
 }
@@ -275,7 +277,9 @@ pub fn nats_headers(data: &[u8]) {
                 subject,
                 nats_reply: reply,
                 deadline_header: headers::first(headers.as_ref(), HANDOFF_DEADLINE),
+                kv_expires_header: None,
                 now_ms: NOW_MS,
+                published_ms: NOW_MS,
                 cancels: prefill_handoff::decision::NO_CANCELS,
             };
             let headers = headers.as_ref();

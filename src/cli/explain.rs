@@ -38,10 +38,17 @@ pub struct ExplainArgs {
     /// The value of the message's `Handoff-Deadline` header.
     #[arg(long, value_name = "MS")]
     pub deadline_header: Option<String>,
+    /// The value of the message's `Handoff-KV-Expires` header.
+    #[arg(long, value_name = "MS")]
+    pub kv_expires_header: Option<String>,
     /// The time of the decision, Unix epoch milliseconds (default: now):
-    /// deadlines are compared with it.
+    /// deadlines and KV expiries are compared with it.
     #[arg(long, value_name = "MS")]
     pub now_ms: Option<u64>,
+    /// When the result was published, Unix epoch milliseconds (default: the
+    /// decision's time): an engine's `kv_hold_ms` counts from it.
+    #[arg(long, value_name = "MS")]
+    pub published_ms: Option<u64>,
     /// A request ID to treat as cancelled (repeatable).
     #[arg(long = "cancelled", value_name = "REQUEST_ID")]
     pub cancelled: Vec<String>,
@@ -81,13 +88,16 @@ pub fn run(args: ExplainArgs) -> anyhow::Result<()> {
         .next()
         .unwrap_or_default();
     let cancels = Listed(args.cancelled);
+    let now_ms = args.now_ms.unwrap_or_else(crate::clock::unix_ms);
     let input = Input {
         payload: &payload,
         encoding,
         subject: &source,
         nats_reply: args.nats_reply.as_deref(),
         deadline_header: args.deadline_header.as_deref(),
-        now_ms: args.now_ms.unwrap_or_else(crate::clock::unix_ms),
+        kv_expires_header: args.kv_expires_header.as_deref(),
+        now_ms,
+        published_ms: args.published_ms.unwrap_or(now_ms),
         cancels: &cancels,
     };
     let d = decision::decide(input, &rules, &mut identity);
@@ -140,6 +150,9 @@ pub fn render(d: &Decision, input: &[u8], encoding: Encoding) -> Json {
     }
     if let Some(ms) = d.deadline_ms {
         out.insert("deadline_ms".into(), json!(ms));
+    }
+    if let Some(ms) = d.kv_expires_ms {
+        out.insert("kv_expires_ms".into(), json!(ms));
     }
     out.insert("headers".into(), headers_json(&d.headers));
     let published = if matches!(d.outcome, Outcome::DeadLetter { .. }) {

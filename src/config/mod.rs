@@ -37,7 +37,7 @@ pub use redact::redact_urls;
 pub use reference::reference_markdown;
 pub use sections::{
     CancelConfig, DeadlineConfig, EtcdConfig, EtcdTls, IdServiceConfig, JetStreamConfig,
-    NatsConfig, NatsTls, OtelConfig, Subjects,
+    KvHoldConfig, MissingDisaggRequestId, NatsConfig, NatsTls, OtelConfig, Subjects, TrtllmConfig,
 };
 pub use table::{Key, Kind, Range};
 
@@ -62,6 +62,8 @@ pub struct Config {
     pub jetstream: JetStreamConfig,
     pub id_service: IdServiceConfig,
     pub deadline: DeadlineConfig,
+    pub trtllm: TrtllmConfig,
+    pub kv_hold_ms: KvHoldConfig,
     pub cancel: CancelConfig,
     pub allowed_reply_subjects: Vec<String>,
     pub lease_ttl_secs: u64,
@@ -101,6 +103,8 @@ impl Default for Config {
             jetstream: JetStreamConfig::default(),
             id_service: IdServiceConfig::default(),
             deadline: DeadlineConfig::default(),
+            trtllm: TrtllmConfig::default(),
+            kv_hold_ms: KvHoldConfig::default(),
             cancel: CancelConfig::default(),
             allowed_reply_subjects: Vec::new(),
             lease_ttl_secs: 10,

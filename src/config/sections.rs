@@ -266,6 +266,45 @@ pub struct DeadlineConfig {
     pub clock_skew_ms: u64,
 }
 
+/// TensorRT-LLM handoffs (`trtllm.*`).
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrtllmConfig {
+    /// What a decode-bound TensorRT-LLM result without `disagg_request_id`
+    /// gets.
+    pub missing_disagg_request_id: MissingDisaggRequestId,
+}
+
+/// The policy for a decode-bound TensorRT-LLM result whose
+/// `disagg_request_id` is absent or null. TensorRT-LLM keys the KV transfer
+/// session by the ID its context phase ran with, so an ID minted after that
+/// phase names a session the context side never opened.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum MissingDisaggRequestId {
+    /// Error `missing_disagg_request_id`: the producer must mint the ID
+    /// before the context phase.
+    #[default]
+    Refuse,
+    /// The decode job goes on with the ID null (the generation side keys
+    /// the transfer by `ctx_request_id`).
+    Pass,
+    /// The worker mints one, for transceivers that ignore the ID.
+    Mint,
+}
+
+/// How long each engine's prefill side keeps a request's KV after it
+/// published the result (`kv_hold_ms.*`), for results that do not say so
+/// themselves; 0: not known, no expiry.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct KvHoldConfig {
+    pub trtllm: u64,
+    pub vllm: u64,
+    pub sglang: u64,
+    pub opaque: u64,
+}
+
 /// The set of cancelled request IDs each worker holds.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]

@@ -118,7 +118,7 @@ pub const KEYS: &[Key] = &[
     key("subjects.dead_letter", Str, "Subject of dead letters; literal. Empty: `{ns}.handoff.dead`."),
     key("subjects.ids", Str, "Subject of the ID mint service (request/reply); literal. Empty: `{ns}.handoff.ids`."),
     key("subjects.cancel", Str, "Subject of cancels (`{\"request_id\", \"reason\"}`); every worker subscribes, not in the queue group; literal. Empty: `{ns}.handoff.cancel`."),
-    key("subjects.kv_release", Str, "Subject of the KV release notices of handoffs refused as `cancelled` or `deadline_exceeded`; literal. Empty: `{ns}.kv.release`."),
+    key("subjects.kv_release", Str, "Subject of the KV release notices of refused handoffs (every error after the handoff parameters validated); literal. Empty: `{ns}.kv.release`."),
     key("queue_group", Str, "Queue group shared by the workers in core mode. Empty: `{ns}-handoff`."),
     key("jetstream.prefill_stream", Str, "Work-queue stream over the prefill subjects. Empty: `{NS}_PREFILL`."),
     key("jetstream.gen_stream", Str, "Stream over the GEN subject. Empty: `{NS}_GEN`."),
@@ -149,6 +149,15 @@ pub const KEYS: &[Key] = &[
         .within(Between(1, 1024), "a request asks for at least one ID, and the contract's largest request is 1024"),
     key("deadline.clock_skew_ms", UInt, "Milliseconds a result's deadline may lie behind this worker's clock before a decode-bound result is refused `deadline_exceeded`: room for clocks that disagree.")
         .within(Between(0, 3_600_000), "an hour; clocks further apart than that need fixing, not tolerating"),
+    key("trtllm.missing_disagg_request_id", Enum(&["refuse", "pass", "mint"]), "What a decode-bound TensorRT-LLM result without `disagg_request_id` gets: `refuse` (error `missing_disagg_request_id`; the producer mints the ID from the ID service before the context phase), `pass` (the decode job goes on with the ID null), `mint` (the worker mints one: only for transceivers that ignore the ID)."),
+    key("kv_hold_ms.trtllm", UInt, "Milliseconds TensorRT-LLM's prefill side keeps a request's KV after publishing its result, for results without `kv_expires_ms` or `Handoff-KV-Expires`; counted from the result's publication (JetStream's stored time) or receipt. 0: no expiry.")
+        .within(Between(0, 86_400_000), "a day; no engine holds KV for longer"),
+    key("kv_hold_ms.vllm", UInt, "The same for vLLM (its NIXL connector's abort timeout).")
+        .within(Between(0, 86_400_000), "a day; no engine holds KV for longer"),
+    key("kv_hold_ms.sglang", UInt, "The same for SGLang (its bootstrap timeout).")
+        .within(Between(0, 86_400_000), "a day; no engine holds KV for longer"),
+    key("kv_hold_ms.opaque", UInt, "The same for handoffs of no recognised engine.")
+        .within(Between(0, 86_400_000), "a day; no engine holds KV for longer"),
     key("cancel.max_entries", UInt, "Cancels a worker holds at most; the oldest are evicted (and counted) beyond.")
         .within(Between(1, 10_000_000), "0 would forget every cancel at once"),
     key("cancel.max_bytes", UInt, "Bytes the held cancels may take, each charged with its bookkeeping (about 200 bytes for a 45-byte request ID); the oldest are evicted (and counted) beyond.")

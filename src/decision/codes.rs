@@ -23,6 +23,15 @@ pub enum ErrorCode {
     DeadlineExceeded,
     /// A result that would go to decode was cancelled on the cancel subject.
     Cancelled,
+    /// A TensorRT-LLM handoff without `disagg_request_id`, under the policy
+    /// `trtllm.missing_disagg_request_id = "refuse"`: the context phase ran
+    /// without the ID its transfer session is keyed by.
+    MissingDisaggRequestId,
+    /// `kv_expires_ms` or the `Handoff-KV-Expires` header is not a time.
+    InvalidKvExpires,
+    /// A result that would go to decode came after its prefill engine freed
+    /// the KV (or would have, by `kv_hold_ms`).
+    KvExpired,
     /// The ID mint service's answer beyond its budget (`id_service.*`);
     /// the decision never gives it.
     RateLimited,
@@ -33,7 +42,7 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 16] = [
+    pub const ALL: [ErrorCode; 19] = [
         ErrorCode::Malformed,
         ErrorCode::NoOutput,
         ErrorCode::PrefillFailed,
@@ -48,6 +57,9 @@ impl ErrorCode {
         ErrorCode::InvalidDeadline,
         ErrorCode::DeadlineExceeded,
         ErrorCode::Cancelled,
+        ErrorCode::MissingDisaggRequestId,
+        ErrorCode::InvalidKvExpires,
+        ErrorCode::KvExpired,
         ErrorCode::RateLimited,
         ErrorCode::OverBudget,
     ];
@@ -68,6 +80,9 @@ impl ErrorCode {
             ErrorCode::InvalidDeadline => "invalid_deadline",
             ErrorCode::DeadlineExceeded => "deadline_exceeded",
             ErrorCode::Cancelled => "cancelled",
+            ErrorCode::MissingDisaggRequestId => "missing_disagg_request_id",
+            ErrorCode::InvalidKvExpires => "invalid_kv_expires",
+            ErrorCode::KvExpired => "kv_expired",
             ErrorCode::RateLimited => "rate_limited",
             ErrorCode::OverBudget => "over_budget",
         }

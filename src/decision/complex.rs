@@ -55,6 +55,7 @@ pub(super) fn refuse(input: Input<'_>, rules: &Rules) -> Decision {
         request_id,
         size_hint: 0,
         deadline_ms: None,
+        kv_expires_ms: None,
     };
     reply.error(ErrorCode::Malformed, why, 0)
 }

@@ -14,7 +14,7 @@
 use super::ErrorCode;
 use super::handoff::describe;
 use super::header_values::truncate;
-use crate::headers::names::HANDOFF_DEADLINE;
+use crate::headers::names::{HANDOFF_DEADLINE, HANDOFF_KV_EXPIRES};
 use rmpv::Value;
 
 /// The largest deadline accepted: 2^63 - 1 (a deadline is in [0, 2^63)).
@@ -66,12 +66,42 @@ pub fn parse_header(value: &str) -> Option<u64> {
 /// `Handoff-Deadline` value): the earlier of the two, or an
 /// `invalid_deadline` error message naming the one that is not a deadline.
 pub fn effective(field: Field<'_>, header: Option<&str>) -> Result<Option<u64>, String> {
+    earlier(field, header, DEADLINE)
+}
+
+/// When the result's KV is freed by its prefill engine, from its field
+/// `kv_expires_ms` and its header `Handoff-KV-Expires` (the first value):
+/// the earlier of the two, or an `invalid_kv_expires` error message. Read
+/// like a deadline ([`Field`], [`parse_header`]).
+pub fn kv_expires(field: Field<'_>, header: Option<&str>) -> Result<Option<u64>, String> {
+    earlier(field, header, KV_EXPIRES)
+}
+
+/// A time a result carries in a field and a header: their names, and what
+/// the time is, for error messages.
+struct Named {
+    field: &'static str,
+    header: &'static str,
+}
+
+const DEADLINE: Named = Named {
+    field: "deadline_ms",
+    header: HANDOFF_DEADLINE,
+};
+
+const KV_EXPIRES: Named = Named {
+    field: "kv_expires_ms",
+    header: HANDOFF_KV_EXPIRES,
+};
+
+fn earlier(field: Field<'_>, header: Option<&str>, names: Named) -> Result<Option<u64>, String> {
     let from_field = match field {
         Field::None => None,
         Field::Ms(ms) => Some(ms),
         Field::Invalid(v) => {
             return Err(format!(
-                "deadline_ms is {}; expected null or an integer in [0, 2^63): Unix epoch milliseconds",
+                "{} is {}; expected null or an integer in [0, 2^63): Unix epoch milliseconds",
+                names.field,
                 describe(v)
             ));
         }
@@ -82,7 +112,8 @@ pub fn effective(field: Field<'_>, header: Option<&str>) -> Result<Option<u64>, 
             Some(ms) => Some(ms),
             None => {
                 return Err(format!(
-                    "the {HANDOFF_DEADLINE} header is {:?}; expected a decimal integer in [0, 2^63): Unix epoch milliseconds",
+                    "the {} header is {:?}; expected a decimal integer in [0, 2^63): Unix epoch milliseconds",
+                    names.header,
                     truncate(raw, 64)
                 ));
             }
@@ -122,28 +153,56 @@ impl Cancels for NoCancels {
 /// [`NoCancels`] as the decision's input takes it.
 pub const NO_CANCELS: &dyn Cancels = &NoCancels;
 
-/// Why a result that would go to decode is refused: it was cancelled, or its
-/// deadline has passed (`now_ms` at or past `deadline + skew_ms`). A cancel
-/// wins over a passed deadline: it is the client's own word. `None`: it goes
-/// to decode. Asked before an ID is minted for the job, so that a refused
-/// result spends none.
-pub fn refusal(
-    request_id: &str,
-    deadline: Option<u64>,
-    now_ms: u64,
-    skew_ms: u64,
-    cancels: &dyn Cancels,
-) -> Option<(ErrorCode, String)> {
+/// When a decode-bound result comes: what the refusal rules read.
+#[derive(Debug, Clone, Copy)]
+pub struct Timing<'a> {
+    pub request_id: &'a str,
+    /// The effective deadline ([`effective`]).
+    pub deadline: Option<u64>,
+    /// When the prefill engine frees the KV: the result's own
+    /// ([`kv_expires`]) or its engine's hold ([`super::Rules::kv_expiry`]).
+    pub kv_expires: Option<u64>,
+    pub now_ms: u64,
+    /// How far a deadline may lie behind `now_ms` (`deadline.clock_skew_ms`).
+    pub skew_ms: u64,
+}
+
+/// Why a result that would go to decode is refused: it was cancelled, its
+/// deadline has passed (`now_ms` at or past `deadline + skew_ms`), or its KV
+/// was freed (`now_ms` at or past `kv_expires`). A cancel wins over a passed
+/// deadline: it is the client's own word; a passed deadline wins over
+/// freed KV: the client would not take a retried request either. The KV
+/// gets no skew: a job sent a moment after its KV was freed would decode
+/// from freed blocks. `None`: it goes to decode. Asked before an ID is
+/// minted for the job, so that a refused result spends none.
+pub fn refusal(timing: Timing<'_>, cancels: &dyn Cancels) -> Option<(ErrorCode, String)> {
+    let Timing {
+        request_id,
+        deadline,
+        kv_expires,
+        now_ms,
+        skew_ms,
+    } = timing;
     if let Some(cancel) = cancels.lookup(request_id, now_ms) {
         return Some((ErrorCode::Cancelled, cancelled_message(&cancel)));
     }
-    let deadline = deadline?;
-    passed(deadline, now_ms, skew_ms).then(|| {
-        (
+    if let Some(deadline) = deadline
+        && passed(deadline, now_ms, skew_ms)
+    {
+        return Some((
             ErrorCode::DeadlineExceeded,
             exceeded_message(deadline, now_ms),
-        )
-    })
+        ));
+    }
+    let expires = kv_expires?;
+    (now_ms >= expires).then(|| (ErrorCode::KvExpired, expired_message(expires, now_ms)))
+}
+
+fn expired_message(expires: u64, now_ms: u64) -> String {
+    format!(
+        "the prefill engine freed the request's KV at {expires} ms since the Unix epoch, {} ms before the handoff; no decode job was sent: retry the whole request",
+        now_ms - expires.min(now_ms)
+    )
 }
 
 /// Whether a deadline has passed at `now_ms`, allowing `skew_ms` for the
@@ -259,6 +318,24 @@ mod tests {
         }
     }
 
+    /// [`refusal`] with no KV expiry.
+    fn refuse(
+        request_id: &str,
+        deadline: Option<u64>,
+        now_ms: u64,
+        skew_ms: u64,
+        cancels: &dyn Cancels,
+    ) -> Option<(ErrorCode, String)> {
+        let timing = Timing {
+            request_id,
+            deadline,
+            kv_expires: None,
+            now_ms,
+            skew_ms,
+        };
+        refusal(timing, cancels)
+    }
+
     #[test]
     fn a_decode_bound_result_is_refused_when_cancelled_or_past_its_deadline() {
         let none = NO_CANCELS;
@@ -313,27 +390,95 @@ mod tests {
             ("r2", Some(9_000), 5_000, 0, cancelled, None),
         ];
         for (id, deadline, now, skew, cancels, want) in cases {
-            let got = refusal(id, deadline, now, skew, cancels).map(|(code, _)| code);
+            let got = refuse(id, deadline, now, skew, cancels).map(|(code, _)| code);
             assert_eq!(got, want, "{id} {deadline:?} now {now} skew {skew}");
         }
     }
 
     #[test]
     fn refusals_say_what_happened() {
-        let (_, why) = refusal("r1", Some(4_000), 5_000, 0, NO_CANCELS).unwrap();
+        let (_, why) = refuse("r1", Some(4_000), 5_000, 0, NO_CANCELS).unwrap();
         assert_eq!(
             why,
             "the request's deadline (4000 ms since the Unix epoch) passed 1000 ms before the handoff; no decode job was sent"
         );
-        let (_, why) = refusal("r1", None, 0, 0, &One("r1", Some("gone"))).unwrap();
+        let (_, why) = refuse("r1", None, 0, 0, &One("r1", Some("gone"))).unwrap();
         assert_eq!(
             why,
             "the request was cancelled (gone); no decode job was sent"
         );
-        let (_, why) = refusal("r1", None, 0, 0, &One("r1", None)).unwrap();
+        let (_, why) = refuse("r1", None, 0, 0, &One("r1", None)).unwrap();
         assert_eq!(why, "the request was cancelled; no decode job was sent");
         let long = Box::leak("x".repeat(1000).into_boxed_str());
-        let (_, why) = refusal("r1", None, 0, 0, &One("r1", Some(long))).unwrap();
+        let (_, why) = refuse("r1", None, 0, 0, &One("r1", Some(long))).unwrap();
         assert!(why.len() < 400, "a long reason is cut: {}", why.len());
+    }
+}
+
+#[cfg(test)]
+mod kv_tests {
+    use super::*;
+
+    #[test]
+    fn the_kv_expiry_is_read_like_a_deadline_under_its_own_names() {
+        let body = Value::from(2000);
+        let field = Field::of(Some(&body));
+        assert_eq!(kv_expires(field, Some("1000")), Ok(Some(1000)));
+        assert_eq!(kv_expires(field, None), Ok(Some(2000)));
+        assert_eq!(kv_expires(Field::None, None), Ok(None));
+        let why = kv_expires(Field::of(Some(&Value::from("soon"))), None).unwrap_err();
+        assert!(why.starts_with("kv_expires_ms is the string"), "{why}");
+        let why = kv_expires(Field::None, Some("-1")).unwrap_err();
+        assert!(why.contains("Handoff-KV-Expires header"), "{why}");
+    }
+
+    /// (cancelled, deadline, kv_expires) at now = 5,000 ms, no skew -> code.
+    #[test]
+    fn a_cancel_wins_then_a_passed_deadline_then_freed_kv() {
+        struct All;
+        impl Cancels for All {
+            fn lookup(&self, _: &str, _: u64) -> Option<Cancelled> {
+                Some(Cancelled::default())
+            }
+        }
+        type Case = (bool, Option<u64>, Option<u64>, Option<ErrorCode>);
+        let cases: [Case; 8] = [
+            (false, None, None, None),
+            (false, None, Some(5_001), None),
+            (false, None, Some(5_000), Some(ErrorCode::KvExpired)),
+            (false, Some(9_000), Some(4_000), Some(ErrorCode::KvExpired)),
+            (
+                false,
+                Some(4_000),
+                Some(4_000),
+                Some(ErrorCode::DeadlineExceeded),
+            ),
+            (false, Some(9_000), Some(9_000), None),
+            (true, Some(4_000), Some(4_000), Some(ErrorCode::Cancelled)),
+            (true, None, None, Some(ErrorCode::Cancelled)),
+        ];
+        for (cancelled, deadline, kv_expires, want) in cases {
+            let cancels: &dyn Cancels = if cancelled { &All } else { NO_CANCELS };
+            let timing = Timing {
+                request_id: "r1",
+                deadline,
+                kv_expires,
+                now_ms: 5_000,
+                skew_ms: 0,
+            };
+            let got = refusal(timing, cancels).map(|(code, _)| code);
+            assert_eq!(got, want, "{cancelled} {deadline:?} {kv_expires:?}");
+        }
+        // A deadline's skew does not stretch the KV's life.
+        let timing = Timing {
+            request_id: "r1",
+            deadline: None,
+            kv_expires: Some(4_000),
+            now_ms: 5_000,
+            skew_ms: 10_000,
+        };
+        let (code, why) = refusal(timing, NO_CANCELS).unwrap();
+        assert_eq!(code, ErrorCode::KvExpired);
+        assert!(why.contains("1000 ms before the handoff"), "{why}");
     }
 }

@@ -20,8 +20,8 @@
 //! spans are compared as raw bytes and the output is copied in contiguous
 //! runs. The current cost per decision is in `docs/performance.md`.
 
-use super::deadline::{self, Cancels};
-use super::handoff::MISSING_CTX_REQUEST_ID;
+use super::deadline;
+use super::handoff::{self, DisaggId, MISSING_CTX_REQUEST_ID, is_context_only};
 use super::known::{self, Key, Kind, NOT_PASSED_ON, Set, TRTLLM, VLLM, fixstr, fixstrs};
 use super::{
     Backend, Decision, ErrorCode, FinishReason, IdSource, Input, Outcome, Release, Rules,
@@ -34,7 +34,8 @@ use crate::wire::transcode::carried;
 use crate::wire::{Encoding, scan};
 use std::mem::MaybeUninit;
 
-/// The most entries a map read here may have; wider ones take the tree path.
+/// The most entries a map read here holds inline; a wider one's entries are
+/// held on the heap ([`Fields::wide`]).
 const WIDE: usize = 16;
 const MAX_I63: u64 = (1 << 63) - 1;
 
@@ -58,13 +59,18 @@ fn utf8(raw: Span<'_>) -> Option<&str> {
 /// bytes, every name looked up, as a fixstr, so a key is recognized by its
 /// span), and which kinds are there.
 ///
-/// The slots past `len` are left uninitialized: a decision builds three of
-/// these (1.5 KiB), and filling them with empty spans first would be a
-/// noticeable share of the whole decision.
+/// The slots past `len` are left uninitialized: a decision builds several of
+/// these, and filling them with empty spans first would be a noticeable
+/// share of the whole decision. A map of more than [`WIDE`] entries holds
+/// them in `wide` instead: as many as the input has, each at least two of its
+/// bytes, so bounded by its size.
 struct Fields<'a> {
-    /// `entries[..len]` are initialized: only [`Fields::push_kind`] writes
-    /// them.
+    /// `entries[..len]` are initialized, unless `spilled`: only
+    /// [`Fields::push_kind`] writes them.
     entries: [MaybeUninit<Entry<'a>>; WIDE],
+    /// The entries of a map wider than [`WIDE`] (`spilled`).
+    wide: Vec<Entry<'a>>,
+    spilled: bool,
     /// The kinds present, one bit each (as [`known::Set`]s hold them).
     present: Set,
     /// The buckets of the keys ([`known::classify`]), one bit each.
@@ -80,6 +86,8 @@ impl<'a> Fields<'a> {
     fn new() -> Fields<'a> {
         Fields {
             entries: [const { MaybeUninit::uninit() }; WIDE],
+            wide: Vec::new(),
+            spilled: false,
             present: 0,
             buckets: 0,
             again: 0,
@@ -102,7 +110,11 @@ impl<'a> Fields<'a> {
     ) -> Option<()> {
         let i = self.len;
         let (key, value) = entry;
-        self.entries.get_mut(i)?.write(Entry { key, value, kind });
+        if self.spilled {
+            self.wide.push(Entry { key, value, kind });
+        } else {
+            self.entries.get_mut(i)?.write(Entry { key, value, kind });
+        }
         self.present |= known::bit(kind);
         let bucket = 1u64 << bucket;
         self.again |= self.buckets & bucket;
@@ -112,6 +124,8 @@ impl<'a> Fields<'a> {
     }
 
     fn clear(&mut self) {
+        self.wide.clear();
+        self.spilled = false;
         self.len = 0;
         self.present = 0;
         self.buckets = 0;
@@ -120,6 +134,9 @@ impl<'a> Fields<'a> {
 
     /// The entries read so far.
     fn all(&self) -> &[Entry<'a>] {
+        if self.spilled {
+            return &self.wide;
+        }
         let len = self.len.min(WIDE);
         // SAFETY: `push` is the only writer of `entries` and `len`: it
         // initializes `entries[len]` before counting it, so the first `len`
@@ -129,7 +146,7 @@ impl<'a> Fields<'a> {
     }
 
     /// Reads and validates the map at `pos` of `b`, which sits in `depth`
-    /// containers: its entries, at most [`WIDE`], no string key twice. Each
+    /// containers: its entries, no string key twice. Each
     /// value's end comes from `value`, given the key's kind, where the value starts
     /// and its depth (a reader of its own for the values the decision looks
     /// into, [`scan::value_end`] for the rest). Returns the map's end.
@@ -141,8 +158,15 @@ impl<'a> Fields<'a> {
         mut value: impl FnMut(Kind, usize, usize) -> Option<usize>,
     ) -> Option<usize> {
         let (n, start) = scan::map_header(b.get(pos..)?)?;
-        if n > WIDE || depth >= crate::wire::MAX_DEPTH {
+        if depth >= crate::wire::MAX_DEPTH {
             return None;
+        }
+        if n > WIDE {
+            // Each entry takes at least two bytes: a length past the input
+            // is refused by the walk before it could cost memory.
+            (n <= b.len() / 2).then_some(())?;
+            self.spilled = true;
+            self.wide.reserve_exact(n);
         }
         let mut p = pos + start;
         for _ in 0..n {
@@ -161,7 +185,12 @@ impl<'a> Fields<'a> {
             self.push_kind((key, b.get(key_end..end)?), class)?;
             p = end;
         }
-        self.unique().then_some(p)
+        let unique = if self.spilled {
+            self.unique_wide()
+        } else {
+            self.unique()
+        };
+        unique.then_some(p)
     }
 
     /// No string key twice. Spans of equal canonical strings are equal, and
@@ -171,6 +200,21 @@ impl<'a> Fields<'a> {
     #[inline(always)]
     fn unique(&self) -> bool {
         self.again == 0 || self.unique_in_buckets()
+    }
+
+    /// [`Fields::unique`] for a map wider than [`WIDE`], where most buckets
+    /// hold several keys: a hash set of the string keys, linear in the
+    /// entries whatever they are.
+    #[inline(never)]
+    fn unique_wide(&self) -> bool {
+        let mut seen = foldhash::HashSet::with_capacity_and_hasher(
+            self.len,
+            foldhash::fast::RandomState::default(),
+        );
+        self.all()
+            .iter()
+            .filter(|e| scan::str_bytes(e.key).is_some())
+            .all(|e| seen.insert(e.key))
     }
 
     /// [`Fields::unique`] when some bucket holds more than one key.
@@ -222,11 +266,15 @@ struct Body<'a> {
     /// read into `frame`.
     frames: Option<usize>,
     frame: Fields<'a>,
-    /// The first frame's `disaggregated_params`, when `has_params`: a map of
-    /// at most [`WIDE`] entries with no key twice (else the tree path decides
-    /// a handoff; a terminal response never looks into it).
+    /// The first frame's `disaggregated_params`, when `has_params`: a map
+    /// with no key twice (else the tree path decides a handoff; a terminal
+    /// response never looks into it).
     params: Fields<'a>,
     has_params: bool,
+    /// The params' `kv_transfer_params` (Dynamo's nesting of vLLM's), when
+    /// `has_nested`: a map with no key twice.
+    nested: Fields<'a>,
+    has_nested: bool,
 }
 
 impl<'a> Body<'a> {
@@ -238,14 +286,15 @@ impl<'a> Body<'a> {
             frame: Fields::new(),
             params: Fields::new(),
             has_params: false,
+            nested: Fields::new(),
+            has_nested: false,
         }
     }
 
-    /// Reads the body into `self` (read in place: moving three [`Fields`]
-    /// out of a constructor copied 1.5 KiB per decision), when it is one
-    /// valid, canonical map of at most [`WIDE`] entries with no key twice,
-    /// whose `frames` (if it is an array with items) starts with such a map
-    /// and holds only maps.
+    /// Reads the body into `self` (read in place: moving the [`Fields`]
+    /// out of a constructor copied kilobytes per decision), when it is one
+    /// valid, canonical map with no key twice, whose `frames` (if it is an
+    /// array with items) starts with such a map and holds only maps.
     fn read(&mut self, b: &'a [u8]) -> Option<()> {
         let Body {
             top,
@@ -253,6 +302,8 @@ impl<'a> Body<'a> {
             frame,
             params,
             has_params,
+            nested,
+            has_nested,
         } = self;
         let end = top.read(b, 0, 0, |kind, p, depth| {
             if kind != Key::Frames as Kind || frames.is_some() {
@@ -273,7 +324,20 @@ impl<'a> Body<'a> {
                 // declines the body after this.
                 params.clear();
                 *has_params = false;
-                match params.read(b, p, depth, |_, p, depth| scan::value_end(b, p, depth)) {
+                nested.clear();
+                *has_nested = false;
+                let params_value = |kind: Kind, p: usize, depth: usize| {
+                    if kind != Key::KvTransferParams as Kind {
+                        return scan::value_end(b, p, depth);
+                    }
+                    // Twice in the params: their duplicate-key check
+                    // declines the body after this.
+                    nested.clear();
+                    let read = nested.read(b, p, depth, |_, p, depth| scan::value_end(b, p, depth));
+                    *has_nested = read.is_some();
+                    read.or_else(|| scan::value_end(b, p, depth))
+                };
+                match params.read(b, p, depth, params_value) {
                     Some(end) => {
                         *has_params = true;
                         Some(end)
@@ -293,6 +357,11 @@ impl<'a> Body<'a> {
     /// The first frame's `disaggregated_params`, when read.
     fn params(&self) -> Option<&Fields<'a>> {
         self.has_params.then_some(&self.params)
+    }
+
+    /// The params' `kv_transfer_params` map, when read.
+    fn nested(&self) -> Option<&Fields<'a>> {
+        self.has_nested.then_some(&self.nested)
     }
 }
 
@@ -353,18 +422,10 @@ pub(super) fn decide(
         },
         None => None,
     };
-    // The deadline (`deadline::effective`): a field read and a header
-    // parse when there is one. Not a deadline: the tree path describes it.
-    let mut deadline = match top.get(Key::DeadlineMs) {
-        Some(raw) if !scan::is_nil(raw) => {
-            Some(scan::uint(raw).filter(|ms| *ms <= deadline::MAX_DEADLINE_MS)?)
-        }
-        _ => None,
-    };
-    if let Some(raw) = input.deadline_header {
-        let header = deadline::parse_header(raw)?;
-        deadline = Some(deadline.map_or(header, |field| field.min(header)));
-    }
+    // The deadline (`deadline::effective`) and the KV's expiry
+    // (`deadline::kv_expires`). Not a time: the tree path describes it.
+    let deadline = epoch_ms(top.get(Key::DeadlineMs), input.deadline_header)?;
+    let kv_expires = epoch_ms(top.get(Key::KvExpiresMs), input.kv_expires_header)?;
     // Rule 2, for an error given as a string (the tree path renders
     // anything else).
     let error = match frame.get_non_nil(Key::Error) {
@@ -381,6 +442,7 @@ pub(super) fn decide(
         trailing: count - 1,
         capacity: body.len() + 128,
         deadline,
+        kv_expires,
     };
     if let Some(text) = error {
         return Some(answer.error(ErrorCode::PrefillFailed, prefill_failed(text)));
@@ -392,6 +454,23 @@ pub(super) fn decide(
         },
         None => answer.handoff(&read, request, input, rules, ids),
     }
+}
+
+/// A time in a top-level field and a header, the earlier of the two
+/// (`deadline::effective`, `deadline::kv_expires`): `None` when either is not
+/// a time (the tree path describes it).
+fn epoch_ms(field: Option<Span<'_>>, header: Option<&str>) -> Option<Option<u64>> {
+    let from_field = match field {
+        Some(raw) if !scan::is_nil(raw) => {
+            Some(scan::uint(raw).filter(|ms| *ms <= deadline::MAX_DEADLINE_MS)?)
+        }
+        _ => None,
+    };
+    let Some(raw) = header else {
+        return Some(from_field);
+    };
+    let header = deadline::parse_header(raw)?;
+    Some(Some(from_field.map_or(header, |field| field.min(header))))
 }
 
 /// The output: bytes written here, and spans of the input copied as they
@@ -500,6 +579,8 @@ struct Answer<'a, 'f> {
     capacity: usize,
     /// The effective deadline, read before any rule.
     deadline: Option<u64>,
+    /// When the KV is freed, as the result says (field or header).
+    kv_expires: Option<u64>,
 }
 
 impl<'a> Answer<'a, '_> {
@@ -545,12 +626,13 @@ impl<'a> Answer<'a, '_> {
             trailing_frames: self.trailing,
             detail: Some(message),
             deadline_ms: self.deadline,
+            kv_expires_ms: None,
             release: None,
         }
     }
 
-    /// The error response for a handoff refused as cancelled or past its
-    /// deadline, with its KV release notice (as `Reply::refused` has it):
+    /// The error response for a handoff refused after its parameters passed
+    /// validation, with its KV release notice (as `Reply::refused` has it):
     /// `{request_id, reason, backend, handoff: <the params as received>,
     /// worker}`.
     fn refused(
@@ -601,6 +683,7 @@ impl<'a> Answer<'a, '_> {
             trailing_frames: self.trailing,
             detail: None,
             deadline_ms: self.deadline,
+            kv_expires_ms: None,
             release: None,
         }
     }
@@ -619,8 +702,7 @@ impl<'a> Answer<'a, '_> {
         ids: &mut dyn IdSource,
     ) -> Option<Decision> {
         let (top, params) = (&read.top, read.params()?);
-        let backend = engine(params)?;
-        let mut minted = None;
+        let backend = engine(read)?;
         let kept = if backend == Backend::Trtllm {
             let Some(ctx_request_id) = params.get_non_nil(Key::CtxRequestId) else {
                 let why = MISSING_CTX_REQUEST_ID.to_string();
@@ -628,7 +710,7 @@ impl<'a> Answer<'a, '_> {
             };
             scan::uint(ctx_request_id).filter(|id| *id <= MAX_I63)?;
             if let Some(kind) = params.get_non_nil(Key::RequestType) {
-                (utf8(kind)? == "context_only").then_some(())?;
+                is_context_only(utf8(kind)?).then_some(())?;
             }
             match params.get_non_nil(Key::DisaggRequestId) {
                 Some(raw) => Some(scan::uint(raw).filter(|id| (1..MAX_I63).contains(id))?),
@@ -637,21 +719,39 @@ impl<'a> Answer<'a, '_> {
         } else {
             None
         };
-        if let Some(refusal) = refusal(&self, input.now_ms, rules, input.cancels) {
-            // Read as the params map: the frame holds the span.
-            let raw = self.frame.get(Key::DisaggregatedParams)?;
-            return Some(self.refused(refusal, backend, raw, ids, rules));
+        // From here on every refusal frees the KV: its notice names the
+        // params map as received (the frame holds its span).
+        let raw_params = self.frame.get(Key::DisaggregatedParams)?;
+        let kv_expires = self
+            .kv_expires
+            .or_else(|| rules.kv_expiry(backend, input.published_ms));
+        let timing = deadline::Timing {
+            request_id: self.request_id,
+            deadline: self.deadline,
+            kv_expires,
+            now_ms: input.now_ms,
+            skew_ms: rules.deadline_skew_ms,
+        };
+        if let Some(refusal) = deadline::refusal(timing, input.cancels) {
+            return Some(self.refused(refusal, backend, raw_params, ids, rules));
         }
-        let disagg = match (backend, kept) {
-            (Backend::Trtllm, Some(id)) => Some(id),
-            (Backend::Trtllm, None) => {
-                // The last check: nothing after this may decline.
-                let job = ids.mint_for_job().ok()?;
-                minted = Some(job);
-                Some(job.id)
+        // The last check: nothing after this may decline (an ID may be
+        // minted here).
+        let disagg = if backend == Backend::Trtllm {
+            match handoff::disagg_id(kept, rules.missing_disagg_request_id, ids) {
+                Ok(disagg) => Some(disagg),
+                Err(refusal) => {
+                    return Some(self.refused(refusal, backend, raw_params, ids, rules));
+                }
             }
+        } else {
+            None
+        };
+        let minted = match disagg {
+            Some(DisaggId::Minted(minted)) => Some(minted),
             _ => None,
         };
+        let disagg = disagg.map(DisaggId::id);
         let (machine_id, instance_id) = match minted {
             Some(job) => (job.machine_id, job.instance_id),
             None => (ids.machine_id(), ids.instance_id()),
@@ -663,7 +763,8 @@ impl<'a> Answer<'a, '_> {
         let own = 6
             + usize::from(disagg.is_some())
             + usize::from(request.is_some())
-            + usize::from(self.deadline.is_some());
+            + usize::from(self.deadline.is_some())
+            + usize::from(kv_expires.is_some());
         let mut out = Out::new(self.body, self.capacity);
         write_map_len(out.own(), own + extras);
         // `"request_id": …, "reply_to": …`. A value's key is the name it
@@ -694,7 +795,7 @@ impl<'a> Answer<'a, '_> {
         }
         // Runs of constant keys and values, each written in one copy.
         match (backend, disagg) {
-            (Backend::Trtllm, Some(id)) => {
+            (Backend::Trtllm, Some(Some(id))) => {
                 out.put(fixstrs!("backend", "trtllm", "disagg_request_id"));
                 write_uint(out.own(), id);
                 out.put(fixstr!("handoff"));
@@ -707,7 +808,10 @@ impl<'a> Answer<'a, '_> {
                 out.str(backend.as_str().as_bytes());
                 if let Some(id) = disagg {
                     out.put(fixstr!("disagg_request_id"));
-                    write_uint(out.own(), id);
+                    match id {
+                        Some(id) => write_uint(out.own(), id),
+                        None => out.put(&[0xc0]),
+                    }
                 }
                 out.put(fixstr!("handoff"));
             }
@@ -724,6 +828,10 @@ impl<'a> Answer<'a, '_> {
             out.put(fixstr!("deadline_ms"));
             write_uint(out.own(), ms);
         }
+        if let Some(ms) = kv_expires {
+            out.put(fixstr!("kv_expires_ms"));
+            write_uint(out.own(), ms);
+        }
         if extras > 0 {
             for entry in top.iter().filter(|e| passed_on(e.kind)) {
                 out.entry(entry);
@@ -736,31 +844,15 @@ impl<'a> Answer<'a, '_> {
             },
             request_id: Some(self.request_id.to_string()),
             subject: rules.gen_subject.clone(),
-            headers: Headers::job(self.request_id, self.deadline),
+            headers: Headers::job(self.request_id, self.deadline, kv_expires),
             payload: out.finish(),
             trailing_frames: self.trailing,
             detail: None,
             deadline_ms: self.deadline,
+            kv_expires_ms: kv_expires,
             release: None,
         })
     }
-}
-
-/// `deadline::refusal` for the answer's request: a call on the cancel set
-/// for every handoff, and a compare when it has a deadline.
-fn refusal(
-    answer: &Answer<'_, '_>,
-    now_ms: u64,
-    rules: &Rules,
-    cancels: &dyn Cancels,
-) -> Option<(ErrorCode, String)> {
-    deadline::refusal(
-        answer.request_id,
-        answer.deadline,
-        now_ms,
-        rules.deadline_skew_ms,
-        cancels,
-    )
 }
 
 /// `"worker": {"instance_id": …, "machine_id": …}`.
@@ -786,43 +878,67 @@ const WORKER_HEAD: [u8; 20] = known::join(&[fixstr!("worker"), &[0x82], fixstr!(
 /// `"machine_id": nil`.
 const MACHINE_ID_NIL: [u8; 12] = known::join(&[fixstr!("machine_id"), &[0xc0]]);
 
-/// The engine a params map is for, when the tree path would accept its
+/// The engine the params are for, when the tree path would accept its
 /// handoff (`None` otherwise: the caller declines). TensorRT-LLM keys win over
-/// SGLang's, which win over vLLM's, as in `handoff::backend_of`; the
-/// TensorRT-LLM checks (and the mint) are the caller's. The SGLang and vLLM
-/// checks are `handoff::sglang` and `handoff::vllm` on spans.
-fn engine(params: &Fields<'_>) -> Option<Backend> {
+/// SGLang's, which win over vLLM's, then Dynamo's nested vLLM params, as in
+/// `handoff::backend_of`; the TensorRT-LLM checks (and the mint) are the
+/// caller's. The SGLang and vLLM checks are `handoff::sglang` and
+/// `handoff::vllm` on spans.
+fn engine(read: &Body<'_>) -> Option<Backend> {
+    let params = read.params()?;
     if params.has_any(TRTLLM) {
         return Some(Backend::Trtllm);
     }
-    let port = |raw: Span<'_>| scan::uint(raw).filter(|p| (1..=65535).contains(p));
     if params
         .iter()
         .any(|e| utf8(e.key).is_some_and(|k| k.starts_with("bootstrap_")))
     {
         utf8(params.get(Key::BootstrapHost)?).filter(|h| !h.is_empty())?;
-        port(params.get(Key::BootstrapPort)?)?;
+        if let Some(raw) = params.get_non_nil(Key::BootstrapPort) {
+            port(raw)?;
+        }
         scan::uint(params.get(Key::BootstrapRoom)?).filter(|r| *r <= MAX_I63)?;
         return Some(Backend::Sglang);
     }
     if params.has_any(VLLM) {
-        utf8(params.get(Key::RemoteEngineId)?).filter(|e| !e.is_empty())?;
-        let (n, blocks) = scan::items(params.get(Key::RemoteBlockIds)?)?;
-        // Spans of a validated body: every item is there.
-        let ints = blocks.map(scan::uint).take_while(Option::is_some).count();
-        (ints == n).then_some(())?;
-        if let Some(raw) = params.get_non_nil(Key::RemotePort) {
-            port(raw)?;
-        }
+        vllm(params)?;
+        return Some(Backend::Vllm);
+    }
+    if params.get(Key::KvTransferParams).is_some() {
+        vllm(read.nested()?)?;
         return Some(Backend::Vllm);
     }
     Some(Backend::Opaque)
 }
 
-/// The params as they go to decode: for TensorRT-LLM (`disagg` is `Some`),
-/// `request_type` and `disagg_request_id` set in place or appended in that
+fn port(raw: Span<'_>) -> Option<u64> {
+    scan::uint(raw).filter(|p| (1..=65535).contains(p))
+}
+
+/// `handoff::vllm` on spans: `None` where it refuses.
+fn vllm(params: &Fields<'_>) -> Option<()> {
+    utf8(params.get(Key::RemoteEngineId)?).filter(|e| !e.is_empty())?;
+    let blocks = params.get(Key::RemoteBlockIds)?;
+    // Spans of a validated body: every item is there.
+    let uints = |raw: Span<'_>| {
+        scan::items(raw).is_some_and(|(n, items)| {
+            items.map(scan::uint).take_while(Option::is_some).count() == n
+        })
+    };
+    // One list of block IDs, or one per KV-cache group.
+    let grouped = || scan::items(blocks).is_some_and(|(_, mut groups)| groups.all(uints));
+    (uints(blocks) || grouped()).then_some(())?;
+    if let Some(raw) = params.get_non_nil(Key::RemotePort) {
+        port(raw)?;
+    }
+    Some(())
+}
+
+/// The params as they go to decode: for TensorRT-LLM (`disagg` is
+/// `Some`), `request_type` set to `"generation_only"` and, for a kept or
+/// minted ID, `disagg_request_id` set, each in place or appended in that
 /// order; otherwise unchanged.
-fn write_params<'a>(out: &mut Out<'a>, params: &Fields<'a>, disagg: Option<u64>) {
+fn write_params<'a>(out: &mut Out<'a>, params: &Fields<'a>, disagg: Option<Option<u64>>) {
     let entries = params.all();
     let Some(id) = disagg else {
         write_map_len(out.own(), entries.len());
@@ -830,23 +946,23 @@ fn write_params<'a>(out: &mut Out<'a>, params: &Fields<'a>, disagg: Option<u64>)
         return;
     };
     let has_type = params.get(Key::RequestType).is_some();
-    let has_id = params.get(Key::DisaggRequestId).is_some();
+    let set_id = id.is_some() && params.get(Key::DisaggRequestId).is_none();
     write_map_len(
         out.own(),
-        entries.len() + usize::from(!has_type) + usize::from(!has_id),
+        entries.len() + usize::from(!has_type) + usize::from(set_id),
     );
     // The entries as they are, but for the values of these two.
     let mut from = 0;
     for (i, entry) in entries.iter().enumerate() {
         let request_type = entry.kind == Key::RequestType as Kind;
-        if !request_type && entry.kind != Key::DisaggRequestId as Kind {
+        let disagg_id = entry.kind == Key::DisaggRequestId as Kind && id.is_some();
+        if !request_type && !disagg_id {
             continue;
         }
         out.entries_and_key(&entries[from..i], entry);
-        if request_type {
-            out.put(fixstr!("generation_only"));
-        } else {
-            write_uint(out.own(), id);
+        match id {
+            Some(id) if disagg_id => write_uint(out.own(), id),
+            _ => out.put(fixstr!("generation_only")),
         }
         from = i + 1;
     }
@@ -855,7 +971,7 @@ fn write_params<'a>(out: &mut Out<'a>, params: &Fields<'a>, disagg: Option<u64>)
         out.put(fixstr!("request_type"));
         out.put(fixstr!("generation_only"));
     }
-    if !has_id {
+    if let (true, Some(id)) = (set_id, id) {
         out.put(fixstr!("disagg_request_id"));
         write_uint(out.own(), id);
     }

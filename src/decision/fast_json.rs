@@ -20,8 +20,8 @@
 use super::header_values::content_type;
 use super::known::{Key, Kind, Set, classify, keys, member, set};
 use super::{Decision, IdSource, Input, Outcome, Rules, fast};
-use crate::headers::names::{HANDOFF_DEADLINE, NATS_MSG_ID};
-use crate::headers::{msg_id, release_msg_id};
+use crate::headers::names::NATS_MSG_ID;
+use crate::headers::release_msg_id;
 use crate::wire::Encoding;
 use crate::wire::transcode::{Field, Plan, json_to_msgpack, msgpack_to_json};
 
@@ -36,21 +36,26 @@ pub(super) struct Reads;
 const TOP: u8 = 0;
 const FRAME: u8 = 1;
 const PARAMS: u8 = 2;
+/// The params' `kv_transfer_params` (Dynamo's nesting of vLLM's).
+const NESTED: u8 = 3;
+
+/// The params the engine checks read: the `Key`s from `ctx_request_id` to
+/// `remote_port`.
+const ENGINE_KEYS: Set = keys(Key::CtxRequestId, Key::RemotePort);
 
 /// The values `fast` reads at each level (`request` it takes as a whole:
 /// a map, or an object's text).
-const READ: [Set; 3] = [
-    set(&["request_id", "reply_to", "deadline_ms"]),
+const READ: [Set; 4] = [
+    set(&["request_id", "reply_to", "deadline_ms", "kv_expires_ms"]),
     set(&["error", "finish_reason"]),
-    // The params the engine checks read: the `Key`s from `ctx_request_id`
-    // to `remote_port`.
-    keys(Key::CtxRequestId, Key::RemotePort),
+    ENGINE_KEYS,
+    ENGINE_KEYS,
 ];
 
 impl Plan for Reads {
     #[inline]
     fn field(&self, level: u8, key: &[u8]) -> Field {
-        let read = READ[usize::from(level.min(PARAMS))];
+        let read = READ[usize::from(level.min(NESTED))];
         let kind = classify(key).0;
         if member(kind, read) {
             Field::Converted
@@ -58,6 +63,8 @@ impl Plan for Reads {
             Field::Objects(FRAME)
         } else if level == FRAME && kind == Key::DisaggregatedParams as Kind {
             Field::Object(PARAMS)
+        } else if level == PARAMS && kind == Key::KvTransferParams as Kind {
+            Field::Object(NESTED)
         } else {
             Field::Copied
         }
@@ -84,10 +91,8 @@ pub(super) fn decide(input: Input<'_>, rules: &Rules, ids: &mut dyn IdSource) ->
     decision.payload = msgpack_to_json(&decision.payload, capacity);
     decision.headers = content_type(Encoding::Json);
     if let (Outcome::Decode { .. }, Some(request_id)) = (&decision.outcome, &decision.request_id) {
-        decision.headers.push(NATS_MSG_ID, &msg_id(request_id));
-        if let Some(ms) = decision.deadline_ms {
-            decision.headers.push(HANDOFF_DEADLINE, &ms.to_string());
-        }
+        let (deadline, kv_expires) = (decision.deadline_ms, decision.kv_expires_ms);
+        decision.headers.add_job(request_id, deadline, kv_expires);
     }
     if let (Some(release), Some(request_id)) = (&mut decision.release, &decision.request_id) {
         release.payload = msgpack_to_json(&release.payload, release.payload.len() * 2);

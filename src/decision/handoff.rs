@@ -5,19 +5,26 @@
 //! failing inside a decode worker later.
 
 use super::{ErrorCode, IdSource, Minted};
+use crate::config::MissingDisaggRequestId;
 use crate::decision::Backend;
 use crate::wire::map;
 use rmpv::Value;
 
-pub(super) const TRTLLM_KEYS: [&str; 5] = [
+/// TensorRT-LLM's `DisaggregatedParams` fields that mark its shape; trtllm-serve's
+/// JSON writes `opaque_state` base64-encoded as `encoded_opaque_state`.
+pub(super) const TRTLLM_KEYS: [&str; 6] = [
     "ctx_request_id",
     "request_type",
     "disagg_request_id",
     "opaque_state",
     "first_gen_tokens",
+    "encoded_opaque_state",
 ];
 pub(super) const VLLM_KEYS: [&str; 3] =
     ["do_remote_prefill", "remote_engine_id", "remote_block_ids"];
+/// Dynamo's vLLM handlers nest vLLM's `kv_transfer_params` under this key of
+/// `disaggregated_params`.
+pub(super) const NESTED_VLLM: &str = "kv_transfer_params";
 
 /// A validated handoff, ready to be sent to decode.
 #[derive(Debug)]
@@ -28,6 +35,67 @@ pub struct Handoff {
     pub disagg_request_id: Option<u64>,
     /// When `disagg_request_id` was minted by this worker: by whom.
     pub minted: Option<Minted>,
+}
+
+/// The `disagg_request_id` a TensorRT-LLM decode job goes on with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DisaggId {
+    /// The context phase's, kept.
+    Kept(u64),
+    /// Minted here (`trtllm.missing_disagg_request_id = "mint"`).
+    Minted(Minted),
+    /// None, passed on as null (`"pass"`).
+    Passed,
+}
+
+impl DisaggId {
+    pub fn id(self) -> Option<u64> {
+        match self {
+            DisaggId::Kept(id) => Some(id),
+            DisaggId::Minted(minted) => Some(minted.id),
+            DisaggId::Passed => None,
+        }
+    }
+}
+
+/// The message of a `missing_disagg_request_id` error response.
+pub(super) const MISSING_DISAGG_REQUEST_ID: &str = "disagg_request_id is missing or null; TensorRT-LLM keys the KV transfer by the ID its context phase ran with, so mint it from the worker's ID service (subjects.ids, by default llm.handoff.ids) before the context phase and send it in the context request's disaggregated_params (or see trtllm.missing_disagg_request_id)";
+
+/// The `disagg_request_id` for a TensorRT-LLM handoff that passed [`check`]:
+/// `kept` (the valid ID it carries) or, without one, what `policy` says.
+/// Asked after the refusal rules, so that a refused result spends no ID.
+pub fn disagg_id(
+    kept: Option<u64>,
+    policy: MissingDisaggRequestId,
+    ids: &mut dyn IdSource,
+) -> Result<DisaggId, Refused> {
+    if let Some(id) = kept {
+        return Ok(DisaggId::Kept(id));
+    }
+    match policy {
+        MissingDisaggRequestId::Refuse => Err((
+            ErrorCode::MissingDisaggRequestId,
+            MISSING_DISAGG_REQUEST_ID.into(),
+        )),
+        MissingDisaggRequestId::Pass => Ok(DisaggId::Passed),
+        MissingDisaggRequestId::Mint => match ids.mint_for_job() {
+            Ok(minted) => Ok(DisaggId::Minted(minted)),
+            Err(why) => Err((ErrorCode::IdentityUnavailable, identity_unavailable(&why))),
+        },
+    }
+}
+
+/// The message of an `identity_unavailable` error for a handoff.
+pub(super) fn identity_unavailable(why: &super::IdentityUnavailable) -> String {
+    format!(
+        "this worker cannot mint a disagg_request_id right now ({why}); retry, another worker may hold a valid slot"
+    )
+}
+
+/// The valid `disagg_request_id` a TensorRT-LLM params map carries, if any
+/// (after [`check`], present and not null means valid).
+pub fn kept_disagg_id(params: &[(Value, Value)]) -> Option<u64> {
+    map::get_non_nil(params, "disagg_request_id").and_then(Value::as_u64)
 }
 
 pub type Refused = (ErrorCode, String);
@@ -43,7 +111,7 @@ pub fn backend_of(params: &[(Value, Value)]) -> Backend {
         .any(|(k, _)| k.as_str().is_some_and(|k| k.starts_with("bootstrap_")))
     {
         Backend::Sglang
-    } else if has_any(&VLLM_KEYS) {
+    } else if has_any(&VLLM_KEYS) || map::has(params, NESTED_VLLM) {
         Backend::Vllm
     } else {
         Backend::Opaque
@@ -72,45 +140,36 @@ pub fn check(params: &[(Value, Value)]) -> Result<Backend, Refused> {
     Ok(backend)
 }
 
-/// Completes a handoff that passed [`check`] as `backend`: for TensorRT-LLM,
-/// `request_type` set to `"generation_only"` and `disagg_request_id` kept or
-/// minted now.
+/// Completes a handoff that passed [`check`] as `backend`: for
+/// TensorRT-LLM (`disagg` is then `Some`), `request_type` set to
+/// `"generation_only"` and `disagg_request_id` to the kept or minted ID (a
+/// passed one is left as it came).
 pub fn complete(
     mut params: Vec<(Value, Value)>,
     backend: Backend,
-    ids: &mut dyn IdSource,
-) -> Result<Handoff, Refused> {
-    if backend != Backend::Trtllm {
-        return Ok(Handoff {
+    disagg: Option<DisaggId>,
+) -> Handoff {
+    let Some(disagg) = disagg.filter(|_| backend == Backend::Trtllm) else {
+        return Handoff {
             backend,
             params,
             disagg_request_id: None,
             minted: None,
-        });
-    }
-    let kept = map::get_non_nil(&params, "disagg_request_id").and_then(Value::as_u64);
-    let (id, minted) = match kept {
-        Some(id) => (id, None),
-        None => match ids.mint_for_job() {
-            Ok(minted) => (minted.id, Some(minted)),
-            Err(why) => {
-                return Err((
-                    ErrorCode::IdentityUnavailable,
-                    format!(
-                        "this worker cannot mint a disagg_request_id right now ({why}); retry, another worker may hold a valid slot"
-                    ),
-                ));
-            }
-        },
+        };
     };
     map::set(&mut params, "request_type", Value::from("generation_only"));
-    map::set(&mut params, "disagg_request_id", Value::from(id));
-    Ok(Handoff {
+    if let Some(id) = disagg.id() {
+        map::set(&mut params, "disagg_request_id", Value::from(id));
+    }
+    Handoff {
         backend,
         params,
-        disagg_request_id: Some(id),
-        minted,
-    })
+        disagg_request_id: disagg.id(),
+        minted: match disagg {
+            DisaggId::Minted(minted) => Some(minted),
+            _ => None,
+        },
+    }
 }
 
 /// An integer in `[lo, hi]`, from any MessagePack integer encoding. Floats,
@@ -147,12 +206,12 @@ fn trtllm(params: &[(Value, Value)]) -> Result<(), Refused> {
         Some(_) => {}
     }
     if let Some(v) = map::get_non_nil(params, "request_type")
-        && v.as_str() != Some("context_only")
+        && !v.as_str().is_some_and(is_context_only)
     {
         return Err((
             ErrorCode::InvalidRequestType,
             format!(
-                "request_type is {}; a prefill result must carry \"context_only\"",
+                "request_type is {}; a prefill result must carry \"context_only\" (in any case)",
                 describe(v)
             ),
         ));
@@ -171,12 +230,18 @@ fn trtllm(params: &[(Value, Value)]) -> Result<(), Refused> {
     Ok(())
 }
 
+/// TensorRT-LLM's request type of a context phase: its enum's name is
+/// `CONTEXT_ONLY`, its serve API's value `context_only`.
+pub(super) fn is_context_only(request_type: &str) -> bool {
+    request_type.eq_ignore_ascii_case("context_only")
+}
+
 fn sglang(params: &[(Value, Value)]) -> Result<(), Refused> {
     let refuse = |what: String| {
         Err((
             ErrorCode::InvalidBootstrap,
             format!(
-                "{what}; an SGLang handoff needs bootstrap_host (non-empty string), bootstrap_port (1..=65535) and bootstrap_room (integer in [0, 2^63))"
+                "{what}; an SGLang handoff needs bootstrap_host (non-empty string), bootstrap_port (1..=65535, or null for the engine's default port) and bootstrap_room (integer in [0, 2^63))"
             ),
         ))
     };
@@ -184,9 +249,10 @@ fn sglang(params: &[(Value, Value)]) -> Result<(), Refused> {
         Some(Value::String(s)) if s.as_str().is_some_and(|s| !s.is_empty()) => {}
         other => return refuse(format!("bootstrap_host is {}", describe_opt(other))),
     }
-    let port = map::get(params, "bootstrap_port");
-    if port.and_then(|v| int_in(v, 1, 65535)).is_none() {
-        return refuse(format!("bootstrap_port is {}", describe_opt(port)));
+    if let Some(port) = map::get_non_nil(params, "bootstrap_port")
+        && int_in(port, 1, 65535).is_none()
+    {
+        return refuse(format!("bootstrap_port is {}", describe(port)));
     }
     let room = map::get(params, "bootstrap_room");
     if room.and_then(|v| int_in(v, 0, MAX_I63)).is_none() {
@@ -200,19 +266,29 @@ fn vllm(params: &[(Value, Value)]) -> Result<(), Refused> {
         Err((
             ErrorCode::InvalidKvTransferParams,
             format!(
-                "{what}; a vLLM handoff needs remote_engine_id (non-empty string), remote_block_ids (array of non-negative integers) and, when present, remote_port in 1..=65535"
+                "{what}; a vLLM handoff needs remote_engine_id (non-empty string), remote_block_ids (an array of non-negative integers, or one such array per KV-cache group) and, when present, remote_port in 1..=65535"
             ),
         ))
     };
+    if !VLLM_KEYS.iter().any(|k| map::has(params, k))
+        && let Some(nested) = map::get(params, NESTED_VLLM)
+    {
+        return match nested {
+            Value::Map(inner) => {
+                vllm(inner).map_err(|(code, why)| (code, format!("in {NESTED_VLLM}: {why}")))
+            }
+            other => refuse(format!("{NESTED_VLLM} is {}", describe(other))),
+        };
+    }
     match map::get(params, "remote_engine_id") {
         Some(Value::String(s)) if s.as_str().is_some_and(|s| !s.is_empty()) => {}
         other => return refuse(format!("remote_engine_id is {}", describe_opt(other))),
     }
     match map::get(params, "remote_block_ids") {
-        Some(Value::Array(ids)) if ids.iter().all(|v| int_in(v, 0, u64::MAX).is_some()) => {}
+        Some(Value::Array(ids)) if block_ids(ids) => {}
         Some(Value::Array(_)) => {
             return refuse(
-                "remote_block_ids holds an entry that is not a non-negative integer".into(),
+                "remote_block_ids holds an entry that is neither a non-negative integer nor an array of them (all entries of one kind)".into(),
             );
         }
         other => return refuse(format!("remote_block_ids is {}", describe_opt(other))),
@@ -223,6 +299,16 @@ fn vllm(params: &[(Value, Value)]) -> Result<(), Refused> {
         return refuse(format!("remote_port is {}", describe(port)));
     }
     Ok(())
+}
+
+/// vLLM's block IDs: one list of non-negative integers, or one such list per
+/// KV-cache group (its `BlockIds`, a tuple or list of lists).
+fn block_ids(ids: &[Value]) -> bool {
+    let int = |v: &Value| int_in(v, 0, u64::MAX).is_some();
+    ids.iter().all(int)
+        || ids
+            .iter()
+            .all(|group| matches!(group, Value::Array(group) if group.iter().all(int)))
 }
 
 /// A short description of a value for error messages: its type, and the value

@@ -27,11 +27,13 @@ pub(super) enum Key {
     RemoteBlockIds,
     RemotePort,
     DeadlineMs,
+    KvExpiresMs,
+    KvTransferParams,
 }
 
 /// Every recognized name: the [`Key`]s' names first, in their order, then
 /// the other names of the key sets below (recognized only as members).
-pub(super) const NAMES: [&str; 24] = [
+pub(super) const NAMES: [&str; 27] = [
     "request_id",
     "reply_to",
     "frames",
@@ -49,9 +51,12 @@ pub(super) const NAMES: [&str; 24] = [
     "remote_block_ids",
     "remote_port",
     "deadline_ms",
+    "kv_expires_ms",
+    "kv_transfer_params",
     // Members of sets only.
     "opaque_state",
     "first_gen_tokens",
+    "encoded_opaque_state",
     "do_remote_prefill",
     "backend",
     "handoff",
@@ -170,7 +175,7 @@ const fn hash(key: &[u8]) -> Option<usize> {
     if n < 3 {
         return None;
     }
-    Some((n * 8 + key[n - 1] as usize * 17 + key[n - 2] as usize) & (SLOTS - 1))
+    Some((n * 2 + key[n - 1] as usize * 19 + key[n - 2] as usize) & (SLOTS - 1))
 }
 
 const SLOTS: usize = 64;

@@ -36,6 +36,7 @@ pub use request::MAX_REQUEST_ID_BYTES;
 pub use rules::RulesError;
 pub use tree::decide_values;
 
+use crate::config::{KvHoldConfig, MissingDisaggRequestId};
 use crate::headers::Headers;
 use crate::ids::MachineId;
 use crate::wire::{self, Encoding, map};
@@ -56,9 +57,15 @@ pub struct Input<'a> {
     pub nats_reply: Option<&'a str>,
     /// The first value of its `Handoff-Deadline` header, if any.
     pub deadline_header: Option<&'a str>,
+    /// The first value of its `Handoff-KV-Expires` header, if any.
+    pub kv_expires_header: Option<&'a str>,
     /// The wall-clock time of the decision, Unix epoch milliseconds:
-    /// deadlines are compared with it.
+    /// deadlines and KV expiries are compared with it.
     pub now_ms: u64,
+    /// When the result was published, Unix epoch milliseconds, where the
+    /// worker can know it (a JetStream stream's stored time), else when it
+    /// was received: an engine's KV hold (`kv_hold_ms`) counts from it.
+    pub published_ms: u64,
     /// The requests cancelled so far ([`NO_CANCELS`]: none).
     pub cancels: &'a dyn Cancels,
 }
@@ -71,7 +78,9 @@ impl std::fmt::Debug for Input<'_> {
             .field("subject", &self.subject)
             .field("nats_reply", &self.nats_reply)
             .field("deadline_header", &self.deadline_header)
+            .field("kv_expires_header", &self.kv_expires_header)
             .field("now_ms", &self.now_ms)
+            .field("published_ms", &self.published_ms)
             .finish_non_exhaustive()
     }
 }
@@ -92,6 +101,27 @@ pub struct Rules {
     /// Core mode: fall back to the NATS reply subject when `reply_to` is absent.
     /// In JetStream mode the NATS reply subject is the ack subject, never a reply.
     pub use_nats_reply: bool,
+    /// What a TensorRT-LLM handoff without `disagg_request_id` gets
+    /// (`trtllm.missing_disagg_request_id`).
+    pub missing_disagg_request_id: MissingDisaggRequestId,
+    /// Each engine's KV hold (`kv_hold_ms.*`), for results that do not say
+    /// when their KV is freed.
+    pub kv_hold_ms: KvHoldConfig,
+}
+
+impl Rules {
+    /// When a `backend` handoff's KV is freed, for a result that does not
+    /// say: its engine's hold after `published_ms`; `None` for a hold of 0
+    /// (not known).
+    pub fn kv_expiry(&self, backend: Backend, published_ms: u64) -> Option<u64> {
+        let hold = match backend {
+            Backend::Trtllm => self.kv_hold_ms.trtllm,
+            Backend::Sglang => self.kv_hold_ms.sglang,
+            Backend::Vllm => self.kv_hold_ms.vllm,
+            Backend::Opaque => self.kv_hold_ms.opaque,
+        };
+        (hold > 0).then(|| published_ms.saturating_add(hold))
+    }
 }
 
 /// Who is deciding: the worker's instance, and its ability to mint IDs.
@@ -172,8 +202,10 @@ pub struct Decision {
     pub detail: Option<String>,
     /// The result's effective deadline, once its envelope was read.
     pub deadline_ms: Option<u64>,
+    /// A decode job's: when its prefill engine frees the KV.
+    pub kv_expires_ms: Option<u64>,
     /// The KV release notice published beside the one output, for a
-    /// handoff refused as `cancelled` or `deadline_exceeded`.
+    /// handoff refused after its parameters passed validation.
     pub release: Option<Box<Release>>,
 }
 
@@ -244,6 +276,7 @@ fn dead_letter(input: Input<'_>, rules: &Rules, code: DeadLetterCode, why: Strin
         trailing_frames: 0,
         detail: Some(why),
         deadline_ms: None,
+        kv_expires_ms: None,
         release: None,
     }
 }

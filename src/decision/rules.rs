@@ -27,6 +27,8 @@ impl Rules {
             reply_policy,
             max_payload_bytes: config.max_payload_bytes,
             use_nats_reply: config.mode == Mode::Core,
+            missing_disagg_request_id: config.trtllm.missing_disagg_request_id,
+            kv_hold_ms: config.kv_hold_ms,
         })
     }
 }

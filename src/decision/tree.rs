@@ -9,8 +9,8 @@ use super::{
     Backend, DeadLetterCode, Decision, ErrorCode, FinishReason, IdSource, Input, Outcome, Release,
     Rules, content_type, dead_letter, deadline, error_text, prefill_failed,
 };
-use crate::headers::names::{HANDOFF_DEADLINE, NATS_MSG_ID};
-use crate::headers::{msg_id, release_msg_id};
+use crate::headers::names::NATS_MSG_ID;
+use crate::headers::release_msg_id;
 use crate::wire::{self, Encoding, map, messages};
 use rmpv::Value;
 
@@ -49,6 +49,7 @@ pub fn decide_values(input: Input<'_>, rules: &Rules, ids: &mut dyn IdSource) ->
         request_id: None,
         size_hint: input.payload.len(),
         deadline_ms: None,
+        kv_expires_ms: None,
     };
     match request::check(top) {
         Err(malformed) => {
@@ -68,6 +69,8 @@ pub(super) struct Reply {
     pub(super) size_hint: usize,
     /// The result's effective deadline, once read.
     pub(super) deadline_ms: Option<u64>,
+    /// When its KV is freed, as the result says (field or header), once read.
+    pub(super) kv_expires_ms: Option<u64>,
 }
 
 impl Reply {
@@ -87,12 +90,13 @@ impl Reply {
             trailing_frames,
             detail: Some(message),
             deadline_ms: self.deadline_ms,
+            kv_expires_ms: None,
             release: None,
         }
     }
 
-    /// The error response for a handoff refused as cancelled or past its
-    /// deadline, with its KV release notice.
+    /// The error response for a handoff refused after its parameters passed
+    /// validation, with its KV release notice.
     fn refused(
         self,
         (code, message): (ErrorCode, String),
@@ -167,6 +171,12 @@ fn decide_frames(
         Ok(ms) => reply.deadline_ms = ms,
         Err(why) => return reply.error(ErrorCode::InvalidDeadline, why, 0),
     }
+    // The KV's expiry likewise: the job carries the effective one.
+    let field = map::take(&mut rest, "kv_expires_ms");
+    match deadline::kv_expires(deadline::Field::of(field.as_ref()), input.kv_expires_header) {
+        Ok(ms) => reply.kv_expires_ms = ms,
+        Err(why) => return reply.error(ErrorCode::InvalidKvExpires, why, 0),
+    }
     let trailing = frames.len().saturating_sub(1);
     // Rule 1. Only the first frame is ever looked at again; the rest are
     // counted (trailing) and dropped here.
@@ -209,6 +219,7 @@ fn decide_frames(
             trailing_frames: trailing,
             detail: None,
             deadline_ms: reply.deadline_ms,
+            kv_expires_ms: None,
             release: None,
         };
     }
@@ -250,24 +261,42 @@ fn decide_handoff(
         Ok(backend) => backend,
         Err((code, why)) => return reply.error(code, why, trailing),
     };
-    if let Some(refusal) = deadline::refusal(
-        &parts.request_id,
-        reply.deadline_ms,
-        input.now_ms,
-        rules.deadline_skew_ms,
-        input.cancels,
-    ) {
-        let handoff = Handoff {
-            request_id: &parts.request_id,
-            backend,
-            params,
+    // From here on every refusal frees the KV (a release notice).
+    let kv_expires = reply
+        .kv_expires_ms
+        .or_else(|| rules.kv_expiry(backend, input.published_ms));
+    let timing = deadline::Timing {
+        request_id: &parts.request_id,
+        deadline: reply.deadline_ms,
+        kv_expires,
+        now_ms: input.now_ms,
+        skew_ms: rules.deadline_skew_ms,
+    };
+    let refused = deadline::refusal(timing, input.cancels);
+    let disagg = match refused {
+        Some(refusal) => Err(refusal),
+        None if backend == Backend::Trtllm => handoff::disagg_id(
+            handoff::kept_disagg_id(&params),
+            rules.missing_disagg_request_id,
             ids,
-        };
-        return reply.refused(refusal, handoff, rules, trailing);
-    }
-    match handoff::complete(params, backend, ids) {
-        Ok(handoff) => decode_job(parts, handoff, reply, rules, ids),
-        Err((code, why)) => reply.error(code, why, trailing),
+        )
+        .map(Some),
+        None => Ok(None),
+    };
+    match disagg {
+        Ok(disagg) => {
+            let handoff = handoff::complete(params, backend, disagg);
+            decode_job(parts, handoff, kv_expires, reply, rules, ids)
+        }
+        Err(refusal) => {
+            let handoff = Handoff {
+                request_id: &parts.request_id,
+                backend,
+                params,
+                ids,
+            };
+            reply.refused(refusal, handoff, rules, trailing)
+        }
     }
 }
 
@@ -275,6 +304,7 @@ fn decide_handoff(
 fn decode_job(
     parts: JobParts,
     handoff: handoff::Handoff,
+    kv_expires_ms: Option<u64>,
     reply: Reply,
     rules: &Rules,
     ids: &dyn IdSource,
@@ -291,6 +321,7 @@ fn decode_job(
         backend: handoff.backend,
         minted: handoff.minted.is_some(),
     };
+    let trtllm = handoff.backend == Backend::Trtllm;
     let (machine_id, instance_id) = match handoff.minted {
         Some(minted) => (minted.machine_id, minted.instance_id),
         None => (ids.machine_id(), ids.instance_id()),
@@ -299,20 +330,18 @@ fn decode_job(
         request_id: &request_id,
         reply_to: &reply.subject,
         backend: handoff.backend,
-        disagg_request_id: handoff.disagg_request_id,
+        disagg_request_id: trtllm.then_some(handoff.disagg_request_id),
         handoff: handoff.params,
         prefill_output: first,
         request,
         instance_id,
         machine_id,
         deadline_ms: reply.deadline_ms,
+        kv_expires_ms,
         extra: rest,
     };
     let mut headers = content_type(reply.encoding);
-    headers.push(NATS_MSG_ID, &msg_id(&request_id));
-    if let Some(ms) = reply.deadline_ms {
-        headers.push(HANDOFF_DEADLINE, &ms.to_string());
-    }
+    headers.add_job(&request_id, reply.deadline_ms, kv_expires_ms);
     Decision {
         outcome,
         payload: wire::encode_with_capacity(
@@ -326,6 +355,7 @@ fn decode_job(
         trailing_frames: trailing,
         detail: None,
         deadline_ms: reply.deadline_ms,
+        kv_expires_ms,
         release: None,
     }
 }

@@ -12,6 +12,9 @@ pub const CONTENT_TYPE: &str = "Content-Type";
 /// A result's deadline (Unix epoch milliseconds), read from the input and
 /// written on its decode job.
 pub const HANDOFF_DEADLINE: &str = "Handoff-Deadline";
+/// When the prefill engine frees a result's KV (Unix epoch milliseconds),
+/// read from the input and written on its decode job.
+pub const HANDOFF_KV_EXPIRES: &str = "Handoff-KV-Expires";
 /// A dead letter's code.
 pub const HANDOFF_ERROR_CODE: &str = "Handoff-Error-Code";
 /// A dead letter's sentence saying why.

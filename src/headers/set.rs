@@ -2,7 +2,7 @@
 //! returns, and what the pipeline adds (a decode job's `Nats-TTL`).
 
 use super::msg_id::{msg_id, release_msg_id};
-use super::names::{HANDOFF_DEADLINE, NATS_MSG_ID};
+use super::names::{HANDOFF_DEADLINE, HANDOFF_KV_EXPIRES, NATS_MSG_ID};
 
 /// An output's own headers (the trace headers copied from its input come
 /// beside them, [`super::outgoing`]): `(name, value)` in the order they were
@@ -21,19 +21,30 @@ impl Headers {
 
     /// A decode job's one header, `Nats-Msg-Id` ([`msg_id`]).
     pub fn msg_id(request_id: &str) -> Headers {
-        Headers::job(request_id, None)
+        Headers::job(request_id, None, None)
     }
 
-    /// A decode job's headers: `Nats-Msg-Id` ([`msg_id`]) and, for a
-    /// result with a deadline, `Handoff-Deadline`. Room for one more, which
+    /// A decode job's headers: `Nats-Msg-Id` ([`msg_id`]), for a result
+    /// with a deadline `Handoff-Deadline`, and for one whose KV expires
+    /// `Handoff-KV-Expires`. Room for one more, which
     /// the pipeline adds when the GEN stream expires jobs by `Nats-TTL`.
-    pub fn job(request_id: &str, deadline: Option<u64>) -> Headers {
-        let mut fields = Vec::with_capacity(2);
-        fields.push((NATS_MSG_ID, msg_id(request_id)));
+    pub fn job(request_id: &str, deadline: Option<u64>, kv_expires: Option<u64>) -> Headers {
+        let mut headers = Headers {
+            fields: Vec::with_capacity(2),
+        };
+        headers.add_job(request_id, deadline, kv_expires);
+        headers
+    }
+
+    /// Appends a decode job's headers ([`Headers::job`]) to these.
+    pub fn add_job(&mut self, request_id: &str, deadline: Option<u64>, kv_expires: Option<u64>) {
+        self.fields.push((NATS_MSG_ID, msg_id(request_id)));
         if let Some(ms) = deadline {
-            fields.push((HANDOFF_DEADLINE, ms.to_string()));
+            self.fields.push((HANDOFF_DEADLINE, ms.to_string()));
         }
-        Headers { fields }
+        if let Some(ms) = kv_expires {
+            self.fields.push((HANDOFF_KV_EXPIRES, ms.to_string()));
+        }
     }
 
     /// A KV release notice's one header: `Nats-Msg-Id: release-{request_id}`
@@ -132,13 +143,15 @@ mod tests {
             assert_eq!(h.get("Nats-Msg-Id"), Some(msg_id(id).as_str()));
         }
         for deadline in [0, 9, 10, 1_767_225_600_000, (1 << 63) - 1] {
-            let h = Headers::job("r-1", Some(deadline));
+            let h = Headers::job("r-1", Some(deadline), None);
             let mut pushed = Headers::new();
             pushed.push("Nats-Msg-Id", &msg_id("r-1"));
             pushed.push("Handoff-Deadline", &deadline.to_string());
             assert_eq!(h, pushed, "{deadline}");
         }
-        assert_eq!(Headers::job("r-1", None), Headers::msg_id("r-1"));
+        assert_eq!(Headers::job("r-1", None, None), Headers::msg_id("r-1"));
+        let h = Headers::job("r-1", None, Some(7));
+        assert_eq!(h.get("Handoff-KV-Expires"), Some("7"));
         let h = Headers::release("a b");
         assert_eq!(h.get("Nats-Msg-Id"), Some("release-a%20b"));
         assert_eq!(h.iter().count(), 1);

@@ -40,7 +40,7 @@ pub use stats::{Counts, Stats};
 
 use crate::cancel::Cancellations;
 use crate::decision::{DeadLetterCode, Decision, Input, Outcome, Rules};
-use crate::headers::names::{CONTENT_TYPE, HANDOFF_DEADLINE};
+use crate::headers::names::{CONTENT_TYPE, HANDOFF_DEADLINE, HANDOFF_KV_EXPIRES};
 use crate::headers::{self, TraceHeaders};
 use crate::identity::Identity;
 use crate::metrics::{Metrics, NakReason};
@@ -116,6 +116,22 @@ impl GenStream {
     fn may_have_forgotten(&self, stored_at: time::OffsetDateTime) -> bool {
         let age = time::OffsetDateTime::now_utc() - stored_at;
         age >= self.duplicate_window / 2
+    }
+}
+
+/// When a delivery's result was published, Unix epoch milliseconds: the
+/// stream's stored time where there is one (JetStream), else when it was
+/// received (`now_ms` less the time it waited here).
+fn published_ms(delivery: &Delivery, now_ms: u64) -> u64 {
+    match delivery.attempt.stored_at {
+        Some(stored_at) => {
+            let ms = stored_at.unix_timestamp_nanos() / 1_000_000;
+            u64::try_from(ms).unwrap_or(0)
+        }
+        None => {
+            let waited = delivery.received_at.elapsed().as_millis();
+            now_ms.saturating_sub(u64::try_from(waited).unwrap_or(u64::MAX))
+        }
     }
 }
 
@@ -262,7 +278,9 @@ impl Pipeline {
             subject: &delivery.subject,
             nats_reply: delivery.reply.as_deref(),
             deadline_header: headers::first(incoming, HANDOFF_DEADLINE),
+            kv_expires_header: headers::first(incoming, HANDOFF_KV_EXPIRES),
             now_ms,
+            published_ms: published_ms(delivery, now_ms),
             cancels: &*self.cancellations,
         };
         let decision =

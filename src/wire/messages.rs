@@ -74,7 +74,9 @@ pub struct DecodeJob<'a> {
     pub request_id: &'a str,
     pub reply_to: &'a str,
     pub backend: Backend,
-    pub disagg_request_id: Option<u64>,
+    /// TensorRT-LLM only (`Some`): the kept or minted ID, or `None` when it
+    /// is passed on null.
+    pub disagg_request_id: Option<Option<u64>>,
     pub handoff: Vec<(Value, Value)>,
     /// The first frame without `disaggregated_params`.
     pub prefill_output: Vec<(Value, Value)>,
@@ -83,6 +85,8 @@ pub struct DecodeJob<'a> {
     pub machine_id: Option<MachineId>,
     /// The result's effective deadline (contract 10), when it has one.
     pub deadline_ms: Option<u64>,
+    /// When the prefill engine frees the KV, when known.
+    pub kv_expires_ms: Option<u64>,
     /// The input's other top-level entries, passed on after the job's own
     /// fields. An entry under one of the job's own keys is dropped: the job's
     /// fields are what decode workers read.
@@ -90,7 +94,7 @@ pub struct DecodeJob<'a> {
 }
 
 /// The keys of a decode job; input entries under these names are not passed on.
-pub const DECODE_JOB_KEYS: [&str; 9] = [
+pub const DECODE_JOB_KEYS: [&str; 10] = [
     "request_id",
     "reply_to",
     "backend",
@@ -100,6 +104,7 @@ pub const DECODE_JOB_KEYS: [&str; 9] = [
     "request",
     "worker",
     "deadline_ms",
+    "kv_expires_ms",
 ];
 
 impl DecodeJob<'_> {
@@ -110,7 +115,7 @@ impl DecodeJob<'_> {
         put("reply_to", Value::from(self.reply_to));
         put("backend", Value::from(self.backend.as_str()));
         if let Some(id) = self.disagg_request_id {
-            put("disagg_request_id", Value::from(id));
+            put("disagg_request_id", id.map_or(Value::Nil, Value::from));
         }
         put("handoff", Value::Map(self.handoff));
         put("prefill_output", Value::Map(self.prefill_output));
@@ -120,6 +125,9 @@ impl DecodeJob<'_> {
         put("worker", worker(self.instance_id, self.machine_id));
         if let Some(ms) = self.deadline_ms {
             put("deadline_ms", Value::from(ms));
+        }
+        if let Some(ms) = self.kv_expires_ms {
+            put("kv_expires_ms", Value::from(ms));
         }
         job.extend(self.extra.into_iter().filter(|(k, _)| {
             k.as_str()

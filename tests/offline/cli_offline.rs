@@ -68,6 +68,8 @@ fn explain(args: &[&str], stdin: &[u8]) -> Json {
     serde_json::from_slice(&out.stdout).expect("explain prints JSON")
 }
 
+/// A TensorRT-LLM result without `disagg_request_id`: the worker refuses
+/// it by default ([`MINT`] makes it mint one).
 fn trt_result(finish_reason: Json) -> Json {
     json!({
         "request_id": "req-1",
@@ -81,10 +83,13 @@ fn trt_result(finish_reason: Json) -> Json {
     })
 }
 
+/// The policy under which the worker mints a missing `disagg_request_id`.
+const MINT: [&str; 2] = ["--set", "trtllm.missing_disagg_request_id=mint"];
+
 #[test]
 fn explain_prints_each_outcome() {
     let decode = explain(
-        &["--machine-id", "1020"],
+        &[&MINT[..], &["--machine-id", "1020"]].concat(),
         trt_result(json!("length")).to_string().as_bytes(),
     );
     assert_eq!(decode["outcome"], "decode");
@@ -116,6 +121,22 @@ fn explain_prints_each_outcome() {
     assert_eq!(error["subject"], "_INBOX.client.1");
     assert_eq!(error["message"]["error"]["code"], "missing_ctx_request_id");
     assert_eq!(error["code"], "missing_ctx_request_id");
+    assert_eq!(error.get("release"), None, "params that failed validation");
+
+    // By default the ID belongs to the context phase: a result without it
+    // is refused, and its KV released.
+    let refused = explain(&[], trt_result(json!("length")).to_string().as_bytes());
+    assert_eq!(refused["code"], "missing_disagg_request_id");
+    assert_eq!(refused["release"]["subject"], "llm.kv.release");
+    assert_eq!(
+        refused["release"]["message"]["reason"],
+        "missing_disagg_request_id"
+    );
+    let mut kept = trt_result(json!("length"));
+    kept["frames"][0]["disaggregated_params"]["disagg_request_id"] = json!(1_099_511_627_777u64);
+    let kept = explain(&[], kept.to_string().as_bytes());
+    assert_eq!(kept["outcome"], "decode");
+    assert_eq!(kept["message"]["disagg_request_id"], 1_099_511_627_777u64);
 }
 
 #[test]
@@ -191,7 +212,7 @@ fn explain_options_change_the_rules() {
     assert_eq!(out["code"], "missing_reply_to");
 
     let out = explain(
-        &["--namespace", "prod"],
+        &[&MINT[..], &["--namespace", "prod"]].concat(),
         trt_result(json!("length")).to_string().as_bytes(),
     );
     assert_eq!(out["subject"], "prod.gen.jobs");
@@ -209,7 +230,7 @@ fn explain_options_change_the_rules() {
     );
 
     let out = explain(
-        &["--id-layout", "rc21", "--machine-id", "5"],
+        &[&MINT[..], &["--id-layout", "rc21", "--machine-id", "5"]].concat(),
         trt_result(json!(null)).to_string().as_bytes(),
     );
     let id = out["message"]["disagg_request_id"]
@@ -242,14 +263,18 @@ fn explain_applies_the_configuration_of_run() {
     let allowed = explain_with_env(&["--config", path], &[], custom.as_bytes());
     assert_eq!(allowed["subject"], "custom.reply.x");
     let job = explain_with_env(
-        &["--config", path],
+        &[&["--config", path], &MINT[..]].concat(),
         &[],
         trt_result(json!("length")).to_string().as_bytes(),
     );
     assert_eq!(job["subject"], "custom.gen");
     // A flag beats the file, as for `run`.
     let job = explain_with_env(
-        &["--config", path, "--set", "subjects.gen=flag.gen"],
+        &[
+            &["--config", path, "--set", "subjects.gen=flag.gen"],
+            &MINT[..],
+        ]
+        .concat(),
         &[],
         trt_result(json!("length")).to_string().as_bytes(),
     );

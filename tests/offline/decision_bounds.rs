@@ -70,7 +70,9 @@ fn measured(payload: &[u8], encoding: Encoding) -> (Decision, usize) {
         subject: SOURCE,
         nats_reply: None,
         deadline_header: None,
+        kv_expires_header: None,
         now_ms: 0,
+        published_ms: 0,
         cancels: prefill_handoff::decision::NO_CANCELS,
     };
     let before = NOW.with(Cell::get);

@@ -415,7 +415,9 @@ fn a_header_block_the_client_cannot_parse_is_a_malformed_dead_letter() {
         subject: SOURCE,
         nats_reply: None,
         deadline_header: None,
+        kv_expires_header: None,
         now_ms: 0,
+        published_ms: 0,
         cancels: prefill_handoff::decision::NO_CANCELS,
     };
     let rows = [

@@ -67,7 +67,9 @@ fn input_at<'a>(
         subject: SOURCE,
         nats_reply: None,
         deadline_header: header,
+        kv_expires_header: None,
         now_ms: NOW,
+        published_ms: NOW,
         cancels,
     }
 }

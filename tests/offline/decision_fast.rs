@@ -331,7 +331,9 @@ fn both(
         subject: SOURCE,
         nats_reply,
         deadline_header: header,
+        kv_expires_header: None,
         now_ms: NOW,
+        published_ms: NOW,
         cancels,
     };
     let ids = || {
@@ -476,7 +478,9 @@ fn typical_results_are_decided_in_place() {
             subject: SOURCE,
             nats_reply: None,
             deadline_header: None,
+            kv_expires_header: None,
             now_ms: 0,
+            published_ms: 0,
             cancels: prefill_handoff::decision::NO_CANCELS,
         };
         let d = decide_in_place(input, &rules(), &mut TestIds::holding_slot())
@@ -503,7 +507,9 @@ fn typical_results_are_decided_in_place() {
         subject: SOURCE,
         nats_reply: None,
         deadline_header: None,
+        kv_expires_header: None,
         now_ms: 0,
+        published_ms: 0,
         cancels: prefill_handoff::decision::NO_CANCELS,
     };
     assert!(decide_in_place(input, &rules(), &mut TestIds::holding_slot()).is_none());

@@ -168,7 +168,9 @@ fn input(payload: &[u8]) -> Input<'_> {
         subject: SOURCE,
         nats_reply: None,
         deadline_header: None,
+        kv_expires_header: None,
         now_ms: 0,
+        published_ms: 0,
         cancels: prefill_handoff::decision::NO_CANCELS,
     }
 }

@@ -26,6 +26,15 @@ fn tensorrt_llm_params() {
         ("ctx_request_id 2^63-1", set("ctx_request_id", json!(TWO_63 - 1)), ok),
         ("request_type null", set("request_type", Json::Null), ok),
         ("request_type absent", unset("request_type"), ok),
+        // TensorRT-LLM's enum name (`LlmRequestType.CONTEXT_ONLY`) and any case.
+        ("request_type CONTEXT_ONLY", set("request_type", json!("CONTEXT_ONLY")), ok),
+        ("request_type Context_Only", set("request_type", json!("Context_Only")), ok),
+        // trtllm-serve's JSON: opaque_state base64-encoded, the context
+        // server's endpoint as a string or a list.
+        ("only encoded_opaque_state", json!({"encoded_opaque_state": "AAH/"}), Error(ErrorCode::MissingCtxRequestId)),
+        ("encoded_opaque_state", with(unset("opaque_state"), "encoded_opaque_state", json!("AAH/")), ok),
+        ("ctx_info_endpoint a string", set("ctx_info_endpoint", json!("tcp://10.0.0.5:8001")), ok),
+        ("ctx_info_endpoint a list", set("ctx_info_endpoint", json!(["tcp://10.0.0.5:8001", "tcp://10.0.0.5:8002"])), ok),
         ("disagg_request_id null", set("disagg_request_id", Json::Null), ok),
         ("disagg_request_id 1", set("disagg_request_id", json!(1)), ok),
         ("disagg_request_id 2^63-2", set("disagg_request_id", json!(TWO_63 - 2)), ok),
@@ -47,7 +56,7 @@ fn tensorrt_llm_params() {
         ("request_type generation_only", set("request_type", json!("generation_only")), Error(ErrorCode::InvalidRequestType)),
         ("request_type context_and_generation", set("request_type", json!("context_and_generation")), Error(ErrorCode::InvalidRequestType)),
         ("request_type integer", set("request_type", json!(1)), Error(ErrorCode::InvalidRequestType)),
-        ("request_type wrong case", set("request_type", json!("CONTEXT_ONLY")), Error(ErrorCode::InvalidRequestType)),
+        ("request_type GENERATION_ONLY", set("request_type", json!("GENERATION_ONLY")), Error(ErrorCode::InvalidRequestType)),
         // invalid_disagg_request_id
         ("disagg_request_id 0", set("disagg_request_id", json!(0)), Error(ErrorCode::InvalidDisaggRequestId)),
         ("disagg_request_id 2^63-1", set("disagg_request_id", json!(TWO_63 - 1)), Error(ErrorCode::InvalidDisaggRequestId)),
@@ -84,7 +93,10 @@ fn sglang_params() {
         ("host empty", set("bootstrap_host", json!("")), bad),
         ("host null", set("bootstrap_host", Json::Null), bad),
         ("host integer", set("bootstrap_host", json!(10)), bad),
-        ("port missing", unset("bootstrap_port"), bad),
+        // SGLang's `bootstrap_port: Optional[...] = None`: the engine's
+        // default port.
+        ("port missing", unset("bootstrap_port"), ok),
+        ("port null", set("bootstrap_port", Json::Null), ok),
         ("port 0", set("bootstrap_port", json!(0)), bad),
         ("port 65536", set("bootstrap_port", json!(65536)), bad),
         ("port negative", set("bootstrap_port", json!(-80)), bad),
@@ -130,6 +142,22 @@ fn vllm_params() {
         ("remote_port 0", set("remote_port", json!(0)), bad),
         ("remote_port 65536", set("remote_port", json!(65536)), bad),
         ("remote_port string", set("remote_port", json!("5600")), bad),
+        // One list of block IDs per KV-cache group (vLLM's `BlockIds`).
+        ("grouped block ids", set("remote_block_ids", json!([[0, 1, 2], [7, 8]])), ok),
+        ("one group", set("remote_block_ids", json!([[0, 1, 2]])), ok),
+        ("empty groups", set("remote_block_ids", json!([[], []])), ok),
+        ("groups and ids mixed", set("remote_block_ids", json!([[0, 1], 2])), bad),
+        ("a negative id in a group", set("remote_block_ids", json!([[0], [-1]])), bad),
+        ("groups of groups", set("remote_block_ids", json!([[[0]]])), bad),
+        // Dynamo's vLLM handlers nest the params.
+        ("nested", json!({"kv_transfer_params": vllm()}), ok),
+        ("nested, grouped", json!({"kv_transfer_params": with(vllm(), "remote_block_ids", json!([[1], [2]]))}), ok),
+        ("nested, with other keys beside", json!({"kv_transfer_params": vllm(), "worker_id": 3}), ok),
+        ("nested without an engine id", json!({"kv_transfer_params": without(vllm(), "remote_engine_id")}), bad),
+        ("nested null", json!({"kv_transfer_params": null}), bad),
+        ("nested a list", json!({"kv_transfer_params": [vllm()]}), bad),
+        // Top-level vLLM keys win over the nested map.
+        ("top-level keys and a nested map", with(vllm(), "kv_transfer_params", json!({})), ok),
     ];
     for (name, params, expect) in rows {
         check(name, &decide_json_as_msgpack(needs_decode(params)), expect);

@@ -204,7 +204,9 @@ fn run(payload: &[u8], encoding: Encoding, jetstream: bool, nats_reply: Option<&
         subject: SOURCE,
         nats_reply,
         deadline_header: None,
+        kv_expires_header: None,
         now_ms: 0,
+        published_ms: 0,
         cancels: prefill_handoff::decision::NO_CANCELS,
     };
     let d = decide(input, &rules, &mut TestIds::holding_slot());

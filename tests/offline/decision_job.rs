@@ -88,7 +88,9 @@ fn disagg_request_id_is_kept_when_valid_and_minted_when_absent() {
             subject: SOURCE,
             nats_reply: None,
             deadline_header: None,
+            kv_expires_header: None,
             now_ms: 0,
+            published_ms: 0,
             cancels: prefill_handoff::decision::NO_CANCELS,
         };
         let d = decide(input, &rules(), &mut ids);
@@ -117,7 +119,9 @@ fn disagg_request_id_is_kept_when_valid_and_minted_when_absent() {
             subject: SOURCE,
             nats_reply: None,
             deadline_header: None,
+            kv_expires_header: None,
             now_ms: 0,
+            published_ms: 0,
             cancels: prefill_handoff::decision::NO_CANCELS,
         };
         let d = decide(input, &rules(), &mut ids);
@@ -136,7 +140,9 @@ fn decide_with(ids: &mut dyn IdSource, params: Json) -> prefill_handoff::decisio
         subject: SOURCE,
         nats_reply: None,
         deadline_header: None,
+        kv_expires_header: None,
         now_ms: 0,
+        published_ms: 0,
         cancels: prefill_handoff::decision::NO_CANCELS,
     };
     decide(input, &rules(), ids)
@@ -174,7 +180,9 @@ fn a_fenced_identity_refuses_to_mint_but_lets_other_results_through() {
         subject: SOURCE,
         nats_reply: None,
         deadline_header: None,
+        kv_expires_header: None,
         now_ms: 0,
+        published_ms: 0,
         cancels: prefill_handoff::decision::NO_CANCELS,
     };
     assert_eq!(

@@ -7,8 +7,8 @@ use std::str::FromStr;
 /// One kind of synthetic prefill result.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kind {
-    /// A TensorRT-LLM context-only result that needs decode; the worker mints
-    /// its `disagg_request_id`.
+    /// A TensorRT-LLM context-only result that needs decode, with the
+    /// `disagg_request_id` its context phase ran with (kept by the worker).
     Trtllm,
     /// An SGLang result with bootstrap parameters.
     Sglang,

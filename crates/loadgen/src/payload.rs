@@ -224,8 +224,10 @@ fn build(template: &Template, kind: Kind, request_id: &str, seq: u64, nth: u64) 
     ])
 }
 
-/// TensorRT-LLM's context-only handoff; without `ctx_request_id` when
-/// `with_ctx_id` is false (the "ctx_request_id is None" failure).
+/// TensorRT-LLM's context-only handoff, with the `disagg_request_id` its
+/// producer took from the ID service before the context phase; without
+/// `ctx_request_id` when `with_ctx_id` is false (the "ctx_request_id is
+/// None" failure).
 fn trtllm_params(template: &Template, seq: u64, with_ctx_id: bool) -> Value {
     let ctx = if with_ctx_id {
         Value::from(1_000_000 + seq)
@@ -234,6 +236,7 @@ fn trtllm_params(template: &Template, seq: u64, with_ctx_id: bool) -> Value {
     };
     from_pairs([
         ("request_type", Value::from("context_only")),
+        ("disagg_request_id", Value::from((1u64 << 40) + seq)),
         (
             "first_gen_tokens",
             Value::Array(vec![Value::from(1000 + seq % 30000)]),

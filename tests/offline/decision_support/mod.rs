@@ -9,7 +9,7 @@
 
 pub mod invariants;
 
-use prefill_handoff::config::Config;
+use prefill_handoff::config::{Config, MissingDisaggRequestId};
 use prefill_handoff::decision::{
     Backend, DeadLetterCode, Decision, ErrorCode, FinishReason, IdSource, IdentityUnavailable,
     Input, InstanceId, Outcome, Rules, decide,
@@ -29,8 +29,19 @@ pub const DEAD: &str = "llm.handoff.dead";
 pub const FIRST_MINTED: u64 = 1_000_000;
 
 /// The rules of the default configuration: core mode (the NATS reply subject
-/// is the fallback when `reply_to` is absent).
+/// is the fallback when `reply_to` is absent), but for a TensorRT-LLM
+/// handoff without `disagg_request_id`, which the worker mints
+/// (`trtllm.missing_disagg_request_id = "mint"`): most tables here check the
+/// minted ID. [`default_rules`] are the configuration's own.
 pub fn rules() -> Rules {
+    Rules {
+        missing_disagg_request_id: MissingDisaggRequestId::Mint,
+        ..default_rules()
+    }
+}
+
+/// The rules of the default configuration as it is.
+pub fn default_rules() -> Rules {
     Config::default()
         .resolve()
         .map(|c| Rules::from_config(&c).expect("rules"))
@@ -182,7 +193,9 @@ pub fn decide_bytes(
         subject: SOURCE,
         nats_reply,
         deadline_header: None,
+        kv_expires_header: None,
         now_ms: 0,
+        published_ms: 0,
         cancels: prefill_handoff::decision::NO_CANCELS,
     };
     decide(input, rules, &mut TestIds::holding_slot())
