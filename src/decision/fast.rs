@@ -37,6 +37,10 @@ use std::mem::MaybeUninit;
 /// The most entries a map read here holds inline; a wider one's entries are
 /// held on the heap ([`Fields::wide`]).
 const WIDE: usize = 16;
+/// The most entries of one map read here; a wider map takes the tree path
+/// (and its bound). Each entry held costs about 40 bytes, and a 1 MiB map
+/// of one-byte keys would have hundreds of thousands.
+const WIDEST: usize = 4096;
 const MAX_I63: u64 = (1 << 63) - 1;
 
 type Span<'a> = &'a [u8];
@@ -61,9 +65,8 @@ fn utf8(raw: Span<'_>) -> Option<&str> {
 ///
 /// The slots past `len` are left uninitialized: a decision builds several of
 /// these, and filling them with empty spans first would be a noticeable
-/// share of the whole decision. A map of more than [`WIDE`] entries holds
-/// them in `wide` instead: as many as the input has, each at least two of its
-/// bytes, so bounded by its size.
+/// share of the whole decision. A map of more than [`WIDE`] entries (at most
+/// [`WIDEST`]) holds them in `wide` instead.
 struct Fields<'a> {
     /// `entries[..len]` are initialized, unless `spilled`: only
     /// [`Fields::push_kind`] writes them.
@@ -163,8 +166,8 @@ impl<'a> Fields<'a> {
         }
         if n > WIDE {
             // Each entry takes at least two bytes: a length past the input
-            // is refused by the walk before it could cost memory.
-            (n <= b.len() / 2).then_some(())?;
+            // would be refused by the walk, but not before its reservation.
+            (n <= WIDEST && n <= b.len() / 2).then_some(())?;
             self.spilled = true;
             self.wide.reserve_exact(n);
         }

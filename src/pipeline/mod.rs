@@ -242,6 +242,12 @@ impl Pipeline {
                 }
                 (decision.outcome.clone(), done)
             }
+            // A decode job held for a refusing GEN until its KV expired or
+            // its deadline passed: decided again, now (it is answered
+            // `kv_expired` or `deadline_exceeded`, with its release notice).
+            Err(PublishError::Expired { .. }) => {
+                return Box::pin(self.handle_traced(delivery, trace, span, outbox)).await;
+            }
             // The failure paths are boxed: rare, and inline they would grow
             // every result's future.
             Err(e) => {
@@ -361,7 +367,16 @@ impl Pipeline {
                 return Ok(());
             }
         }
-        self.store_decode_job(&decision.subject, headers, payload)
+        // Held for a refusing GEN at most until the job would be refused.
+        let good_until = match (decision.kv_expires_ms, decision.deadline_ms) {
+            (Some(kv), Some(deadline)) => {
+                Some(kv.min(deadline.saturating_add(self.rules.deadline_skew_ms)))
+            }
+            (Some(kv), None) => Some(kv),
+            (None, Some(deadline)) => Some(deadline.saturating_add(self.rules.deadline_skew_ms)),
+            (None, None) => None,
+        };
+        self.store_decode_job(&decision.subject, headers, payload, good_until)
             .await
     }
 
@@ -399,15 +414,32 @@ impl Pipeline {
     /// Publishes a decode job into the GEN stream and waits for its store
     /// ack; while GEN refuses it (full), holds it and tries again
     /// ([`gen_gate`]) until the worker stops, which hands it back as
-    /// refused. Durable mode only: no outbox.
+    /// refused, or until `good_until` (Unix ms), which gives it up as
+    /// [`PublishError::Expired`]. Durable mode only: no outbox.
     async fn store_decode_job(
         &self,
         subject: &str,
         headers: HeaderMap,
         payload: Bytes,
+        good_until: Option<u64>,
     ) -> Result<(), PublishError> {
+        let expires_at = good_until.map(|ms| {
+            let left = ms.saturating_sub(crate::clock::unix_ms());
+            tokio::time::Instant::now() + Duration::from_millis(left)
+        });
         loop {
-            let Ok(pass) = self.gen_gate.pass().await else {
+            let pass = match expires_at {
+                Some(at) => match tokio::time::timeout_at(at, self.gen_gate.pass()).await {
+                    Ok(pass) => pass,
+                    Err(_) => {
+                        return Err(PublishError::Expired {
+                            subject: subject.to_string(),
+                        });
+                    }
+                },
+                None => self.gen_gate.pass().await,
+            };
+            let Ok(pass) = pass else {
                 return Err(PublishError::Refused {
                     subject: subject.to_string(),
                     reason: "held while GEN refused decode jobs, and the worker is stopping".into(),
@@ -498,6 +530,8 @@ fn fallback_code(e: &PublishError) -> Option<DeadLetterCode> {
     match e {
         PublishError::TooLarge(_) => Some(DeadLetterCode::TooLarge),
         PublishError::InvalidSubject { .. } => Some(DeadLetterCode::ReplyToNotAllowed),
-        PublishError::Failed { .. } | PublishError::Refused { .. } => None,
+        PublishError::Failed { .. }
+        | PublishError::Refused { .. }
+        | PublishError::Expired { .. } => None,
     }
 }

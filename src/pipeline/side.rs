@@ -1,6 +1,6 @@
 //! What goes out beside a result's one output: the KV release notice of a
 //! refused handoff, and the `Nats-TTL` that expires a decode job at its
-//! deadline in the GEN stream.
+//! deadline or its KV's expiry in the GEN stream.
 
 use super::Pipeline;
 use crate::decision::{Decision, Outcome, Release};
@@ -19,17 +19,19 @@ pub fn msg_ttl(deadline: u64, now_ms: u64) -> String {
 }
 
 impl Pipeline {
-    /// Adds `Nats-TTL` to a decode job with a deadline when the GEN stream
-    /// expires messages by it.
+    /// Adds `Nats-TTL` to a decode job with a deadline or a KV expiry when
+    /// the GEN stream expires messages by it: the earlier of the two.
     pub(super) fn expire_at_deadline(&self, decision: &mut Decision, now_ms: u64) {
         let ttl_stream = self
             .gen_stream
             .as_ref()
             .is_some_and(|stream| stream.msg_ttl);
-        if let (true, Outcome::Decode { .. }, Some(deadline)) =
-            (ttl_stream, &decision.outcome, decision.deadline_ms)
-        {
-            decision.headers.push(NATS_TTL, &msg_ttl(deadline, now_ms));
+        let expires = match (decision.deadline_ms, decision.kv_expires_ms) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        if let (true, Outcome::Decode { .. }, Some(at)) = (ttl_stream, &decision.outcome, expires) {
+            decision.headers.push(NATS_TTL, &msg_ttl(at, now_ms));
         }
     }
 

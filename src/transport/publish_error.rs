@@ -21,6 +21,10 @@ pub enum PublishError {
     /// alike until it has room: worth retrying then, not sooner.
     #[error("the stream on {subject} did not store the message: {reason}")]
     Refused { subject: String, reason: String },
+    /// Held (the stream refusing it) until the time the output was good
+    /// for ran out: it must not go out any more.
+    #[error("held for {subject} until its time ran out")]
+    Expired { subject: String },
 }
 
 /// What a client publish error means for the output.

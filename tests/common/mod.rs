@@ -17,6 +17,9 @@ pub mod otlp;
 pub mod tls;
 pub mod worker_support;
 
+/// The setting under which a worker mints a missing `disagg_request_id`
+/// (`trtllm.missing_disagg_request_id = "mint"`), for the harness's workers.
+pub const MINT_ENV: (&str, &str) = ("HANDOFF_TRTLLM__MISSING_DISAGG_REQUEST_ID", "mint");
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -576,6 +579,10 @@ impl Worker {
                 "RUST_LOG",
                 std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
             )
+            // The traffic of these tests has TensorRT-LLM results without
+            // `disagg_request_id`, for the workers to mint (what the
+            // identity tests check), unless `env` says otherwise.
+            .env(MINT_ENV.0, MINT_ENV.1)
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(out)

@@ -288,3 +288,112 @@ fn a_long_prompt_in_an_sglang_or_vllm_handoff_is_handed_off_in_place() {
         assert!(peak <= LIMIT, "{backend}: peak {peak} bytes");
     }
 }
+
+/// A TensorRT-LLM handoff with the ID its context phase ran with, as in the
+/// shapes below.
+fn trt_with_id() -> serde_json::Value {
+    json!({"ctx_request_id": 7, "request_type": "context_only", "disagg_request_id": 1_099_511_627_777u64,
+           "opaque_state": "AAEC", "first_gen_tokens": [42]})
+}
+
+/// `n` keys `x0`, `x1`, ... with small values, into `map`.
+fn widen(map: &mut serde_json::Value, n: usize) {
+    for i in 0..n {
+        map[format!("x{i}")] = json!(i);
+    }
+}
+
+/// The shapes real results have and a value-count bound used to refuse:
+/// a result of 17 top-level keys with a 33,000-token prompt in `request`, a
+/// first frame of 24 keys with 50,000 token IDs, params of 24 keys with
+/// 50,000 draft tokens. Each is decided, in MessagePack and in JSON, within
+/// the memory bound.
+#[test]
+fn long_prompts_in_wide_maps_are_decided_in_both_encodings() {
+    let tokens = |n: u32| (0..n).collect::<Vec<u32>>();
+    let base = || {
+        json!({
+            "request_id": "r-1",
+            "reply_to": REPLY,
+            "frames": [{"token_ids": [7], "finish_reason": "length", "disaggregated_params": trt_with_id()}],
+        })
+    };
+    let mut wide_top = base();
+    wide_top["request"] = json!({"model": "m", "prompt_token_ids": tokens(33_000)});
+    widen(&mut wide_top, 13);
+    let mut wide_frame = base();
+    wide_frame["frames"][0]["token_ids"] = json!(tokens(50_000));
+    widen(&mut wide_frame["frames"][0], 21);
+    let mut wide_params = base();
+    wide_params["frames"][0]["disaggregated_params"]["draft_tokens"] = json!(tokens(50_000));
+    widen(&mut wide_params["frames"][0]["disaggregated_params"], 18);
+    assert_eq!(wide_top.as_object().map(|m| m.len()), Some(17));
+    assert_eq!(
+        wide_frame["frames"][0].as_object().map(|m| m.len()),
+        Some(24)
+    );
+    assert_eq!(
+        wide_params["frames"][0]["disaggregated_params"]
+            .as_object()
+            .map(|m| m.len()),
+        Some(24)
+    );
+    for (name, result) in [
+        ("top", wide_top),
+        ("frame", wide_frame),
+        ("params", wide_params),
+    ] {
+        for (encoding, body) in [
+            (Encoding::MsgPack, msgpack(&v(result.clone()))),
+            (Encoding::Json, serde_json::to_vec(&result).unwrap()),
+        ] {
+            let (d, peak) = measured(&body, encoding);
+            assert_eq!(
+                d.outcome,
+                Outcome::Decode {
+                    backend: Backend::Trtllm,
+                    minted: false
+                },
+                "{name} {encoding:?}: {:?}",
+                d.detail
+            );
+            assert!(peak <= LIMIT, "{name} {encoding:?}: peak {peak} bytes");
+        }
+    }
+}
+
+/// A 1 MiB map of hundreds of thousands of keys is not decided in place
+/// (a map of more than 4,096 entries takes the tree path) and is refused
+/// within the memory bound, like any other result of too many values.
+#[test]
+fn a_map_of_a_quarter_million_keys_is_refused_within_the_memory_bound() {
+    let mut body = vec![0x83];
+    for (k, v) in [("request_id", "r-1"), ("reply_to", REPLY)] {
+        body.push(0xa0 | k.len() as u8);
+        body.extend_from_slice(k.as_bytes());
+        body.push(0xa0 | v.len() as u8);
+        body.extend_from_slice(v.as_bytes());
+    }
+    body.push(0xa6);
+    body.extend_from_slice(b"frames");
+    body.push(0x91);
+    // The first frame: a map of `n` distinct 4-byte keys (fixstr "kNNN"
+    // as a 3-byte base-256 number) with nil values.
+    let n: u32 = 200_000;
+    body.push(0xdf);
+    body.extend_from_slice(&n.to_be_bytes());
+    for i in 0..n {
+        body.push(0xa3);
+        body.extend_from_slice(&i.to_be_bytes()[1..]);
+        body.push(0xc0);
+    }
+    assert!(body.len() <= MIB);
+    let (d, peak) = measured(&body, Encoding::MsgPack);
+    assert!(
+        is_refused_as_too_complex(&d),
+        "{:?} {:?}",
+        d.outcome,
+        d.detail
+    );
+    assert!(peak <= LIMIT, "peak {peak} bytes");
+}

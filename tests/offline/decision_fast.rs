@@ -6,6 +6,7 @@
 use crate::decision_support;
 
 use decision_support::*;
+use prefill_handoff::config::{KvHoldConfig, MissingDisaggRequestId};
 use prefill_handoff::decision::{
     Cancelled, Cancels, Decision, Input, NO_CANCELS, Outcome, Rules, decide, decide_in_place,
     decide_values,
@@ -73,18 +74,36 @@ fn params() -> impl Strategy<Value = Value> {
     };
     let trt = (
         field_of(ints()),
-        field_of(vec![k("context_only"), k("generation_only"), Value::Nil]),
+        field_of(vec![
+            k("context_only"),
+            k("CONTEXT_ONLY"),
+            k("Context_Only"),
+            k("generation_only"),
+            Value::Nil,
+        ]),
         field_of(ints()),
         field_of(vec![Value::Binary((0..=255).collect())]),
+        // trtllm-serve's JSON: base64 opaque state, the endpoint as a
+        // string or a list.
+        field_of(vec![k("AAH/"), Value::Nil]),
+        field_of(vec![
+            k("tcp://10.0.0.5:8001"),
+            v(serde_json::json!([
+                "tcp://10.0.0.5:8001",
+                "tcp://10.0.0.5:8002"
+            ])),
+        ]),
         proptest::collection::vec((anything(), anything()), 0..3),
     )
-        .prop_map(|(ctx, kind, disagg, opaque, extra)| {
+        .prop_map(|(ctx, kind, disagg, opaque, encoded, endpoint, extra)| {
             map_of(
                 vec![
                     ("ctx_request_id", ctx),
                     ("request_type", kind),
                     ("disagg_request_id", disagg),
                     ("opaque_state", opaque),
+                    ("encoded_opaque_state", encoded),
+                    ("ctx_info_endpoint", endpoint),
                 ],
                 extra,
             )
@@ -148,6 +167,12 @@ pub(crate) fn engine_params() -> impl Strategy<Value = Value> {
         v(serde_json::json!([0, -1])),
         v(serde_json::json!([7, "8"])),
         v(serde_json::json!([18446744073709551615u64])),
+        // One list per KV-cache group, and near misses.
+        v(serde_json::json!([[0, 1, 2], [3]])),
+        v(serde_json::json!([[], []])),
+        v(serde_json::json!([[0], [-1]])),
+        v(serde_json::json!([[0], 1])),
+        v(serde_json::json!([[[0]]])),
         Value::Nil,
     ];
     let vllm_near = (
@@ -167,8 +192,18 @@ pub(crate) fn engine_params() -> impl Strategy<Value = Value> {
                 ],
                 extra,
             )
-        });
-    prop_oneof![sglang_near, vllm_near]
+        })
+        .boxed();
+    // Dynamo's nesting of vLLM's params, with a key beside it or not.
+    let nested = (
+        prop_oneof![
+            3 => vllm_near.clone(),
+            1 => anything(),
+        ],
+        proptest::collection::vec((anything(), anything()), 0..2),
+    )
+        .prop_map(|(inner, extra)| map_of(vec![("kv_transfer_params", Some(inner))], extra));
+    prop_oneof![sglang_near, vllm_near, nested]
 }
 
 fn gen_frame() -> impl Strategy<Value = Value> {
@@ -208,6 +243,8 @@ fn gen_frame() -> impl Strategy<Value = Value> {
 
 /// The time of every generated decision, Unix ms.
 const NOW: u64 = 1_767_225_600_000;
+/// When every generated result was published: 10 ms before [`NOW`].
+const PUBLISHED: u64 = NOW - 10;
 
 /// Deadlines near [`NOW`] and the edges of their range, and values that are
 /// not deadlines.
@@ -290,6 +327,7 @@ pub(crate) fn gen_result() -> impl Strategy<Value = Value> {
             Value::Nil,
         ]),
         prop_oneof![2 => Just(None), 1 => field_of(deadlines())],
+        prop_oneof![2 => Just(None), 1 => field_of(deadlines())],
         proptest::collection::vec(
             (
                 prop_oneof![
@@ -302,17 +340,20 @@ pub(crate) fn gen_result() -> impl Strategy<Value = Value> {
         ),
         0usize..4,
     )
-        .prop_map(|(id, reply, frames, request, deadline, extra, turn)| {
-            let mut base = vec![
-                ("request_id", id),
-                ("reply_to", reply),
-                ("frames", frames),
-                ("request", request),
-                ("deadline_ms", deadline),
-            ];
-            base.rotate_left(turn);
-            map_of(base, extra)
-        })
+        .prop_map(
+            |(id, reply, frames, request, deadline, kv_expires, extra, turn)| {
+                let mut base = vec![
+                    ("request_id", id),
+                    ("reply_to", reply),
+                    ("frames", frames),
+                    ("request", request),
+                    ("deadline_ms", deadline),
+                    ("kv_expires_ms", kv_expires),
+                ];
+                base.rotate_left(turn);
+                map_of(base, extra)
+            },
+        )
 }
 
 /// Both paths on the same bytes, each with a fresh ID source.
@@ -333,7 +374,7 @@ fn both(
         deadline_header: header,
         kv_expires_header: None,
         now_ms: NOW,
-        published_ms: NOW,
+        published_ms: PUBLISHED,
         cancels,
     };
     let ids = || {
@@ -365,15 +406,34 @@ pub(crate) fn check_same_in(
     encoding: Encoding,
     header: Option<&str>,
 ) -> Result<(), TestCaseError> {
-    // Three combinations, as many as before deadlines: each rule's case
-    // comes up under more than one, and the test's time stays.
+    // Four combinations: each rule's case comes up under more than one.
     let skewed_jetstream = Rules {
         deadline_skew_ms: 1,
         ..jetstream_rules()
     };
     let req_1_cancelled: &dyn Cancels = &Req1Cancelled;
+    // The configuration's own ID policy (refuse), and holds that have run
+    // out (vLLM, TensorRT-LLM) and not (SGLang) at NOW.
+    let refusing_with_holds = Rules {
+        kv_hold_ms: KvHoldConfig {
+            trtllm: 10,
+            vllm: 5,
+            sglang: 50,
+            opaque: 0,
+        },
+        ..default_rules()
+    };
+    let passing = Rules {
+        missing_disagg_request_id: MissingDisaggRequestId::Pass,
+        ..jetstream_rules()
+    };
     for (rules, nats_reply, fenced, cancels) in [
-        (rules(), Some("_INBOX.nats.9"), false, NO_CANCELS),
+        (
+            refusing_with_holds,
+            Some("_INBOX.nats.9"),
+            false,
+            NO_CANCELS,
+        ),
         (rules(), None, true, req_1_cancelled),
         (
             skewed_jetstream,
@@ -381,6 +441,7 @@ pub(crate) fn check_same_in(
             false,
             req_1_cancelled,
         ),
+        (passing, None, true, NO_CANCELS),
     ] {
         let (fast, slow, minted_fast, minted_slow) = both(
             payload, encoding, &rules, nats_reply, fenced, header, cancels,

@@ -25,6 +25,7 @@ mod decision_handoff;
 mod decision_hostile;
 mod decision_job;
 mod decision_malformed;
+mod decision_shapes;
 mod deploy_config;
 mod docs;
 mod fuzz_corpus;

@@ -19,7 +19,7 @@ use tokio::task::block_in_place;
 /// so that fields the client's stream config does not know (the per-message
 /// TTL of nats-server 2.11+, which cannot be switched off) are sent back as
 /// the server holds them.
-async fn limit_gen(js: &jetstream::Context, max_messages: i64) {
+pub(crate) async fn limit_gen(js: &jetstream::Context, max_messages: i64) {
     let client = js.client();
     let info = client
         .request("$JS.API.STREAM.INFO.LLM_GEN", "".into())

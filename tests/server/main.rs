@@ -14,6 +14,7 @@ mod cancel_flood;
 mod cancel_reconnect;
 mod core_sink;
 mod deadlines;
+mod engine_handoff;
 mod fault_proxy;
 mod harness;
 mod hostile_publisher;

@@ -12,7 +12,7 @@ pub use traffic::*;
 
 use crate::common::Nats;
 use async_nats::jetstream;
-use prefill_handoff::config::Config;
+use prefill_handoff::config::{Config, MissingDisaggRequestId};
 use prefill_handoff::identity::Identity;
 use prefill_handoff::ids::{DEFAULT_EPOCH_UNIX_MS, IdLayout, MachineId};
 use prefill_handoff::metrics::Metrics;
@@ -38,6 +38,8 @@ pub fn config(nats: &Nats) -> Config {
     config.max_in_flight = 64;
     config.jetstream.batch = 32;
     config.shutdown_timeout_secs = 5;
+    // The traffic's TensorRT-LLM results carry no ID: the worker mints.
+    config.trtllm.missing_disagg_request_id = MissingDisaggRequestId::Mint;
     config.resolve().expect("valid test config")
 }
 

@@ -8,7 +8,7 @@ pub mod cases;
 
 use async_nats::{Client, HeaderMap, Message};
 use futures::StreamExt;
-use prefill_handoff::config::Config;
+use prefill_handoff::config::{Config, MissingDisaggRequestId};
 use prefill_handoff::identity::Identity;
 use prefill_handoff::ids::{DEFAULT_EPOCH_UNIX_MS, IdLayout, MachineId};
 use prefill_handoff::metrics::{Metrics, Readiness};
@@ -23,10 +23,13 @@ pub const PREFILL: &str = "llm.prefill.results";
 pub const GEN: &str = "llm.gen.jobs";
 pub const DEAD: &str = "llm.handoff.dead";
 
-/// The default configuration pointed at a test server.
+/// The default configuration pointed at a test server, but for a worker
+/// that mints a missing `disagg_request_id` (the traffic's TensorRT-LLM
+/// results carry none).
 pub fn config(nats_url: &str) -> Config {
     let mut config = Config::default();
     config.nats.url = nats_url.to_string();
+    config.trtllm.missing_disagg_request_id = MissingDisaggRequestId::Mint;
     config.resolve().expect("the default config resolves")
 }
 
