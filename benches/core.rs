@@ -5,7 +5,7 @@
 
 use criterion::{Criterion, Throughput, criterion_group};
 use prefill_handoff::clock;
-use prefill_handoff::config::Config;
+use prefill_handoff::config::{Config, MissingDisaggRequestId};
 use prefill_handoff::decision::{Decision, IdSource, Input, Rules, decide, decide_values};
 use prefill_handoff::identity::Identity;
 use prefill_handoff::ids::{DEFAULT_EPOCH_UNIX_MS, IdGenerator, IdLayout, MachineId};
@@ -152,8 +152,13 @@ fn payload(name: &str, value: &Value, encoding: Encoding) -> Vec<u8> {
     out
 }
 
+/// The default rules, but for a TensorRT-LLM handoff without
+/// `disagg_request_id`, which the worker mints: the `*_minted_*` cases
+/// measure the mint.
 fn rules() -> Rules {
-    Config::default()
+    let mut config = Config::default();
+    config.trtllm.missing_disagg_request_id = MissingDisaggRequestId::Mint;
+    config
         .resolve()
         .map(|c| Rules::from_config(&c).expect("rules"))
         .expect("default rules")
