@@ -13,7 +13,7 @@ use jetstream_support::{
     Collector, Expect, Input, LibWorker, PREFILL, check_outputs, fixed_identity, mixed, setup,
     stream_contents, wait_drained,
 };
-use prefill_handoff::config::{Config, Mode};
+use prefill_handoff::config::{Config, MissingDisaggRequestId, Mode};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -30,6 +30,8 @@ fn cluster_config(cluster: &NatsCluster) -> Config {
     config.max_in_flight = 64;
     config.jetstream.batch = 32;
     config.shutdown_timeout_secs = 5;
+    // The traffic's TensorRT-LLM results carry no ID: the worker mints.
+    config.trtllm.missing_disagg_request_id = MissingDisaggRequestId::Mint;
     config.resolve().expect("valid test config")
 }
 
