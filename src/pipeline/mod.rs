@@ -423,8 +423,10 @@ impl Pipeline {
         payload: Bytes,
         good_until: Option<u64>,
     ) -> Result<(), PublishError> {
+        // A millisecond past it by the wall clock, which the decision that
+        // follows reads: then it refuses the job.
         let expires_at = good_until.map(|ms| {
-            let left = ms.saturating_sub(crate::clock::unix_ms());
+            let left = ms.saturating_sub(crate::clock::unix_ms()) + 1;
             tokio::time::Instant::now() + Duration::from_millis(left)
         });
         loop {
