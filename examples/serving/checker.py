@@ -368,19 +368,29 @@ def render(rows: list[Row], figures: dict[str, Any], faults: list[Fault], cfg: d
     return "\n".join(out)
 
 
+def report(run_dir: str) -> tuple[bool, str]:
+    """Checks a run; writes check.json (for tests and tools) and table.txt
+    into its directory; returns whether every invariant held, and the table."""
+    rows, figures, faults = check(run_dir)
+    with open(os.path.join(run_dir, "run.json"), encoding="utf-8") as f:
+        cfg = json.load(f)
+    table = render(rows, figures, faults, cfg)
+    ok = all(r.ok for r in rows)
+    with open(os.path.join(run_dir, "check.json"), "w", encoding="utf-8") as f:
+        json.dump({"ok": ok, "rows": {r.name: r.ok for r in rows},
+                   "problems": {r.name: r.problems[:50] for r in rows}, "figures": figures}, f, indent=1)
+    with open(os.path.join(run_dir, "table.txt"), "w", encoding="utf-8") as f:
+        f.write(table + "\n")
+    return ok, table
+
+
 def main() -> int:
     if len(sys.argv) != 2:
         print("usage: checker.py RUN_DIR", file=sys.stderr)
         return 2
-    run_dir = sys.argv[1]
-    rows, figures, faults = check(run_dir)
-    with open(os.path.join(run_dir, "run.json"), encoding="utf-8") as f:
-        cfg = json.load(f)
-    print(render(rows, figures, faults, cfg))
-    with open(os.path.join(run_dir, "check.json"), "w", encoding="utf-8") as f:
-        json.dump({"ok": all(r.ok for r in rows), "rows": {r.name: r.ok for r in rows},
-                   "problems": {r.name: r.problems[:50] for r in rows}, "figures": figures}, f, indent=1)
-    return 0 if all(r.ok for r in rows) else 1
+    ok, table = report(sys.argv[1])
+    print(table)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -334,18 +334,9 @@ def run_flow(flow: str, args: Any, out_dir: str, seed: int) -> int:
         # run; the event logs and process logs stay.
         for data in ("etcd", "jetstream"):
             shutil.rmtree(os.path.join(out_dir, data), ignore_errors=True)
-    rows, figures, faults = checker.check(out_dir)
-    with open(os.path.join(out_dir, "run.json")) as f:
-        cfg = json.load(f)
-    table = checker.render(rows, figures, faults, cfg)
-    ok = all(r.ok for r in rows)
+    ok, table = checker.report(out_dir)
     print(f"\n== {flow} flow ({system.mode} mode), seed {seed}: {'all invariants held' if ok else 'BROKEN'}")
     print(table, flush=True)
-    with open(os.path.join(out_dir, "check.json"), "w") as f:
-        json.dump({"ok": ok, "rows": {r.name: r.ok for r in rows},
-                   "problems": {r.name: r.problems[:50] for r in rows}, "figures": figures}, f, indent=1)
-    with open(os.path.join(out_dir, "table.txt"), "w") as f:
-        f.write(table + "\n")
     return 0 if ok else 1
 
 
