@@ -39,10 +39,13 @@ pub enum ErrorCode {
     /// budget refused: a notice to its client, which may retry; the
     /// decision never gives it.
     OverBudget,
+    /// The worker could not write its output for a valid result (JSON
+    /// cannot carry a value in it): a bug of the worker, not of the result.
+    Internal,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 19] = [
+    pub const ALL: [ErrorCode; 20] = [
         ErrorCode::Malformed,
         ErrorCode::NoOutput,
         ErrorCode::PrefillFailed,
@@ -62,6 +65,7 @@ impl ErrorCode {
         ErrorCode::KvExpired,
         ErrorCode::RateLimited,
         ErrorCode::OverBudget,
+        ErrorCode::Internal,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -85,6 +89,7 @@ impl ErrorCode {
             ErrorCode::KvExpired => "kv_expired",
             ErrorCode::RateLimited => "rate_limited",
             ErrorCode::OverBudget => "over_budget",
+            ErrorCode::Internal => "internal",
         }
     }
 }

@@ -302,3 +302,11 @@ fn prefill_failed(text: &str) -> String {
         truncate(text, 1024)
     )
 }
+
+/// The message of an `internal` error response: the worker could not write
+/// its `output` for a result as JSON.
+fn unwritable(output: &str, why: &wire::NotJson) -> String {
+    format!(
+        "the worker could not write the {output} for this result as JSON ({why}); the result is not at fault: this is a bug in prefill-handoff, please report it with the result"
+    )
+}

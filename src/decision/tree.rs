@@ -7,7 +7,7 @@ use super::handoff::{self, describe};
 use super::request::{self, Request};
 use super::{
     Backend, DeadLetterCode, Decision, ErrorCode, FinishReason, IdSource, Input, Outcome, Release,
-    Rules, content_type, dead_letter, deadline, error_text, prefill_failed,
+    Rules, content_type, dead_letter, deadline, error_text, prefill_failed, unwritable,
 };
 use crate::headers::names::NATS_MSG_ID;
 use crate::headers::release_msg_id;
@@ -95,6 +95,29 @@ impl Reply {
         }
     }
 
+    /// The terminal response `body`; `internal` when it cannot be written.
+    fn terminal(self, body: &Value, finish_reason: FinishReason, trailing: usize) -> Decision {
+        let payload = match wire::try_encode(body, self.encoding, self.size_hint) {
+            Ok(payload) => payload,
+            Err(e) => {
+                let why = unwritable("terminal response", &e);
+                return self.error(ErrorCode::Internal, why, trailing);
+            }
+        };
+        Decision {
+            outcome: Outcome::Terminal { finish_reason },
+            payload,
+            headers: content_type(self.encoding),
+            request_id: self.request_id,
+            subject: self.subject.into(),
+            trailing_frames: trailing,
+            detail: None,
+            deadline_ms: self.deadline_ms,
+            kv_expires_ms: None,
+            release: None,
+        }
+    }
+
     /// The error response for a handoff refused after its parameters passed
     /// validation, with its KV release notice.
     fn refused(
@@ -112,12 +135,19 @@ impl Reply {
             handoff.ids.instance_id(),
             handoff.ids.machine_id(),
         );
+        let payload = match wire::try_encode(&notice, self.encoding, 256) {
+            Ok(payload) => payload,
+            Err(e) => {
+                let why = unwritable("KV release notice", &e);
+                return self.error(ErrorCode::Internal, why, trailing_frames);
+            }
+        };
         let mut headers = content_type(self.encoding);
         headers.push(NATS_MSG_ID, &release_msg_id(handoff.request_id));
         let release = Release {
             subject: rules.release_subject.clone(),
             headers,
-            payload: wire::encode(&notice, self.encoding),
+            payload,
         };
         Decision {
             release: Some(Box::new(release)),
@@ -210,18 +240,7 @@ fn decide_frames(
             _ => FinishReason::Other,
         };
         let body = messages::terminal_response(&request_id, Value::Map(first));
-        return Decision {
-            outcome: Outcome::Terminal { finish_reason },
-            payload: wire::encode_with_capacity(&body, reply.encoding, reply.size_hint),
-            headers: content_type(reply.encoding),
-            request_id: reply.request_id,
-            subject: reply.subject.into(),
-            trailing_frames: trailing,
-            detail: None,
-            deadline_ms: reply.deadline_ms,
-            kv_expires_ms: None,
-            release: None,
-        };
+        return reply.terminal(&body, finish_reason, trailing);
     }
     let parts = JobParts {
         request_id,
@@ -340,15 +359,18 @@ fn decode_job(
         kv_expires_ms,
         extra: rest,
     };
+    let payload = match wire::try_encode(&job.into_value(), reply.encoding, reply.size_hint + 128) {
+        Ok(payload) => payload,
+        Err(e) => {
+            let why = unwritable("decode job", &e);
+            return reply.error(ErrorCode::Internal, why, trailing);
+        }
+    };
     let mut headers = content_type(reply.encoding);
     headers.add_job(&request_id, reply.deadline_ms, kv_expires_ms);
     Decision {
         outcome,
-        payload: wire::encode_with_capacity(
-            &job.into_value(),
-            reply.encoding,
-            reply.size_hint + 128,
-        ),
+        payload,
         headers,
         request_id: reply.request_id,
         subject: rules.gen_subject.clone(),

@@ -1,17 +1,65 @@
 //! JSON output for [`rmpv::Value`] trees.
 //!
-//! Values decoded from JSON always serialize directly. Anything JSON cannot
-//! express (non-string map keys, binary, ext, invalid UTF-8) can only appear
-//! when a caller mixes encodings; it is rendered losslessly enough to read
-//! rather than refused, so that an output is always produced.
+//! [`to_vec`] writes exactly what JSON carries (null, booleans, integers,
+//! finite floats, UTF-8 strings, arrays, maps with string keys) and refuses
+//! anything else: an output that cannot be written is an error, never a
+//! stand-in. [`to_json`] renders anything readably, for printing
+//! (`explain`) and for the messages the worker builds itself.
 
+use super::NotJson;
 use rmpv::Value;
+use serde::ser::{Error as _, Serialize, SerializeMap, SerializeSeq, Serializer};
 use serde_json::Value as Json;
 
-pub(super) fn to_vec(value: &Value) -> Vec<u8> {
-    match serde_json::to_vec(value) {
-        Ok(bytes) => bytes,
-        Err(_) => serde_json::to_vec(&to_json(value)).unwrap_or_else(|_| b"null".to_vec()),
+/// `value` as compact JSON, as serde_json writes it, or what in it JSON
+/// cannot carry.
+pub(super) fn to_vec(value: &Value) -> Result<Vec<u8>, NotJson> {
+    serde_json::to_vec(&Strict(value))
+        .map_err(|e| NotJson(format!("it holds {e}, which JSON cannot carry")))
+}
+
+/// A value serialized as rmpv serializes it, except that what JSON cannot
+/// carry is an error (rmpv would write binary as an array of numbers, an
+/// ext value as an array, a non-finite float as null).
+struct Strict<'a>(&'a Value);
+
+impl Serialize for Strict<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self.0 {
+            Value::Nil => s.serialize_unit(),
+            Value::Boolean(b) => s.serialize_bool(*b),
+            Value::Integer(i) => match (i.as_u64(), i.as_i64()) {
+                (Some(u), _) => s.serialize_u64(u),
+                (None, Some(n)) => s.serialize_i64(n),
+                (None, None) => Err(S::Error::custom("an integer out of range")),
+            },
+            Value::F32(f) if f.is_finite() => s.serialize_f32(*f),
+            Value::F64(f) if f.is_finite() => s.serialize_f64(*f),
+            Value::F32(_) | Value::F64(_) => Err(S::Error::custom("a float that is not finite")),
+            Value::String(text) => match text.as_str() {
+                Some(text) => s.serialize_str(text),
+                None => Err(S::Error::custom("a string that is not UTF-8")),
+            },
+            Value::Binary(_) => Err(S::Error::custom("a binary value")),
+            Value::Ext(tag, _) => Err(S::Error::custom(format!("an ext value of type {tag}"))),
+            Value::Array(items) => {
+                let mut seq = s.serialize_seq(Some(items.len()))?;
+                for item in items {
+                    seq.serialize_element(&Strict(item))?;
+                }
+                seq.end()
+            }
+            Value::Map(entries) => {
+                let mut map = s.serialize_map(Some(entries.len()))?;
+                for (key, value) in entries {
+                    let Some(key) = key.as_str() else {
+                        return Err(S::Error::custom("a map key that is not a UTF-8 string"));
+                    };
+                    map.serialize_entry(key, &Strict(value))?;
+                }
+                map.end()
+            }
+        }
     }
 }
 

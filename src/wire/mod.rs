@@ -125,25 +125,37 @@ pub fn depth(value: &Value) -> usize {
     }
 }
 
-/// Encodes a value. MessagePack keeps binary, ext and non-string keys as they
-/// came; JSON output only ever carries values that came from JSON input or
-/// that the worker built itself.
+/// Encodes a message the worker built itself (its strings, integers and
+/// string keys, which JSON always carries) or decoded from the same
+/// encoding. MessagePack keeps binary, ext and non-string keys as they
+/// came; a value JSON cannot carry is written as [`to_json`] renders it.
+/// Outputs that carry an input's values into JSON go through
+/// [`try_encode`], which refuses what JSON cannot carry.
 pub fn encode(value: &Value, encoding: Encoding) -> Vec<u8> {
-    encode_with_capacity(value, encoding, 256)
+    try_encode(value, encoding, 256)
+        .unwrap_or_else(|_| json::to_json(value).to_string().into_bytes())
 }
 
-/// Like [`encode`], with a hint of the encoded size (saves regrowing the
-/// buffer when an output is about as large as its input).
-pub fn encode_with_capacity(value: &Value, encoding: Encoding, capacity: usize) -> Vec<u8> {
+/// Encodes a value, or says what in it JSON cannot carry (binary, ext, a
+/// key that is not a string, a string that is not UTF-8, a non-finite
+/// float). MessagePack always encodes. `capacity`: a hint of the encoded
+/// size (saves regrowing the buffer when an output is about as large as
+/// its input).
+pub fn try_encode(value: &Value, encoding: Encoding, capacity: usize) -> Result<Vec<u8>, NotJson> {
     match encoding {
         Encoding::MsgPack => {
             let mut out = Vec::with_capacity(capacity);
             msgpack::write(&mut out, value);
-            out
+            Ok(out)
         }
         Encoding::Json => json::to_vec(value),
     }
 }
+
+/// An output that cannot be written as JSON: what in it JSON cannot carry.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("{0}")]
+pub struct NotJson(pub String);
 
 /// A value as JSON, for printing (`explain`). Values that came from JSON map
 /// one to one; binary becomes an array of byte values, ext becomes

@@ -57,7 +57,7 @@ impl Plan for ConvertAll {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::{Encoding, MAX_DEPTH, decode, encode};
+    use crate::wire::{Encoding, MAX_DEPTH, decode, encode, msgpack, try_encode};
 
     /// Each body read here gives what the value tree gives, or is refused
     /// exactly when the tree's decode fails (or the top level is not an
@@ -100,9 +100,10 @@ mod tests {
                     assert_eq!(read, Some(()), "{shown}");
                     assert_eq!(read_carried, Some(()), "{shown}");
                     assert_eq!(mp, encode(&value, Encoding::MsgPack), "{shown}");
-                    let json = encode(&value, Encoding::Json);
-                    assert_eq!(msgpack_to_json(&mp, 0), json, "{shown}");
-                    assert_eq!(msgpack_to_json(&carried, 0), json, "{shown}");
+                    let json =
+                        try_encode(&value, Encoding::Json, 0).expect("JSON carries what it gave");
+                    assert_eq!(msgpack_to_json(&mp, 0), Ok(json.clone()), "{shown}");
+                    assert_eq!(msgpack_to_json(&carried, 0), Ok(json), "{shown}");
                 }
                 None => {
                     assert_eq!(read, None, "{shown}");
@@ -138,7 +139,7 @@ mod tests {
             json_to_msgpack(body.as_bytes(), &mut carried, &CopyAll).unwrap();
             assert_eq!(
                 msgpack_to_json(&carried, 0),
-                encode(&value, Encoding::Json),
+                Ok(encode(&value, Encoding::Json)),
                 "{body}"
             );
         }
@@ -149,6 +150,38 @@ mod tests {
             let value = crate::wire::msgpack::read(&carried).unwrap();
             let first = value.as_map().and_then(|m| m.first()).map(|(_, v)| v);
             assert!(matches!(first, Some(rmpv::Value::Ext(0x4a, _))), "{body}");
+        }
+    }
+
+    /// What JSON cannot carry is an error on both writers, never a stand-in
+    /// (`null`, an array of bytes, a key's display form): each row a
+    /// MessagePack body and whether the value tree reads it at all.
+    #[test]
+    fn values_json_cannot_carry_are_refused_not_written() {
+        let rows: [(&str, &[u8], bool); 7] = [
+            ("binary", b"\x81\xa1a\xc4\x02\x01\x02", true),
+            ("ext", b"\x81\xa1a\xd4\x05\x00", true),
+            ("integer key", b"\x81\x01\x02", true),
+            ("string not UTF-8", b"\x81\xa1a\xa1\xff", true),
+            ("undefined marker", b"\x81\xa1a\xc1", false),
+            ("truncated", b"\x82\xa1a\x01", false),
+            ("trailing bytes", b"\x80\x00", false),
+        ];
+        for (what, body, tree_reads) in rows {
+            assert!(msgpack_to_json(body, 0).is_err(), "{what}");
+            match msgpack::read(body) {
+                Ok(value) => {
+                    assert!(tree_reads, "{what}");
+                    assert!(try_encode(&value, Encoding::Json, 0).is_err(), "{what}");
+                    let mp = try_encode(&value, Encoding::MsgPack, 0);
+                    assert_eq!(mp.as_deref(), Ok(body), "{what}");
+                }
+                Err(_) => assert!(!tree_reads, "{what}"),
+            }
+        }
+        for float in [f64::NAN, f64::INFINITY] {
+            let value = rmpv::Value::Array(vec![rmpv::Value::F64(float)]);
+            assert!(try_encode(&value, Encoding::Json, 0).is_err(), "{float}");
         }
     }
 }

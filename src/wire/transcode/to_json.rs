@@ -4,22 +4,28 @@
 //!
 //! Meant for outputs the in-place decision wrote from a JSON input, which
 //! hold only what JSON can carry. Anything else (binary, ext, a key that is
-//! not a string, bytes that do not parse) makes the whole value go through
-//! the value tree instead, so that every input still gives an output.
+//! not a string, bytes that do not parse) is an error: the caller answers
+//! it, and nothing stands in for the value.
 
 use super::{raw, word};
-use crate::wire::{Encoding, encode, msgpack};
+use crate::wire::NotJson;
 
-/// The JSON form of the MessagePack value `mp`.
-pub fn msgpack_to_json(mp: &[u8], capacity: usize) -> Vec<u8> {
+/// The JSON form of the MessagePack value `mp`, or where in it is a value
+/// JSON cannot carry.
+pub fn msgpack_to_json(mp: &[u8], capacity: usize) -> Result<Vec<u8>, NotJson> {
     let mut out = Vec::with_capacity(capacity);
     let mut p = 0;
     match value(mp, &mut p, &mut out) {
-        Some(()) if p == mp.len() => out,
-        _ => match msgpack::read(mp) {
-            Ok(value) => encode(&value, Encoding::Json),
-            Err(_) => b"null".to_vec(),
-        },
+        Some(()) if p == mp.len() => Ok(out),
+        Some(()) => Err(NotJson(format!(
+            "it holds {} bytes after one complete value",
+            mp.len() - p
+        ))),
+        None => Err(NotJson(format!(
+            "it holds a value JSON cannot carry (binary, ext, a key that is not a string) or bytes that do not parse, before byte {} of {}",
+            p.min(mp.len()),
+            mp.len()
+        ))),
     }
 }
 
