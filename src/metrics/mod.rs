@@ -65,6 +65,7 @@ struct Inner {
     publish_failures: Counter,
     naks: [Counter; NakReason::ALL.len()],
     redeliveries: Counter,
+    gen_window_lookup_failures: Counter,
     trace_headers_dropped: [Counter; TraceHeader::ALL.len()],
     otel_spans_exported: Counter,
     otel_spans_dropped: [Counter; SpanDrop::ALL.len()],
@@ -215,6 +216,11 @@ impl Metrics {
                 &mut r,
                 "jetstream_redeliveries",
                 "JetStream messages received that had been delivered before",
+            ),
+            gen_window_lookup_failures: counter(
+                &mut r,
+                "gen_window_lookup_failures",
+                "Times the GEN stream's duplicate window could not be read at start; the configured one (jetstream.duplicate_window_secs) is used instead",
             ),
             trace_headers_dropped: counter_family(
                 &mut r,
@@ -382,6 +388,11 @@ impl Metrics {
         if minted > 0 {
             self.inner.ids_minted[MintSource::IdService as usize].inc_by(minted as u64);
         }
+    }
+
+    /// The GEN stream's duplicate window could not be read at start.
+    pub fn gen_window_lookup_failed(&self) {
+        self.inner.gen_window_lookup_failures.inc();
     }
 
     /// Trace headers of one input were dropped instead of copied.

@@ -121,7 +121,7 @@ pub async fn start(
         }
         Mode::Jetstream => {
             let cancels = (intake, cancels);
-            start_jetstream(client, config, pipeline, options, readiness, cancels).await
+            start_jetstream(client, config, pipeline, &metrics, options, readiness, cancels).await
         }
     }
 }
@@ -129,11 +129,13 @@ pub async fn start(
 /// JetStream: opens the consumer, takes its ack wait and delivery limit as
 /// the server holds them, loads the cancels the server kept, and starts
 /// pulling. `at_most_once` is the pipeline [`start`] made, which this gives
-/// its redelivery and GEN; `(intake, listener)` are its cancels.
+/// its redelivery and GEN, and `metrics` its metrics; `(intake, listener)`
+/// are its cancels.
 async fn start_jetstream(
     client: &Client,
     config: &Config,
     at_most_once: impl FnOnce(Sink) -> Pipeline,
+    metrics: &Metrics,
     options: super::Options,
     readiness: Option<Readiness>,
     (intake, listener): (listen::Intake, listen::Listener),
@@ -147,7 +149,7 @@ async fn start_jetstream(
         consumer.cached_info().config.max_deliver,
     );
     let gen_stream = if js_config.gen_is_stream {
-        Some(gen_stream(&js, config).await)
+        Some(gen_stream(&js, config, metrics).await)
     } else {
         None
     };
@@ -291,17 +293,27 @@ async fn open_at_start(
 const LOAD_BOUND: Duration = Duration::from_secs(30);
 
 /// The GEN stream as the server holds it: its duplicate window, or the
-/// configured one when it cannot be read; whether it expires messages by
-/// `Nats-TTL` (said once when it does not).
-async fn gen_stream(js: &async_nats::jetstream::Context, config: &Config) -> GenStream {
+/// configured one when it cannot be read (logged and counted: a result
+/// redelivered after the real window but within the configured one is not
+/// looked up in GEN, and could send a second decode job); whether it
+/// expires messages by `Nats-TTL` (said once when it does not).
+async fn gen_stream(
+    js: &async_nats::jetstream::Context,
+    config: &Config,
+    metrics: &Metrics,
+) -> GenStream {
     let js_config = &config.jetstream;
-    let window = match js.get_stream(&js_config.gen_stream).await {
-        Ok(mut gen_stream) => gen_stream
-            .info()
-            .await
-            .ok()
-            .map(|i| i.config.duplicate_window),
-        Err(_) => None,
+    let window = match duplicate_window(js, &js_config.gen_stream).await {
+        Ok(window) => Some(window),
+        Err(e) => {
+            metrics.gen_window_lookup_failed();
+            tracing::warn!(
+                stream = %js_config.gen_stream,
+                error = %e,
+                "cannot read the GEN stream's duplicate window; using the configured one (jetstream.duplicate_window_secs), which must not be longer than the stream's"
+            );
+            None
+        }
     };
     let msg_ttl = setup::msg_ttl_enabled(js, &js_config.gen_stream)
         .await
@@ -326,4 +338,14 @@ async fn gen_stream(js: &async_nats::jetstream::Context, config: &Config) -> Gen
             .or_else(|| setup::duplicate_window(config).ok())
             .unwrap_or(Duration::from_secs(js_config.duplicate_window_secs)),
     }
+}
+
+/// The duplicate window of the stream `name`, as the server holds it.
+async fn duplicate_window(
+    js: &async_nats::jetstream::Context,
+    name: &str,
+) -> Result<Duration, String> {
+    let mut stream = js.get_stream(name).await.map_err(|e| e.to_string())?;
+    let info = stream.info().await.map_err(|e| e.to_string())?;
+    Ok(info.config.duplicate_window)
 }

@@ -328,3 +328,35 @@ async fn jetstream_failed_gen_publish_is_redelivered_until_stored() {
     );
     worker.stop().await.expect("stop");
 }
+
+/// GEN's duplicate window cannot be read at start (here the stream is
+/// missing): the worker starts with the configured window, and the failure
+/// is counted (and logged), not dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn jetstream_an_unreadable_gen_duplicate_window_is_counted() {
+    let nats = Nats::start();
+    let mut config = config(&nats);
+    config.jetstream.create = false;
+    let client = async_nats::connect(nats.url()).await.expect("connect");
+    let js = async_nats::jetstream::new(client.clone());
+    let mut without_gen = config.clone();
+    without_gen.jetstream.gen_is_stream = false;
+    setup(&js, &without_gen).await;
+    let metrics = prefill_handoff::metrics::Metrics::new();
+    let worker = prefill_handoff::pipeline::serve::start(
+        &client,
+        &config,
+        fixed_identity(1),
+        metrics.clone(),
+        None,
+        None,
+    )
+    .await
+    .expect("the worker starts with the configured window");
+    let scraped = metrics.encode();
+    assert!(
+        scraped.contains("handoff_gen_window_lookup_failures_total 1\n"),
+        "{scraped}"
+    );
+    drop(worker);
+}
