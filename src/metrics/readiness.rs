@@ -5,10 +5,15 @@
 //! A load balancer or Kubernetes takes a worker that is not ready out of
 //! rotation; a worker that is recovering its lease, reconnecting, draining
 //! or holding results GEN refuses reports which of the four it is missing.
+//!
+//! Beside the four, the last permissions violation the NATS server reported:
+//! the JetStream start reads it to tell a refused API request (a request
+//! the server dropped answers nothing, like a server not ready) from one
+//! that may yet be answered.
 
 use crate::identity::IdentityState;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use tokio::sync::watch;
 
 /// Cheap, clonable readiness flags. The slot comes from the identity's watch;
@@ -23,6 +28,8 @@ struct Inner {
     consuming: AtomicBool,
     gen_accepting: AtomicBool,
     identity: watch::Receiver<IdentityState>,
+    /// The server's words, as its `-ERR` had them.
+    permission_violation: Mutex<Option<String>>,
 }
 
 /// One reading of the three conditions.
@@ -70,6 +77,7 @@ impl Readiness {
                 consuming: AtomicBool::new(false),
                 gen_accepting: AtomicBool::new(true),
                 identity,
+                permission_violation: Mutex::new(None),
             }),
         }
     }
@@ -88,6 +96,25 @@ impl Readiness {
     /// False while the GEN stream refuses decode jobs (`pipeline::gen_gate`).
     pub fn set_gen_accepting(&self, accepting: bool) {
         self.inner.gen_accepting.store(accepting, Ordering::Relaxed);
+    }
+
+    /// The NATS server refused one of the worker's publications or
+    /// subscriptions: `violation` is its `-ERR` text.
+    pub fn set_permission_violation(&self, violation: String) {
+        *self
+            .inner
+            .permission_violation
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(violation);
+    }
+
+    /// The last permissions violation the NATS server reported, if any.
+    pub fn permission_violation(&self) -> Option<String> {
+        self.inner
+            .permission_violation
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     pub fn report(&self) -> ReadinessReport {

@@ -121,10 +121,24 @@ pub fn on_nats_event(
                     );
                 }
             }
+            async_nats::Event::ServerError(async_nats::ServerError::Other(text))
+                if is_permission_violation(text) =>
+            {
+                readiness.set_permission_violation(text.clone());
+                tracing::warn!(%event, "the NATS server refused this worker a subject");
+            }
             other => tracing::warn!(event = %other, "NATS event"),
         }
         Box::pin(async {})
     }
+}
+
+/// Whether a server's `-ERR` text is a permissions violation
+/// (`Permissions Violation for Publish to "..."`, `... for Subscription to
+/// "..."`).
+fn is_permission_violation(text: &str) -> bool {
+    text.get(..21)
+        .is_some_and(|start| start.eq_ignore_ascii_case("permissions violation"))
 }
 
 /// How often a slow-consumer burst is logged: one line per interval, with

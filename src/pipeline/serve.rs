@@ -32,6 +32,12 @@ pub enum StartError {
     /// created) or incompatible.
     #[error("cannot consume from JetStream: {0}")]
     JetStream(JetStreamError),
+    /// JetStream: the server refused the worker's JetStream API requests
+    /// for want of permissions; waiting would not change that.
+    #[error(
+        "cannot consume from JetStream: the NATS server refused this worker's user: {violation} ({request}); grant it the JetStream permissions of config/nats/handoff-permissions.conf (docs/security.md)"
+    )]
+    Denied { violation: String, request: String },
     /// The cancel subject could not be subscribed to, or the cancels kept
     /// by the server could not be loaded.
     #[error(transparent)]
@@ -121,7 +127,10 @@ pub async fn start(
         }
         Mode::Jetstream => {
             let cancels = (intake, cancels);
-            start_jetstream(client, config, pipeline, &metrics, options, readiness, cancels).await
+            start_jetstream(
+                client, config, pipeline, &metrics, options, readiness, cancels,
+            )
+            .await
         }
     }
 }
@@ -142,7 +151,7 @@ async fn start_jetstream(
 ) -> Result<Worker, StartError> {
     let js_config = &config.jetstream;
     let js = async_nats::jetstream::new(client.clone());
-    let consumer = open_at_start(&js, config).await?;
+    let consumer = open_at_start(&js, config, readiness.as_ref()).await?;
     // The server's ack wait and delivery limit rule, whatever the config says.
     let (ack_wait, max_deliver) = (
         consumer.cached_info().config.ack_wait,
@@ -252,11 +261,15 @@ pub async fn serve(
 
 /// Opens the consumer (with `jetstream.create`, first creating what is
 /// missing), waiting for a server that does not answer yet. Missing or
-/// incompatible objects fail at once.
+/// incompatible objects fail at once, and so does a request the server
+/// refused for want of permissions: the server drops such a request, which
+/// then times out like one to a server not ready yet, and says why only in
+/// a permissions violation (`readiness` holds the last one).
 async fn open_at_start(
     js: &async_nats::jetstream::Context,
     config: &Config,
-) -> Result<async_nats::jetstream::consumer::PullConsumer, JetStreamError> {
+    readiness: Option<&Readiness>,
+) -> Result<async_nats::jetstream::consumer::PullConsumer, StartError> {
     let js_config = &config.jetstream;
     loop {
         let opened = async {
@@ -280,11 +293,17 @@ async fn open_at_start(
         };
         match opened.await {
             Ok(consumer) => return Ok(consumer),
-            Err(JetStreamError::Api(e)) => {
-                tracing::warn!(error = %e, "JetStream is not answering yet; retrying");
+            Err(JetStreamError::Api(request)) => {
+                let violation = readiness
+                    .and_then(Readiness::permission_violation)
+                    .filter(|v| v.contains("\"$JS."));
+                if let Some(violation) = violation {
+                    return Err(StartError::Denied { violation, request });
+                }
+                tracing::warn!(error = %request, "JetStream is not answering yet; retrying");
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
-            Err(e) => return Err(e),
+            Err(e) => return Err(e.into()),
         }
     }
 }

@@ -388,6 +388,31 @@ async fn least_privilege_user_hands_off_in_jetstream_mode() {
     least_privilege_hands_off(Mode::Jetstream).await;
 }
 
+/// A JetStream-mode worker whose user lacks the JetStream API permissions
+/// (the core set): the server drops its API requests with a permissions
+/// violation, and the worker exits 1 at start with the server's words,
+/// instead of waiting for JetStream forever as for a server not ready yet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_without_jetstream_permissions_stops_the_start_with_the_servers_words() {
+    let nats = least_privilege_server(free_port());
+    let etcd = Etcd::start();
+    let env = vec![
+        (
+            "HANDOFF_NATS__USER".to_string(),
+            worker_user(Mode::Core).to_string(),
+        ),
+        ("HANDOFF_NATS__PASSWORD".to_string(), "pw".to_string()),
+    ];
+    let mut worker = spawn(&nats, &etcd, Mode::Jetstream, &env);
+    let (code, last) = exit_line(&mut worker);
+    assert_eq!(code, Some(1), "{}", worker.log());
+    assert!(
+        last.contains("Permissions Violation for Publish to \"$JS.API."),
+        "{last:?}"
+    );
+    assert!(last.contains("handoff-permissions.conf"), "{last:?}");
+}
+
 /// Defence in depth behind the reply allowlist: the worker's user cannot
 /// publish to a subject outside its list, nor to the JetStream API beyond
 /// its own stream and consumer.
