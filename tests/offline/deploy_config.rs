@@ -16,6 +16,7 @@ const TLS_PATCHES: [&str; 2] = [
 ];
 const UNIT: &str = include_str!("../../deploy/systemd/prefill-handoff.service");
 const UNIT_TLS: &str = include_str!("../../deploy/systemd/prefill-handoff.service.d/tls.conf");
+const KIT_README: &str = include_str!("../../deploy/README.md");
 const CONFIG_PATH: &str = "/etc/prefill-handoff/handoff.toml";
 
 /// The integer after `key` on the first line that holds it.
@@ -173,5 +174,43 @@ fn the_units_key_material_comes_from_credentials_and_its_documentation_exists() 
             .unwrap_or_else(|| panic!("no install line for {doc}"));
         let source = line.split_whitespace().rev().nth(1).unwrap_or_default();
         assert!(root.join(source).is_file(), "{source} (for {doc})");
+    }
+}
+
+/// Every memory limit of the kit (the DaemonSet's request and limit, the
+/// unit's `MemoryHigh` and `MemoryMax`) is at least the hostile burst's
+/// measured peak RSS, as `deploy/README.md` ("Memory") gives it, plus half.
+#[test]
+fn the_memory_limits_hold_the_measured_peak_with_headroom() {
+    let peak_mib = number_after(KIT_README, "| hostile burst, measured peak RSS");
+    let wanted_mib = peak_mib + peak_mib / 2;
+    let mut limits: Vec<(String, u64)> = DAEMONSET
+        .lines()
+        .filter(|l| l.trim_start().starts_with("memory:"))
+        .map(|l| (l.trim().to_string(), number_after(l, "memory:")))
+        .collect();
+    assert!(
+        DAEMONSET
+            .lines()
+            .all(|l| !l.trim_start().starts_with("memory:") || l.trim_end().ends_with("Mi")),
+        "the DaemonSet's memory is given in Mi"
+    );
+    assert_eq!(limits.len(), 2, "a request and a limit: {limits:?}");
+    for key in ["MemoryHigh=", "MemoryMax="] {
+        let line = UNIT
+            .lines()
+            .find(|l| l.starts_with(key))
+            .unwrap_or_else(|| panic!("no {key}"));
+        assert!(
+            line.ends_with('M'),
+            "{line}: the unit's memory is given in M"
+        );
+        limits.push((line.to_string(), number_after(UNIT, key)));
+    }
+    for (line, mib) in limits {
+        assert!(
+            mib >= wanted_mib,
+            "{line}: below the measured peak of {peak_mib} MiB plus half ({wanted_mib} MiB)"
+        );
     }
 }
