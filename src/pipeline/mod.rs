@@ -206,12 +206,7 @@ impl Pipeline {
         let now_ms = crate::clock::unix_ms();
         let mut decision = self.decision_for(&delivery, now_ms).await;
         span.decided(&decision);
-        let redelivery = if delivery.redeliverable() {
-            self.redelivery
-        } else {
-            Redelivery::AT_MOST_ONCE
-        };
-        let done = match settle::plan(&decision.outcome, attempt, &redelivery) {
+        let done = match settle::plan(&decision.outcome, attempt, &self.redelivery_of(&delivery)) {
             Plan::Retry(delay) => {
                 self.defer(&delivery, &decision, delay, span).await;
                 return Handled::Deferred(decision.outcome);
@@ -272,6 +267,16 @@ impl Pipeline {
             return Handled::Queued(out);
         }
         out.count(&self.metrics, true)
+    }
+
+    /// How a delivery may be delivered again: not at all where its
+    /// transport cannot.
+    fn redelivery_of(&self, delivery: &Delivery) -> Redelivery {
+        if delivery.redeliverable() {
+            self.redelivery
+        } else {
+            Redelivery::AT_MOST_ONCE
+        }
     }
 
     /// The decision for a delivery: its encoding from its `content-type`,
