@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from harness import Worker, next_of, unique
 
-from prefill_handoff import DecodeJob, Encoding, HandoffClient
+from prefill_handoff import DecodeJob, Encoding, HandoffClient, Terminal
 from prefill_handoff.engines import sglang, trtllm, vllm
 
 OPAQUE = b"\x00\x01\xff"
@@ -216,3 +216,41 @@ async def test_unknown_fields_flow_through(core_worker: Worker) -> None:
     assert job.prefill_output["logprobs_blob"] == b"\x00\xfe"
     assert job.handoff["bootstrap_future"] == {1: b"\x01"}
     assert job.request == {"extra": [1, {"x": b"\x02"}]}
+
+
+@pytest.mark.parametrize("finish_reason", ["stop", "abort"])
+async def test_vllm_a_request_finished_at_prefill_is_answered_terminal(
+    core_worker: Worker, finish_reason: str
+) -> None:
+    """vLLM's KV connector returns no kv_transfer_params for a request that
+    finished at prefill (its first token was EOS, a stop string, an abort):
+    its frame carries the finish reason and no params, and the worker answers
+    it without decode."""
+    output = RequestOutput(
+        request_id="cmpl-eos",
+        outputs=[CompletionOutput(0, "", [2], finish_reason)],
+        finished=True,
+        kv_transfer_params=None,
+    )
+    sent = vllm.frame(output)
+    assert sent == {"token_ids": [2], "text": "", "finish_reason": finish_reason}
+    request_id = unique("vllm-eos")
+    async with await HandoffClient.connect(core_worker.nats.url) as client:
+        await client.publish_result(request_id, [sent])
+        reply = await client.await_reply(request_id, timeout=20)
+    assert isinstance(reply, Terminal)
+    assert (reply.request_id, reply.finish_reason) == (request_id, finish_reason)
+
+
+@pytest.mark.parametrize("finish_reason", ["length", None])
+def test_vllm_a_request_going_to_decode_needs_kv_transfer_params(
+    finish_reason: str | None,
+) -> None:
+    output = RequestOutput(
+        request_id="cmpl-x",
+        outputs=[CompletionOutput(0, "Hi", [1917], finish_reason)],
+        finished=finish_reason is not None,
+        kv_transfer_params=None,
+    )
+    with pytest.raises(ValueError, match="kv_transfer_params"):
+        vllm.frame(output)
