@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
 import pytest
-from harness import Cluster, Etcd, Nats, Worker, until
+from harness import Cluster, Etcd, Nats, Worker, unique, until
 
 from prefill_handoff import HandoffClient, IdentityUnavailable, RateLimited
+from prefill_handoff.engines import trtllm
 
 # rc22 IDs lie in [2^40, 2^63 - 1) (docs/protocol.md, "Request IDs").
 LOWEST, HIGHEST = 1 << 40, (1 << 63) - 1
@@ -89,3 +94,46 @@ async def test_a_fenced_worker_raises_identity_unavailable(
             await client.mint_ids()
     assert refused.value.code == "identity_unavailable"
     assert refused.value.retryable
+
+
+@asynccontextmanager
+async def silent_id_service(nats_server: Nats) -> AsyncIterator[HandoffClient]:
+    """A client of a namespace whose ID service subject has a subscriber that
+    never answers (a worker killed or stuck after it subscribed)."""
+    namespace = unique("silent")
+    async with await HandoffClient.connect(nats_server.url, namespace) as client:
+        silent = await client.nc.subscribe(client.subjects.ids)
+        await client.nc.flush()
+        try:
+            yield client
+        finally:
+            await silent.unsubscribe()  # what it holds would keep close()'s drain waiting
+
+
+async def test_mint_ids_gives_up_after_one_second_by_default(nats_server: Nats) -> None:
+    async with silent_id_service(nats_server) as client:
+        started = time.monotonic()
+        with pytest.raises(IdentityUnavailable, match=r"within 1\.0 s"):
+            await client.mint_ids()
+        assert time.monotonic() - started < 2.0
+
+
+async def test_mint_ids_and_context_params_take_a_timeout(nats_server: Nats) -> None:
+    async with silent_id_service(nats_server) as client:
+        mints: list[Callable[[], Awaitable[object]]] = [
+            lambda: client.mint_ids(timeout=0.2),
+            lambda: trtllm.context_params(client, timeout=0.2),
+        ]
+        for mint in mints:
+            started = time.monotonic()
+            with pytest.raises(IdentityUnavailable, match=r"within 0\.2 s") as refused:
+                await mint()
+            assert time.monotonic() - started < 0.9
+            assert refused.value.retryable
+
+
+async def test_context_params_mints_within_its_timeout(core_worker: Worker) -> None:
+    async with await HandoffClient.connect(core_worker.nats.url) as client:
+        params = await trtllm.context_params(client, timeout=5.0, ctx_dp_rank=0)
+    assert set(params) == {"request_type", "disagg_request_id", "ctx_dp_rank"}
+    assert LOWEST <= params["disagg_request_id"] < HIGHEST

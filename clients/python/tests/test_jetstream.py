@@ -3,9 +3,19 @@ decode jobs from a durable pull consumer on the GEN stream."""
 
 from __future__ import annotations
 
-from harness import Worker, next_of, nothing_more, unique, until
+import time
 
-from prefill_handoff import DecodeJob, HandoffClient
+import pytest
+from harness import (
+    Nats,
+    Worker,
+    next_of,
+    nothing_more,
+    unique,
+    until,
+)
+
+from prefill_handoff import DecodeJob, HandoffClient, Terminal
 from prefill_handoff.engines import sglang
 
 
@@ -81,3 +91,55 @@ async def test_a_cancel_stored_in_the_stream_reaches_a_durable_result(js_worker:
             notice = await next_of(releases)
     assert getattr(reply, "code", None) == "cancelled"
     assert notice.request_id == request_id
+
+
+async def stored(client: HandoffClient) -> int:
+    """The prefill stream's last sequence: how many results it ever stored."""
+    info = await client.nc.jetstream().stream_info(client.subjects.prefill_stream)
+    return int(info.state.last_seq)
+
+
+async def test_a_durable_result_published_again_is_stored_once(js_worker: Worker) -> None:
+    """A retry after a lost store ack: the same request's result, published
+    twice, is one message of the prefill stream (Nats-Msg-Id
+    result-{request_id}), answered once."""
+    request_id = unique("js-retry")
+    async with await HandoffClient.connect(js_worker.nats.url, js_worker.namespace) as client:
+        before = await stored(client)
+        for _ in range(2):
+            await client.publish_result(
+                request_id, [{"token_ids": [2], "finish_reason": "stop"}], durable=True
+            )
+        assert await stored(client) == before + 1
+        reply = await client.await_reply(request_id, timeout=20)
+        assert isinstance(reply, Terminal) and reply.finish_reason == "stop"
+
+
+async def test_a_durable_result_keeps_the_callers_msg_id(js_worker: Worker) -> None:
+    request_id = unique("js-own-id")
+    frames = [{"token_ids": [2], "finish_reason": "stop"}]
+    async with await HandoffClient.connect(js_worker.nats.url, js_worker.namespace) as client:
+        before = await stored(client)
+        for _ in range(2):
+            await client.publish_result(
+                request_id, frames, headers={"Nats-Msg-Id": f"mine-{request_id}"}, durable=True
+            )
+        # Its own ID, not result-{request_id}: the default one is new.
+        await client.publish_result(request_id, frames, durable=True)
+        assert await stored(client) == before + 2
+
+
+async def test_a_durable_publish_without_a_store_ack_times_out(js_nats_server: Nats) -> None:
+    # A subscriber on the results subject and no stream: nothing acks.
+    async with await HandoffClient.connect(js_nats_server.url, unique("nostream")) as client:
+        silent = await client.nc.subscribe(client.subjects.prefill_results)
+        await client.nc.flush()
+        try:
+            started = time.monotonic()
+            with pytest.raises(TimeoutError, match="store ack"):
+                await client.publish_result(
+                    unique("js-noack"), [{"finish_reason": "stop"}], durable=True, timeout=0.2
+                )
+            assert time.monotonic() - started < 0.9
+        finally:
+            await silent.unsubscribe()

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from harness import Worker, next_of, unique, until
 
-from prefill_handoff import Encoding, HandoffClient, HandoffError, ReleaseNotice, Terminal
+from prefill_handoff import Encoding, HandoffClient, HandoffError, ReleaseNotice, Terminal, wire
 from prefill_handoff.engines import sglang, trtllm
 
 SGLANG_PARAMS = {"bootstrap_host": "10.0.0.7", "bootstrap_port": 8998, "bootstrap_room": 42}
@@ -173,3 +173,35 @@ async def test_closing_a_stream_ends_an_iteration_in_progress(core_worker: Worke
         await jobs.close()
         await client.close()  # closes the releases too
         assert await asyncio.wait_for(asyncio.gather(*waiting), 10) == ["ended", "ended"]
+
+
+@pytest.mark.parametrize("encoding", ["msgpack", "json"])
+async def test_a_decode_side_error_comes_back_typed(
+    core_worker: Worker, encoding: Encoding
+) -> None:
+    request_id = unique("decode-error")
+    traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    async with await HandoffClient.connect(core_worker.nats.url) as client:
+        async with client.decode_jobs() as jobs:
+            await client.publish_result(
+                request_id,
+                [frame(None, SGLANG_PARAMS)],
+                encoding=encoding,
+                headers={"traceparent": traceparent},
+            )
+            job = await next_of(jobs)
+        tap = await client.nc.subscribe(job.reply_to)
+        await client.answer_error(job, "kv_transfer_failed", "the prefill engine went away")
+        seen = await tap.next_msg(timeout=20)
+        reply = await client.await_reply(request_id, timeout=20)
+    assert job.encoding == encoding
+    assert isinstance(reply, HandoffError)
+    assert (reply.code, reply.message) == ("kv_transfer_failed", "the prefill engine went away")
+    assert reply.request_id == request_id
+    assert reply.raw == {
+        "request_id": request_id,
+        "kind": "error",
+        "error": {"code": "kv_transfer_failed", "message": "the prefill engine went away"},
+    }
+    assert seen.headers is not None and seen.headers.get("traceparent") == traceparent
+    assert wire.encoding_of(seen.headers) == encoding

@@ -33,6 +33,18 @@ from .wire import Encoding
 MAX_REQUEST_ID_BYTES = 256
 MAX_ID_COUNT = 1024
 
+# How long minting waits for the ID service by default: an engine mints on
+# its request path, before the context phase, so a worker that does not
+# answer (killed, partitioned) costs one second, and the caller retries or
+# fails the request.
+MINT_TIMEOUT_S = 1.0
+# How long a durable publish waits for the stream's store ack by default
+# (nats-py's JetStream default).
+PUBLISH_TIMEOUT_S = 5.0
+
+# JetStream's deduplication header.
+MSG_ID_HEADER = "Nats-Msg-Id"
+
 Frame = Mapping[str, Any]
 Reply = Terminal | HandoffError
 
@@ -176,13 +188,15 @@ class HandoffClient:
 
     # --- the prefill side ------------------------------------------------------
 
-    async def mint_ids(self, count: int = 1, *, timeout: float = 5.0) -> list[int]:
+    async def mint_ids(self, count: int = 1, *, timeout: float = MINT_TIMEOUT_S) -> list[int]:
         """``count`` request IDs (1 to 1024) from the workers' ID service, for
         TensorRT-LLM's ``disagg_request_id``: mint before the context phase.
 
-        Raises :class:`IdentityUnavailable` when no worker holds a machine-ID
-        slot or none answers, :class:`RateLimited` beyond the service's
-        budget, :class:`HandoffError` for any other refusal."""
+        Waits ``timeout`` seconds for the answer (1 s by default: an engine's
+        request path waits on it). Raises :class:`IdentityUnavailable` when
+        no worker holds a machine-ID slot or none answers in time,
+        :class:`RateLimited` beyond the service's budget,
+        :class:`HandoffError` for any other refusal."""
         if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_ID_COUNT:
             raise ValueError(f"count is {count!r}; expected an integer in 1..={MAX_ID_COUNT}")
         body = wire.encode({"count": count}, "msgpack")
@@ -224,6 +238,7 @@ class HandoffClient:
         headers: Mapping[str, str] | None = None,
         encoding: Encoding = "msgpack",
         durable: bool = False,
+        timeout: float = PUBLISH_TIMEOUT_S,
     ) -> None:
         """Publishes a prefill result for the workers to decide.
 
@@ -231,8 +246,14 @@ class HandoffClient:
         :meth:`await_reply` gets the answer. ``deadline_ms`` and
         ``kv_expires_ms`` are Unix epoch milliseconds. ``headers`` are sent as
         given (``traceparent`` and ``tracestate`` reach the decode job).
+
         ``durable`` publishes through JetStream and returns once the prefill
-        stream stored the result (workers in ``mode = "jetstream"``)."""
+        stream stored the result (workers in ``mode = "jetstream"``), or
+        raises ``TimeoutError`` when the store ack did not come within
+        ``timeout`` seconds. The message carries ``Nats-Msg-Id:
+        result-{request_id}`` unless ``headers`` has one, so publishing the
+        same result again after a lost ack stores it once (within the
+        stream's duplicate window)."""
         _check_request_id(request_id)
         await self.start()
         body: dict[str, Any] = {
@@ -246,11 +267,15 @@ class HandoffClient:
             body["deadline_ms"] = deadline_ms
         if kv_expires_ms is not None:
             body["kv_expires_ms"] = kv_expires_ms
+        sent_headers = wire.headers_for(encoding, headers)
+        if durable and not any(k.lower() == MSG_ID_HEADER.lower() for k in sent_headers):
+            sent_headers[MSG_ID_HEADER] = f"result-{request_id}"
         await self._publish(
             self.subjects.prefill_results,
             wire.encode(body, encoding),
-            wire.headers_for(encoding, headers),
+            sent_headers,
             durable,
+            timeout,
         )
 
     async def cancel(
@@ -270,12 +295,24 @@ class HandoffClient:
             await self.nc.flush()
 
     async def _publish(
-        self, subject: str, payload: bytes, headers: dict[str, str], durable: bool
+        self,
+        subject: str,
+        payload: bytes,
+        headers: dict[str, str],
+        durable: bool,
+        timeout: float | None = None,
     ) -> None:
-        if durable:
-            await self.nc.jetstream().publish(subject, payload, headers=headers or None)
-        else:
+        if not durable:
             await self.nc.publish(subject, payload, headers=headers or None)
+            return
+        try:
+            await self.nc.jetstream().publish(
+                subject, payload, timeout=timeout, headers=headers or None
+            )
+        except nats.errors.TimeoutError:
+            raise TimeoutError(
+                f"no store ack for the message on {subject} within {timeout} s"
+            ) from None
 
     # --- the decode side and the KV holders -------------------------------------
 
@@ -284,6 +321,24 @@ class HandoffClient:
         ``reply_to``, in the shape and encoding of the worker's own terminal
         answers: :meth:`await_reply` returns it as a :class:`Terminal`."""
         body = {"request_id": job.request_id, "kind": "terminal", "output": dict(output)}
+        await self._answer_job(job, body)
+
+    async def answer_error(self, job: DecodeJob, code: str, message: str) -> None:
+        """The decode side's refusal of a job (its KV transfer failed, the KV
+        was gone, ...), on the job's ``reply_to``, in the shape and encoding
+        of the worker's own error answers, ``{"request_id", "kind": "error",
+        "error": {"code", "message"}}``: :meth:`await_reply` returns it as a
+        :class:`HandoffError` with this ``code`` and ``message``."""
+        if not isinstance(code, str) or not code:
+            raise ValueError(f"code is {code!r}; expected a non-empty string")
+        body = {
+            "request_id": job.request_id,
+            "kind": "error",
+            "error": {"code": code, "message": message},
+        }
+        await self._answer_job(job, body)
+
+    async def _answer_job(self, job: DecodeJob, body: dict[str, Any]) -> None:
         trace = {k: v for k, v in job.headers.items() if k in ("traceparent", "tracestate")}
         await self.nc.publish(
             job.reply_to,

@@ -61,14 +61,20 @@ SERVE_JSON_FIELDS = (
 )
 
 
-async def context_params(client: HandoffClient, **fields: Any) -> dict[str, Any]:
+async def context_params(
+    client: HandoffClient, *, timeout: float | None = None, **fields: Any
+) -> dict[str, Any]:
     """The context phase's params, with a ``disagg_request_id`` minted from the
     workers' ID service: ``DisaggregatedParams(**await context_params(client))``.
 
     TensorRT-LLM keys the KV transfer by this ID on both sides, so it must be
-    known before the context phase runs. Raises what
-    :meth:`HandoffClient.mint_ids` raises."""
-    [disagg_request_id] = await client.mint_ids(1)
+    known before the context phase runs. ``timeout`` is
+    :meth:`HandoffClient.mint_ids`'s (``None``: its default, 1 s). Raises
+    what :meth:`HandoffClient.mint_ids` raises."""
+    if timeout is None:
+        [disagg_request_id] = await client.mint_ids(1)
+    else:
+        [disagg_request_id] = await client.mint_ids(1, timeout=timeout)
     return {**fields, "request_type": "context_only", "disagg_request_id": disagg_request_id}
 
 
