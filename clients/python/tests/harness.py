@@ -165,7 +165,7 @@ class Nats:
     proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Nats:
-        self.port = free_port()
+        self.port = self.port or free_port()
         conf = self.dir / "nats.conf"
         conf.write_text(
             f'listen: 127.0.0.1:{self.port}\njetstream {{ store_dir: "{self.dir / "store"}" }}\n'
@@ -174,10 +174,17 @@ class Nats:
         self.proc = subprocess.Popen(
             [self.binary, "-c", str(conf)],
             stdout=subprocess.DEVNULL,
-            stderr=log.open("wb"),
+            stderr=log.open("ab"),
         )
         wait_port(self.port, self.proc, log)
         return self
+
+    def restart(self) -> Nats:
+        """Killed (SIGKILL) and started again on the same port and store: its
+        clients' connections drop and come back, what it held in memory (open
+        pulls, core subscriptions) is gone, its streams are kept."""
+        stop(self.proc)
+        return self.start()
 
     @property
     def url(self) -> str:
@@ -256,13 +263,23 @@ class Worker:
             args += ["--set", setting]
         return args
 
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "NO_COLOR": "1", "RUST_LOG": os.environ.get("RUST_LOG", "info")}
+
+    def setup(self) -> Worker:
+        """``prefill-handoff setup``: the streams and consumer, as an operator
+        creates them once (JetStream mode)."""
+        setup = subprocess.run(
+            self.command("setup"), env=self.env(), capture_output=True, text=True
+        )
+        if setup.returncode != 0:
+            raise RuntimeError(f"prefill-handoff setup failed:\n{setup.stdout}{setup.stderr}")
+        return self
+
     def start(self) -> Worker:
-        env = {**os.environ, "NO_COLOR": "1", "RUST_LOG": os.environ.get("RUST_LOG", "info")}
+        env = self.env()
         if self.mode == "jetstream":
-            # The streams and consumer, as an operator creates them once.
-            setup = subprocess.run(self.command("setup"), env=env, capture_output=True, text=True)
-            if setup.returncode != 0:
-                raise RuntimeError(f"prefill-handoff setup failed:\n{setup.stdout}{setup.stderr}")
+            self.setup()
         self.metrics_addr = f"127.0.0.1:{free_port()}"
         args = [
             *self.command("run"),

@@ -59,6 +59,11 @@ class HandoffClient:
     :meth:`connect` and by the first publish) until :meth:`await_reply` takes
     it, at most ``max_kept_replies`` request IDs' worth (the oldest unclaimed
     are dropped beyond, and counted in :attr:`dropped_replies`).
+
+    The client chains itself into the connection's reconnected callback (the
+    one given to ``nats.connect`` still runs), so that a durable
+    :meth:`decode_jobs` pulls again as soon as the connection is back;
+    :meth:`close` puts the connection's own callback back.
     """
 
     def __init__(
@@ -83,6 +88,11 @@ class HandoffClient:
         self._waiters: dict[str, list[asyncio.Future[None]]] = {}
         self._streams: list[DecodeJobs | KvReleases] = []
         self._start_lock = asyncio.Lock()
+        # Set, and replaced by a fresh one, at each reconnect: a waiting pull
+        # holds the event of the connection it was sent on.
+        self._reconnected = asyncio.Event()
+        self._previous_reconnected_cb = nc._reconnected_cb
+        nc._reconnected_cb = self._on_reconnected
 
     @classmethod
     async def connect(
@@ -111,6 +121,12 @@ class HandoffClient:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+    async def _on_reconnected(self) -> None:
+        reconnected, self._reconnected = self._reconnected, asyncio.Event()
+        reconnected.set()
+        if self._previous_reconnected_cb is not None:
+            await self._previous_reconnected_cb()
 
     # --- replies ------------------------------------------------------------
 
@@ -386,6 +402,8 @@ class HandoffClient:
                 if not waiter.done():
                     waiter.cancel()
         self._waiters.clear()
+        if self.nc._reconnected_cb == self._on_reconnected:
+            self.nc._reconnected_cb = self._previous_reconnected_cb
         if self._owns_connection and not self.nc.is_closed:
             await self.nc.drain()
 

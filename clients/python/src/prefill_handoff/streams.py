@@ -25,8 +25,16 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
+
+class _Interrupted(Exception):
+    """A wait given up because the connection was replaced."""
+
+
 # How long one pull waits for jobs before it asks again; it bounds how long a
-# closed iterator's last pull lingers, not how long a job waits.
+# closed iterator's last pull lingers, not how long a job waits. A pull open
+# when the connection drops is lost with it (a restarted server forgets it):
+# the iterator pulls again as soon as the connection is back, without
+# waiting this out.
 _PULL_WAIT_S = 5.0
 
 
@@ -55,21 +63,28 @@ class _Subscription:
     async def _subscribe(self) -> Any:
         return await self._client.nc.subscribe(self._subject, queue=self._queue or "")
 
-    async def _until_closed(self, wait: Awaitable[T]) -> T:
-        """``wait``'s result, or StopAsyncIteration once the subscription is
-        closed."""
+    async def _until_closed(self, wait: Awaitable[T], interrupt: asyncio.Event | None = None) -> T:
+        """``wait``'s result; StopAsyncIteration once the subscription is
+        closed; _Interrupted (``wait`` cancelled) when ``interrupt`` is set
+        first."""
         got = asyncio.ensure_future(wait)
         closing = asyncio.ensure_future(self._closing.wait())
+        others = {closing}
+        if interrupt is not None:
+            others.add(asyncio.ensure_future(interrupt.wait()))
         try:
-            await asyncio.wait({got, closing}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({got, *others}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            closing.cancel()
+            for other in others:
+                other.cancel()
         if got.done():
             return got.result()
         got.cancel()
         with contextlib.suppress(asyncio.CancelledError, nats.errors.Error):
             await got
-        raise StopAsyncIteration
+        if self._closing.is_set():
+            raise StopAsyncIteration
+        raise _Interrupted
 
     async def _next_msg(self) -> Msg:
         await self.start()
@@ -138,8 +153,11 @@ class DecodeJobs(_Subscription):
                 raise StopAsyncIteration
             try:
                 fetch = self._sub.fetch(self._batch, timeout=_PULL_WAIT_S)
-                self._fetched = list(await self._until_closed(fetch))
-            except nats.errors.TimeoutError:
+                # The event of the connection this pull goes out on: set when
+                # it is replaced by a reconnect.
+                reconnected = self._client._reconnected
+                self._fetched = list(await self._until_closed(fetch, reconnected))
+            except (nats.errors.TimeoutError, _Interrupted):
                 continue
         return _job(self._fetched.pop(0), jetstream=True)
 
