@@ -18,15 +18,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import msgpack
-
 import blocks as transfer
 import common
 import model
 import shapes
 from events import EventLog, now_ms
-
-from prefill_handoff import HandoffClient  # noqa: E402
+from prefill_handoff import HandoffClient
 
 # A read that starts this close to the KV's expiry may meet freed blocks.
 EXPIRY_MARGIN_MS = 100
@@ -47,9 +44,9 @@ class Engine:
         self.log("answer", rid=job.request_id, kind="terminal", tokens=output["token_ids"])
 
     async def error(self, job: Any, code: str, message: str) -> None:
-        """A typed error, in the shape of the worker's error responses."""
-        await self.nc.publish(job.reply_to, msgpack.packb(
-            {"request_id": job.request_id, "kind": "error", "error": {"code": code, "message": message}}))
+        """A typed error, in the shape of the worker's error responses
+        (HandoffClient.answer_error)."""
+        await self.client.answer_error(job, code, message)
         self.log("answer", rid=job.request_id, kind="error", code=code)
 
     async def handle(self, job: Any) -> None:
@@ -59,7 +56,7 @@ class Engine:
             self.slots.release()
         try:
             await job.ack()
-        except Exception as e:  # a reconnect: the job is redelivered
+        except Exception as e:  # noqa: BLE001 -- a reconnect: the job is redelivered
             self.log("ack_failed", rid=job.request_id, error=type(e).__name__)
 
     async def decode(self, job: Any) -> None:
@@ -69,7 +66,7 @@ class Engine:
             where = shapes.locate(job)
             req = job.request
             first = int(job.prefill_output["token_ids"][0])
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001
             await self.error(job, "bad_handoff", f"{type(e).__name__}: {e}")
             return
         if job.kv_expires_ms is not None and now_ms() > job.kv_expires_ms - EXPIRY_MARGIN_MS:
@@ -93,24 +90,17 @@ class Engine:
 
     async def run(self) -> None:
         stop = common.stop_event()
-        jobs: Any = None
 
         async def reconnected() -> None:
-            # The pull the client had open died with the server, and the
-            # client would wait out that pull (5 s) before asking again while
-            # the jobs' KV holds run out: close the iterator; a new one pulls
-            # at once.
+            # The client pulls again by itself once the connection is back.
             self.log("reconnected")
-            if jobs is not None and self.args.mode == "jetstream":
-                await jobs.close()
 
         self.nc = await common.connect(self.args.nats, self.args.id, reconnected)
         client = self.client = HandoffClient(self.nc, namespace=self.args.ns)
 
         async def consume() -> None:
             # A fresh iterator after an error (the client raises what nats-py
-            # raises) or a reconnect.
-            nonlocal jobs
+            # raises).
             while True:
                 if self.args.mode == "jetstream":
                     jobs = client.decode_jobs(durable=self.args.durable)
@@ -122,7 +112,7 @@ class Engine:
                         task = asyncio.get_running_loop().create_task(self.handle(job))
                         self.tasks.add(task)
                         task.add_done_callback(self.tasks.discard)
-                except Exception as e:
+                except Exception as e:  # noqa: BLE001
                     self.log("consumer_error", error=f"{type(e).__name__}: {e}")
                     await jobs.close()
                     await asyncio.sleep(0.2)

@@ -31,9 +31,8 @@ import model
 import shapes
 from events import EventLog, now_ms
 from pool import Pool, PoolFull
-
-from prefill_handoff import HandoffClient  # noqa: E402
-from prefill_handoff.engines import trtllm  # noqa: E402
+from prefill_handoff import HandoffClient
+from prefill_handoff.engines import trtllm
 
 
 @dataclass
@@ -154,10 +153,10 @@ class Engine:
         while True:
             try:
                 # A short wait per try: a request that went to a worker being
-                # killed gets no answer, and the client would wait 5 s.
-                params = await asyncio.wait_for(trtllm.context_params(self.client), 0.5)
+                # killed gets no answer.
+                params = await trtllm.context_params(self.client, timeout=0.5)
                 return int(params["disagg_request_id"])
-            except Exception as e:  # IdentityUnavailable, RateLimited, timeouts, a reconnect
+            except Exception as e:  # noqa: BLE001 -- IdentityUnavailable, RateLimited, timeouts, a reconnect
                 if time.monotonic() >= deadline:
                     self.log("mint_failed", rid=rid, error=type(e).__name__)
                     return None
@@ -198,7 +197,7 @@ class Engine:
         request = {k: req[k] for k in ("prompt", "max_tokens", "stop")}
         if finished:
             self.free(s, "finished")
-            frame = shapes.terminal_frame(rid, first)
+            frame = shapes.terminal_frame(self.args.flow, rid, first)
             await self.publish(req, [frame], request, None, s)
             return
         expires = int(now_ms()) + self.args.hold_ms
@@ -219,19 +218,16 @@ class Engine:
         durable = self.args.mode == "jetstream"
         t = now_ms()
         # Until the hold runs out: a nats-server restart fails publishes for
-        # a moment. A retried publish may store the result twice; the GEN
-        # stream's Nats-Msg-Id keeps one decode job.
+        # a moment. A result whose store ack was lost is stored once however
+        # often it is retried (the client's Nats-Msg-Id, result-{rid}).
         limit = time.monotonic() + (self.args.hold_ms / 1000 if expires else 5)
-        # One message ID for every try, so the prefill stream stores a result
-        # whose store ack was lost only once.
-        headers = {"Nats-Msg-Id": f"result-{rid}"} if durable else None
         while True:
             try:
-                await asyncio.wait_for(self.client.publish_result(
+                await self.client.publish_result(
                     rid, frames, reply_to=req["reply_to"], request=request, deadline_ms=req.get("deadline_ms"),
-                    kv_expires_ms=expires, headers=headers, durable=durable), 1.0)
+                    kv_expires_ms=expires, durable=durable, timeout=1.0)
                 break
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001
                 if time.monotonic() >= limit:
                     self.log("publish_failed", rid=rid, error=f"{type(e).__name__}: {e}")
                     return
@@ -252,7 +248,7 @@ class Engine:
                         continue
                     self.log("release", rid=s.rid, reason=notice.reason)
                     self.free(s, "release")
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001
                 self.log("release_error", error=f"{type(e).__name__}: {e}")
                 await notices.close()
                 await asyncio.sleep(0.2)

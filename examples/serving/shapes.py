@@ -46,10 +46,11 @@ def handoff_frame(flow: str, *, rid: str, engine_id: str, host: str, port: int, 
     return trtllm.frame(params, token_ids=[first], text="", finish_reason=None)
 
 
-def terminal_frame(rid: str, first: int) -> dict[str, Any]:
-    """A request finished at prefill (its stop token came first). Written by
-    hand in both flows: the engines then return no handoff parameters (vLLM's
-    kv_transfer_params is None), and the client's vllm.frame needs them."""
+def terminal_frame(flow: str, rid: str, first: int) -> dict[str, Any]:
+    """A request finished at prefill (its stop token came first): no handoff
+    parameters, as vLLM returns `kv_transfer_params=None` for it."""
+    if flow == "vllm":
+        return vllm.frame(_RequestOutput(rid, [first], "stop", None))
     return {"token_ids": [first], "text": "", "finish_reason": "stop"}
 
 
@@ -79,7 +80,7 @@ def names_engine(handoff: Any, engine_id: str) -> bool:
     if isinstance(state, (bytes, bytearray)):
         try:
             return bool(msgpack.unpackb(state).get("engine_id") == engine_id)
-        except Exception:
+        except Exception:  # noqa: BLE001
             return False
     return False
 
