@@ -64,7 +64,7 @@ def percentile(values: list[float], p: float) -> float | None:
     if not values:
         return None
     s = sorted(values)
-    return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))]
+    return s[min(len(s) - 1, round(p / 100 * (len(s) - 1)))]
 
 
 class Run:
@@ -306,9 +306,9 @@ def check(run_dir: str) -> tuple[list[Row], dict[str, Any], list[Fault]]:
                     minted[i] = e["rid"]
                     minted_here[e["rid"]] = i
                     id_of[e["rid"]] = i
-                elif e["ev"] == "context_start":
-                    if minted_here.get(e["rid"]) is None or e.get("disagg_request_id") != minted_here[e["rid"]]:
-                        probs.append(f"{e['rid']}: context phase without a minted disagg_request_id before it")
+                elif e["ev"] == "context_start" and (
+                        minted_here.get(e["rid"]) is None or e.get("disagg_request_id") != minted_here[e["rid"]]):
+                    probs.append(f"{e['rid']}: context phase without a minted disagg_request_id before it")
         for eng, log in run.of("decode").items():
             for e in log:
                 if e["ev"] == "job" and e.get("disagg_request_id") != id_of.get(e["rid"]):

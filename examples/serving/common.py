@@ -16,7 +16,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # copy (pip install ./clients/python) is used when there is one.
 sys.path.append(os.path.join(HERE, "..", "..", "clients", "python", "src"))
 
-import nats  # noqa: E402
+import nats
 
 
 def prefill_subject(ns: str) -> str:

@@ -25,8 +25,7 @@ import msgpack
 import common
 import model
 from events import EventLog, now_ms
-
-from prefill_handoff import HandoffClient  # noqa: E402
+from prefill_handoff import HandoffClient
 
 KINDS = [("normal", 70), ("finished", 10), ("cancel", 10), ("deadline", 10)]
 
@@ -61,7 +60,7 @@ class Frontend:
             try:
                 await self.client.cancel(rid, reason="client went away")
                 self.log("cancel", rid=rid)
-            except Exception as e:  # NATS reconnecting: the request goes on uncancelled
+            except Exception as e:  # noqa: BLE001 -- NATS reconnecting: the request goes on uncancelled
                 self.log("cancel_failed", rid=rid, error=f"{type(e).__name__}: {e}")
         try:
             reply = await self.client.await_reply(rid, timeout=self.args.answer_timeout)
@@ -86,7 +85,7 @@ class Frontend:
                 body = msgpack.unpackb(msg.data)
                 self.log("reply", rid=body.get("request_id"), kind=body.get("kind"),
                          code=(body.get("error") or {}).get("code"))
-            except Exception:
+            except Exception:  # noqa: BLE001
                 self.log("reply", subject=msg.subject, undecodable=True)
 
         await self.nc.subscribe(prefix + ".>", cb=tap)

@@ -89,11 +89,10 @@ class Proc:
         self.p: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Proc:
-        log = open(self.log_path, "ab")
         env = dict(os.environ, **(self.env or {}))
-        self.p = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=HERE,
-                                  stdin=subprocess.DEVNULL)
-        log.close()
+        with open(self.log_path, "ab") as log:  # the child keeps its own copy
+            self.p = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=HERE,
+                                      stdin=subprocess.DEVNULL)
         return self
 
     def alive(self) -> bool:

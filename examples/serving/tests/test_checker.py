@@ -25,7 +25,7 @@ def run_with(bug: str, out: str) -> tuple[int, dict]:
     proc = subprocess.run(
         [sys.executable, RUN, "--flow", "vllm", "--seconds", "5", "--rate", "15", "--hold-ms", "1500",
          "--seed", "50", "--bug", bug, "--out", out, "--bin", BIN],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300, check=False)
     print(proc.stdout)
     with open(os.path.join(out, "vllm", "check.json"), encoding="utf-8") as f:
         return proc.returncode, json.load(f)

@@ -14,8 +14,8 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import checker  # noqa: E402
-import model  # noqa: E402
+import checker
+import model
 
 PROMPT, MAX_TOKENS = [5, 6, 7, 8, 9], 4
 TOKENS, _ = model.generate(PROMPT, MAX_TOKENS, [])
