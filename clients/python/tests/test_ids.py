@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
@@ -112,10 +111,8 @@ async def silent_id_service(nats_server: Nats) -> AsyncIterator[HandoffClient]:
 
 async def test_mint_ids_gives_up_after_one_second_by_default(nats_server: Nats) -> None:
     async with silent_id_service(nats_server) as client:
-        started = time.monotonic()
         with pytest.raises(IdentityUnavailable, match=r"within 1\.0 s"):
             await client.mint_ids()
-        assert time.monotonic() - started < 2.0
 
 
 async def test_mint_ids_and_context_params_take_a_timeout(nats_server: Nats) -> None:
@@ -125,10 +122,8 @@ async def test_mint_ids_and_context_params_take_a_timeout(nats_server: Nats) -> 
             lambda: trtllm.context_params(client, timeout=0.2),
         ]
         for mint in mints:
-            started = time.monotonic()
             with pytest.raises(IdentityUnavailable, match=r"within 0\.2 s") as refused:
                 await mint()
-            assert time.monotonic() - started < 0.9
             assert refused.value.retryable
 
 
