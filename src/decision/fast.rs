@@ -696,6 +696,7 @@ impl<'a> Answer<'a, '_> {
     /// written in their wire order in one pass over the input's spans, each
     /// a few lines; pieces would hand the same borrowed spans, the minted ID
     /// and the output buffer from one to the next.
+    #[expect(clippy::too_many_lines, reason = "one pass in wire order; see above")]
     fn handoff(
         self,
         read: &Body<'a>,
