@@ -137,7 +137,7 @@ mod tests {
     use super::*;
 
     /// `PURGE_DELAY` names the purge delay: it reads mimalloc v3's default
-    /// for it, 1,000 ms (no option next to it defaults to that), unless the
+    /// for it, one second (no option next to it defaults to that), unless the
     /// environment set it; and setting it reads back.
     #[test]
     fn the_purge_delay_option_is_the_one_set() {

@@ -1,8 +1,9 @@
 //! Results too complex to read as value trees: answered from their top level.
 //!
-//! A value tree costs ~50 bytes per value whatever the value's encoded size:
-//! a 1 MiB result whose first frame holds a million `nil` (one byte each)
-//! took 0.15 s and ~92 MB as a tree. Results the in-place paths decide (any
+//! A value tree costs tens of bytes per value whatever the value's encoded
+//! size, so a 1 MiB result whose first frame holds a million `nil` (one byte
+//! each) is far larger as a tree (`docs/performance.md`, "Figures behind
+//! choices in the code"). Results the in-place paths decide (any
 //! canonical MessagePack or JSON decode or terminal result, whatever its size) never
 //! get here; the rest are read as trees only up to [`MAX_TREE_VALUES`], and
 //! beyond are refused as `malformed` — to the requester when the top level
@@ -15,8 +16,8 @@ use crate::wire::{map, shallow};
 use rmpv::Value;
 
 /// The most values (scalars, keys, arrays and maps) a result may hold when
-/// it is read as a value tree. At ~50 bytes each (plus up to twice that while
-/// an array grows) 32,768 values stay within ~3 MiB; a prefill result's
+/// it is read as a value tree: a few MiB at most (the value tree's size per
+/// value is in `docs/performance.md`); a prefill result's
 /// first frame holds a few dozen, and a request carrying its prompt's token
 /// IDs one per token — prompts past 32k tokens still pass in place in
 /// canonical MessagePack, the encoding every MessagePack library writes.

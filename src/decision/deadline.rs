@@ -432,7 +432,7 @@ mod kv_tests {
         assert!(why.contains("Handoff-KV-Expires header"), "{why}");
     }
 
-    /// (cancelled, deadline, kv_expires) at now = 5,000 ms, no skew -> code.
+    /// (cancelled, deadline, kv_expires) at now = 5 s, no skew -> code.
     #[test]
     fn a_cancel_wins_then_a_passed_deadline_then_freed_kv() {
         struct All;

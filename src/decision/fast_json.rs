@@ -14,8 +14,9 @@
 //! returns `None` before any side effect; the caller takes the value-tree
 //! path, which describes the problem.
 //!
-//! Why not the value tree: it costs about fifty times this per decision
-//! (`docs/performance.md`), paid for every result of a JSON producer.
+//! Why not the value tree: it costs several times this per decision
+//! (`docs/performance.md`, the in-place and value-tree table), paid for
+//! every result of a JSON producer.
 
 use super::header_values::content_type;
 use super::known::{Key, Kind, Set, classify, keys, member, set};

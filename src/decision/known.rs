@@ -1,7 +1,7 @@
 //! The map keys the in-place decision looks up, recognized once per entry
 //! as a map is read (see `fast.rs`): a lookup is then an index, not a scan
-//! comparing every entry's key with the name. Looking keys up by name cost
-//! about 140 key comparisons per TensorRT-LLM handoff.
+//! comparing every entry's key with the name, which a handoff would repeat
+//! for every name it reads (`docs/performance.md`).
 
 use super::handoff::{TRTLLM_KEYS, VLLM_KEYS};
 use crate::wire::messages::DECODE_JOB_KEYS;

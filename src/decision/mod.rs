@@ -189,8 +189,8 @@ pub struct Decision {
     pub outcome: Outcome,
     /// The input's `request_id`, when it had a usable one.
     pub request_id: Option<String>,
-    /// The GEN and dead-letter subjects are the rules' own, shared (a copy
-    /// per decode job was an allocation and a copy per result).
+    /// The GEN and dead-letter subjects are the rules' own, shared: a copy
+    /// would be an allocation per result.
     pub subject: Arc<str>,
     /// Headers to set besides the trace headers copied from the input
     /// (`crate::headers::outgoing` puts them together).

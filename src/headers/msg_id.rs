@@ -2,8 +2,16 @@
 //! from the request ID, escaped so that distinct request IDs keep distinct
 //! message IDs.
 
+use percent_encoding::{AsciiSet, CONTROLS, utf8_percent_encode};
+
 const MSG_ID_PREFIX: &str = "handoff-";
 const RELEASE_PREFIX: &str = "release-";
+
+/// What is percent-encoded besides non-ASCII bytes (which `percent-encoding`
+/// always encodes): control characters and DEL, which cannot stand in a
+/// header; the space, which a client might trim; and `%` itself, so that a
+/// request ID `a%20b` cannot take the message ID of `a b`.
+const ESCAPED: &AsciiSet = &CONTROLS.add(b' ').add(b'%');
 
 /// The `Nats-Msg-Id` of a decode job: `handoff-{request_id}`, with bytes that
 /// cannot stand in a header (control characters, `%`, non-ASCII) or that a
@@ -20,51 +28,15 @@ pub fn release_msg_id(request_id: &str) -> String {
 }
 
 /// `prefix` then the escaped request ID, in a string of exactly its size
-/// for a request ID of plain bytes. Written as a `String` from the start:
-/// every byte of it is ASCII, so no UTF-8 check of the result is needed.
+/// when nothing needs escaping (the usual case: `chatcmpl-` and a UUID).
 fn prefixed_msg_id(prefix: &str, request_id: &str) -> String {
     let mut out = String::with_capacity(prefix.len() + request_id.len());
     out.push_str(prefix);
-    if all_plain(request_id.as_bytes()) {
-        out.push_str(request_id);
-        return out;
-    }
-    for b in request_id.bytes() {
-        if plain(b) {
-            out.push(char::from(b));
-        } else {
-            const HEX: &[u8; 16] = b"0123456789ABCDEF";
-            out.push('%');
-            out.push(char::from(HEX[usize::from(b >> 4)]));
-            out.push(char::from(HEX[usize::from(b & 0xf)]));
-        }
+    // Pieces of the request ID as it is, and `%XX` for each escaped byte.
+    for piece in utf8_percent_encode(request_id, ESCAPED) {
+        out.push_str(piece);
     }
     out
-}
-
-/// A byte written as it is in a message ID: printable ASCII but `%`.
-fn plain(b: u8) -> bool {
-    (b'!'..0x7f).contains(&b) && b != b'%'
-}
-
-/// Whether every byte of `bytes` is [`plain`]: sixteen bytes at a time (a
-/// vector compare each), the last sixteen overlapping the chunk before them;
-/// eight and eight for an ID of 8 to 15 bytes. A single fold over all the
-/// bytes is vectorized too, but leaves up to 15 bytes to a byte-at-a-time
-/// tail, which for typical request IDs (`chatcmpl-` and a UUID) is most of
-/// the cost.
-fn all_plain(bytes: &[u8]) -> bool {
-    fn each(bytes: &[u8]) -> bool {
-        bytes.iter().fold(true, |all, &b| all & plain(b))
-    }
-    if let Some(last) = bytes.last_chunk::<16>() {
-        let (chunks, _) = bytes.as_chunks::<16>();
-        return chunks.iter().all(|chunk| each(chunk)) && each(last);
-    }
-    match (bytes.first_chunk::<8>(), bytes.last_chunk::<8>()) {
-        (Some(first), Some(last)) => each(first) & each(last),
-        _ => each(bytes),
-    }
 }
 
 #[cfg(test)]
@@ -78,18 +50,37 @@ mod tests {
         let id = msg_id("chatcmpl-0123456789");
         assert_eq!(id.capacity(), id.len(), "exactly sized");
         assert!(msg_id("x\r\n\u{0}").is_ascii());
+        assert_eq!(msg_id("x\r\n\u{0}\u{7f}"), "handoff-x%0D%0A%00%7F");
     }
 
     #[test]
-    fn all_plain_is_every_byte_plain_whatever_the_length_and_the_position() {
+    fn every_byte_is_escaped_or_kept_whatever_the_length_and_the_position() {
+        let plain: String = (b'!'..0x7f)
+            .filter(|&b| b != b'%')
+            .map(char::from)
+            .collect();
+        assert_eq!(msg_id(&plain), format!("handoff-{plain}"));
         for len in 0..=50 {
-            let id = vec![b'a'; len];
-            assert!(all_plain(&id), "{len} plain bytes");
+            let id = "a".repeat(len);
+            assert_eq!(msg_id(&id), format!("handoff-{id}"), "{len} plain bytes");
             for at in 0..len {
-                for bad in [b' ', b'%', b'\n', 0x7f, 0x80, 0xff, 0] {
+                for (bad, escaped) in [
+                    (" ", "%20"),
+                    ("%", "%25"),
+                    ("\n", "%0A"),
+                    ("\u{7f}", "%7F"),
+                    ("\u{0}", "%00"),
+                    ("\u{80}", "%C2%80"),
+                    ("\u{ff}", "%C3%BF"),
+                ] {
                     let mut id = id.clone();
-                    id[at] = bad;
-                    assert!(!all_plain(&id), "{len} bytes, {bad:#x} at {at}");
+                    id.replace_range(at..=at, bad);
+                    let expected = format!("{}{escaped}{}", &id[..at], &id[at + bad.len()..]);
+                    assert_eq!(
+                        msg_id(&id),
+                        format!("handoff-{expected}"),
+                        "{len} bytes, {bad:?} at {at}"
+                    );
                 }
             }
         }

@@ -200,9 +200,12 @@ mod tests {
     /// (name, input headers, expected)
     type Row<'a> = (&'a str, Vec<(&'a str, &'a str)>, Want<'a>);
 
-    /// One row per rule of the module's doc. Not split: the rows are the
-    /// specification, read as one table.
+    /// One row per rule of the module's doc.
     #[test]
+    #[expect(
+        clippy::too_many_lines,
+        reason = "the rows are the specification, read as one table"
+    )]
     fn table() {
         use TraceHeader::{Traceparent as P, Tracestate as S};
         let tp_long = format!("{TP}-x");

@@ -310,7 +310,8 @@ impl Claim<'_> {
 /// effort and bounded: a dead etcd lets the lease expire by itself. True when
 /// the lease is gone (revoked now, or already expired).
 ///
-/// An error answer is tried again (every 200 ms up to 1 s apart) until
+/// An error answer is tried again (after a fifth of a second, each pause
+/// twice the last, up to a second) until
 /// `etcd.request_timeout_ms` has passed: an etcd busy with a fleet's
 /// shutdown at once (a thousand floor writes and revokes) refused some
 /// revokes outright, and their slots then stayed taken for the whole TTL.

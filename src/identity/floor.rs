@@ -29,13 +29,13 @@
 //! successful write reserves 5 s ahead and the next one is due 1.67 s (TTL/3)
 //! later, so when an etcd leader dies the reservation has at least
 //! 5 - 1.67 = 3.33 s left. etcd needs its election timeout (1 s by default,
-//! randomized up to 2 s) to notice, then a vote: about 1-2 s on loopback,
-//! 3 s seen on a loaded 2-core machine. A write sent to a member without a
+//! randomized up to 2 s) to notice, then a vote: seconds in all
+//! (`docs/performance.md`). A write sent to a member without a
 //! leader is not refused: etcd drops the proposal and holds the request
 //! until its own request timeout (7 s by default), and one sent to the dead
 //! member fails at once. So a renewal never waits on a single request: it
-//! sends a try every 400 ms ([`TRY_EVERY`]; 100 ms after a try that failed,
-//! [`AFTER_FAILURE`]) while earlier ones still wait, each bounded by
+//! sends a try every [`TRY_EVERY`] ([`AFTER_FAILURE`] after a try that
+//! failed) while earlier ones still wait, each bounded by
 //! `etcd.request_timeout_ms` (2 s), and takes the first answer. Once a new
 //! leader is elected, a renewal gets through within about 0.4 s plus one
 //! commit (waiting out one request's 2 s timeout, then retrying, would run
@@ -65,8 +65,9 @@ const TRY_EVERY: Duration = Duration::from_millis(400);
 /// connection at once).
 const AFTER_FAILURE: Duration = Duration::from_millis(100);
 /// Tries of one renewal waiting at once. Each ends by
-/// `etcd.request_timeout_ms` (2 s by default: about 5 tries at 400 ms). The
-/// cap bounds what an etcd slower than 400 ms per write gets from a holder:
+/// `etcd.request_timeout_ms` (2 s by default: about 5 tries at
+/// [`TRY_EVERY`]). The cap bounds what an etcd slower than [`TRY_EVERY`] per
+/// write gets from a holder:
 /// at most 5 floor writes at once instead of 1, once every TTL/3.
 const MAX_TRIES_WAITING: usize = 5;
 

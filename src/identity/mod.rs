@@ -249,8 +249,8 @@ impl Identity {
     /// How many milliseconds of the reservation are left by the clock;
     /// `None` without a reservation. The reserved millisecond itself is
     /// the last one IDs may be minted in, so it counts: 0 exactly when
-    /// minting is refused. (Counting it out, 0 was reported for a
-    /// millisecond that still minted, and a test that saw 0 then minted.)
+    /// minting is refused. (Counted out, 0 would be reported for a
+    /// millisecond that still mints.)
     pub fn reserved_for_ms(&self) -> Option<u64> {
         let now_ms = self.now_ms();
         self.lock()

@@ -2,16 +2,14 @@
 //! garbage request is tested without a socket. `GET` and `HEAD` only; every
 //! response closes the connection.
 //!
-//! Hand-written although `hyper` 1.x is in the tree (via tonic, with its
-//! `server` and `http1` features and hyper-util's `tokio` already compiled,
-//! so hyper would cost no build time). Kept because hyper answers two cases
-//! of `tests/metrics.rs` differently (read in hyper 1.12's
-//! `proto/h1/conn.rs`): a head cut short by the client's close gets no
-//! answer at all (an "incomplete message" error closes the connection; here
-//! it gets the answer to what arrived), and blank lines before the request
-//! line are skipped while waiting for one (RFC 9112 section 2.2), so a head
-//! of only blank lines hangs until the 5 s I/O timeout instead of getting an
-//! immediate 400. Three fixed routes do not need more than these 150 lines.
+//! Not on `hyper` (in the tree for the OTLP exporter): two answers that
+//! `tests/server/metrics.rs` requires differ there (hyper 1.x,
+//! `proto/h1/conn.rs` and `role.rs`). A head cut short by the client's close
+//! gets the answer to what arrived here, and no answer from hyper (an
+//! "incomplete message" error closes the connection); a head of only blank
+//! lines gets a 400 at once here, while hyper skips blank lines before a
+//! request line (RFC 9112 section 2.2) and waits for one until the I/O
+//! timeout.
 
 use super::{CONTENT_TYPE, Metrics, Readiness};
 

@@ -10,14 +10,14 @@
 //!
 //! ## Deciding a large result without stalling the connection
 //!
-//! The decision is linear in the input's bytes, but a 1 MiB result still
-//! takes ~1 ms (and ~100 ms in a debug build), and the worker loop runs a
-//! batch of up to 32 results in one task. Run on the runtime's threads, a
-//! burst of large results kept the NATS connection and the intake from
-//! running: the server cut the worker off as a slow consumer (every message
-//! it had buffered for the worker lost, uncounted). Run each in its own
-//! `block_in_place` thread, dozens competed with them for two cores and the
-//! client's subscription buffer grew past 250 MiB behind them.
+//! The decision is linear in the input's bytes, so a large result holds a
+//! thread for a while (`docs/performance.md`), and the worker loop runs a
+//! batch of up to 32 results in one task. On the runtime's threads, a burst
+//! of large results keeps the NATS connection and the intake from running,
+//! and the server cuts the worker off as a slow consumer (every message it
+//! had buffered for the worker lost, uncounted). With a `block_in_place`
+//! thread each, dozens compete with them for the CPUs and the client's
+//! subscription buffer grows behind them.
 //!
 //! So a result of at least [`LARGE`] bytes waits (asynchronously) for one of
 //! a few decision slots — one fewer than the CPUs, at least one — and is

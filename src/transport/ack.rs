@@ -31,8 +31,8 @@ pub(super) async fn settle(acker: &Acker, settle: Settle) {
         Settle::Term => AckKind::Term,
         Settle::Nak(delay) => AckKind::Nak(Some(delay)),
     };
-    // Boxed: inline, the ack's publish made every result's future 768
-    // bytes larger (`-Zprint-type-sizes`), moved several times per result.
+    // Boxed: inline, the ack's publish would make every result's future,
+    // moved several times per result, much larger (`docs/performance.md`).
     if let Err(e) = Box::pin(acker.ack_with(kind)).await {
         debug!(error = %e, ?settle, "settlement not sent; the message is redelivered after the ack wait");
     }

@@ -1,8 +1,8 @@
 //! The worker's byte budget: how many bytes of prefill results it holds at
 //! once, from the moment it takes one from NATS until its output is out
 //! (`max_in_flight_bytes`). Counts alone do not bound memory: 256 results
-//! in flight of up to 1 MiB each is 256 MiB, the whole memory limit of the
-//! shipped DaemonSet and systemd unit.
+//! in flight of up to 1 MiB each fill the whole memory limit of the shipped
+//! DaemonSet and systemd unit.
 //!
 //! Both delivery modes hold their results' bytes here: core mode takes a
 //! result only when its bytes fit and refuses it otherwise (see

@@ -88,7 +88,7 @@ impl Delivery {
         // No async wrapper around `work` in core mode, and the JetStream one
         // boxed: this future is held and moved once per result, and an async
         // fn holding `work` in each arm (argument, pinned copy, progress
-        // loop) was several times its size.
+        // loop) would be several times its size.
         match &self.settler {
             Settler::AtMostOnce => Either::Left(work),
             Settler::JetStream { acker, every } => {

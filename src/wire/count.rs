@@ -1,9 +1,10 @@
 //! Counting the values of a body without building them: how large a value
 //! tree of it would be, found in one linear pass with no allocation.
 //!
-//! A value tree costs about 50 bytes per value however small the value's
+//! A value tree costs tens of bytes per value however small the value's
 //! encoding (`nil` is one byte of MessagePack, five of JSON), so a 1 MiB
-//! array of a million `nil` would take ~50 MB as a tree. The decision asks
+//! array of `nil` is many times its size as a tree (`docs/performance.md`,
+//! "Figures behind choices in the code"). The decision asks
 //! [`more_values_than`] before it builds one (see `decision::decide`).
 
 use super::{Encoding, MAX_DEPTH};

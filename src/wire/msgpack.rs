@@ -228,8 +228,8 @@ pub fn write(out: &mut Vec<u8>, value: &Value) {
 /// [`write()`] writes a string value.
 pub fn write_str(out: &mut Vec<u8>, bytes: &[u8]) {
     // The short forms by hand, the rest through rmp: a decode job writes
-    // about twenty strings, and rmp's writer (a `Result` per byte written)
-    // cost about 2% of the worker's CPU in bursts.
+    // about twenty strings, and rmp's writer returns a `Result` per byte
+    // written (`docs/performance.md`, "Figures behind choices in the code").
     match bytes.len() {
         n @ 0..32 => out.push(0xa0 | n as u8),
         n @ 32..256 => out.extend_from_slice(&[0xd9, n as u8]),

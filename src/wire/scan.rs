@@ -28,7 +28,8 @@ pub fn validate(bytes: &[u8]) -> bool {
 /// tracked, only bounded: while the value has opened fewer containers than
 /// the depth it may still nest, none of them can sit too deep. A value with
 /// more containers than that is walked again by [`skip_nested`], which knows
-/// each one's depth. A recursive walk costs about twice as much per value.
+/// each one's depth. Flat rather than recursive: a call per container costs
+/// more per value (`docs/performance.md`).
 fn skip(b: &[u8], pos: usize, depth: usize) -> Option<usize> {
     let budget = MAX_DEPTH.saturating_sub(depth);
     let mut opened = 0;
@@ -295,8 +296,8 @@ fn skip_nested(b: &[u8], pos: usize, depth: usize) -> Option<usize> {
 /// form only for a negative number too small for the next narrower one.
 #[inline(always)]
 fn int(b: &[u8], p: usize, marker: u8) -> Option<usize> {
-    // One arm per width (token IDs are mostly 0xcd and 0xce): a width
-    // computed at run time and a loop over the upper half cost twice as much.
+    // One arm per width (token IDs are mostly 0xcd and 0xce), not a width
+    // computed at run time and a loop over the upper half (`docs/performance.md`).
     let (width, canonical) = match marker {
         0xcc => (1, *b.get(p)? >= 0x80),
         0xcd => (2, be_at::<2>(b, p)? >> 8 != 0),

@@ -44,14 +44,17 @@ fn add(delta: isize) {
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         add(layout.size() as isize);
+        // SAFETY: the caller's contract, passed on to the system allocator.
         unsafe { System.alloc(layout) }
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         add(-(layout.size() as isize));
+        // SAFETY: the caller's contract, passed on to the system allocator.
         unsafe { System.dealloc(ptr, layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         add(new_size as isize - layout.size() as isize);
+        // SAFETY: the caller's contract, passed on to the system allocator.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
 }

@@ -77,8 +77,8 @@ impl Intake {
 /// each payload out of its read buffer, whose allocation (grown to hold a
 /// 1 MiB message, often with part of the next) stays alive while any slice
 /// of it does: held results pinned several times their own bytes. A large
-/// payload is copied out (~0.1 ms per MiB) so that what the budget counts is
-/// what is held.
+/// payload is copied out, a cost linear in its bytes (`docs/performance.md`),
+/// so that what the budget counts is what is held.
 pub(crate) fn own_allocation(payload: Bytes) -> Bytes {
     if payload.len() < OWN_ALLOCATION_FROM {
         return payload;

@@ -21,8 +21,8 @@ use std::time::Instant;
 pub(super) struct Subscriptions {
     client: Client,
     /// Polled in turn, from `next_first` on; one that ends is removed. A
-    /// plain list: `SelectAll` re-queued a future per message, about 4% of
-    /// the worker's CPU in bursts, for what is nearly always one subject.
+    /// plain list, not `SelectAll`, which re-queues a future per message
+    /// (`docs/performance.md`), for what is nearly always one subject.
     subscriptions: Vec<Subscriber>,
     next_first: usize,
 }

@@ -7,10 +7,10 @@
 //! async-nats' `Message::info` reads the same, and is what this must agree
 //! with (`same_answers_as_the_client`). It splits the subject with a `char`
 //! searcher and reads the store time as an `i128`; one pass over the bytes
-//! with `u64` arithmetic costs about half as much per result, less than
-//! `memchr` for the dots (its set-up per dot is dearer than a byte compare
-//! on a 90-byte subject) or `str::parse` per number (docs/performance.md,
-//! "Figures behind choices in the code").
+//! with `u64` arithmetic costs less per result, and less than `memchr` for
+//! the dots (its set-up per dot is dearer than a byte compare on a short
+//! subject) or `str::parse` per number (docs/performance.md, "Figures behind
+//! choices in the code").
 
 use time::OffsetDateTime;
 
