@@ -7,13 +7,14 @@
 //! [`decide`] answers only when it is sure its answer is the one the
 //! value-tree path would give, byte for byte: a canonically encoded body
 //! (see [`scan`]) whose result is a TensorRT-LLM, SGLang, vLLM or opaque
-//! decode handoff, a terminal response with a string finish reason, or the
-//! error response for a prefill error given as a string or a TensorRT-LLM
-//! handoff without `ctx_request_id` (the common errors: on the tree path
-//! they cost about 5% of the worker's CPU in bursts at 5% errors). For
-//! anything else — other errors, dead letters, duplicate keys, maps wider than
-//! [`WIDE`] — it returns `None` before any side effect (no ID is minted) and
-//! the caller takes the value-tree path.
+//! decode handoff, its refusal once the params passed validation (with the
+//! KV release notice), a terminal response with a string finish reason, or
+//! the error response for a prefill error given as a string or a
+//! TensorRT-LLM handoff without `ctx_request_id` (the common errors, which
+//! would otherwise cost a value tree each). For anything else — other
+//! errors, dead letters, duplicate keys, maps wider than [`WIDEST`] — it
+//! returns `None` before any side effect (no ID is minted) and the caller
+//! takes the value-tree path.
 //!
 //! Why: walking the body once to validate and again for each map read (the
 //! first frame three times) costs several times this one pass, in which
@@ -38,8 +39,8 @@ use std::mem::MaybeUninit;
 /// held on the heap ([`Fields::wide`]).
 const WIDE: usize = 16;
 /// The most entries of one map read here; a wider map takes the tree path
-/// (and its bound). Each entry held costs about 40 bytes, and a 1 MiB map
-/// of one-byte keys would have hundreds of thousands.
+/// (and its bound): each entry held is two spans and a kind, and a 1 MiB
+/// map of one-byte keys would have hundreds of thousands.
 const WIDEST: usize = 4096;
 const MAX_I63: u64 = (1 << 63) - 1;
 
@@ -136,10 +137,10 @@ impl<'a> Fields<'a> {
             return &self.wide;
         }
         let len = self.len.min(WIDE);
-        // SAFETY: `push` is the only writer of `entries` and `len`: it
-        // initializes `entries[len]` before counting it, so the first `len`
-        // slots are initialized `Entry` values, and `MaybeUninit<T>`
-        // has `T`'s layout.
+        // SAFETY: `push_kind` is the only writer of `entries` and `len`:
+        // unless `spilled` (handled above), it initializes `entries[len]`
+        // before counting it, so the first `len` slots are initialized
+        // `Entry` values, and `MaybeUninit<T>` has `T`'s layout.
         unsafe { std::slice::from_raw_parts(self.entries.as_ptr().cast(), len) }
     }
 
