@@ -266,6 +266,8 @@ async fn jetstream_last_delivery_answers_identity_unavailable() {
     let js = async_nats::jetstream::new(client.clone());
     setup(&js, &config).await;
     let collector = Collector::start(&client).await;
+    let mut releases = client.subscribe("llm.kv.release").await.expect("subscribe");
+    client.flush().await.expect("flush");
     let identity = prefill_handoff::identity::Identity::new(
         IdLayout::Rc22,
         prefill_handoff::ids::DEFAULT_EPOCH_UNIX_MS,
@@ -290,6 +292,27 @@ async fn jetstream_last_delivery_answers_identity_unavailable() {
         deliveries(&js).await,
         3,
         "one message, delivered max_deliver times before the error was sent"
+    );
+    // One KV release notice, with the answer: none with the deferrals.
+    crate::common::worker_support::round_trip(&client).await;
+    let mut notices = Vec::new();
+    while let Ok(Some(notice)) = tokio::time::timeout(
+        Duration::from_millis(200),
+        futures::StreamExt::next(&mut releases),
+    )
+    .await
+    {
+        notices.push(notice);
+    }
+    assert_eq!(notices.len(), 1, "one release notice");
+    let notice = prefill_handoff::wire::decode(
+        &notices[0].payload,
+        prefill_handoff::wire::Encoding::MsgPack,
+    )
+    .expect("a notice");
+    assert_eq!(
+        field(&notice, "reason").and_then(|r| r.as_str()),
+        Some("identity_unavailable")
     );
     worker.stop().await.expect("stop");
 }

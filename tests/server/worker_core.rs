@@ -260,14 +260,19 @@ async fn a_fenced_worker_refuses_to_mint_but_hands_off_kept_ids() {
     }
     test.flush().await.unwrap();
 
-    let outputs = collector.wait_outputs(3, WAIT).await;
-    assert_eq!(outputs.len(), 3);
+    // Three answers, and the KV release notice of the refused handoff.
+    let outputs = collector.wait_outputs(4, WAIT).await;
+    assert_eq!(outputs.len(), 4);
     for message in &outputs {
         let out: serde_json::Value = rmp_serde::from_slice(&message.payload).unwrap();
         match message.subject.as_str() {
             "llm.replies.f1" => {
                 assert_eq!(out["kind"], "error");
                 assert_eq!(out["error"]["code"], "identity_unavailable");
+            }
+            "llm.kv.release" => {
+                assert_eq!(out["request_id"], "f1");
+                assert_eq!(out["reason"], "identity_unavailable");
             }
             GEN => {
                 assert_eq!(out["request_id"], "f2");
