@@ -124,7 +124,8 @@ impl Watch {
         for subject in ["llm.replies.>", GEN, RELEASE] {
             subs.push(client.subscribe(subject).await.expect("subscribe"));
         }
-        client.flush().await.expect("flush");
+        // The server has the subscriptions (a flush only writes the socket).
+        crate::common::worker_support::round_trip(client).await;
         let seen = Arc::new(Mutex::new(Seen::default()));
         let sink = seen.clone();
         let task = tokio::spawn(async move {

@@ -63,10 +63,10 @@ impl InProcess {
         let worker = serve::start(&client, config, identity, metrics.clone(), None, None)
             .await
             .expect("subscribe");
-        client
-            .flush()
-            .await
-            .expect("the server has the subscriptions");
+        // A round trip, not a flush: a flush only writes the socket, and a
+        // result published on another connection right after could reach
+        // the server before the subscription does (and go nowhere).
+        round_trip(&client).await;
         let stats = worker.stats();
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(worker.run(async move {
