@@ -46,12 +46,18 @@ const MAX_I63: u64 = (1 << 63) - 1;
 
 type Span<'a> = &'a [u8];
 
-/// A UTF-8 string value (`from_utf8` checks ASCII, which request IDs and
-/// subjects are, a word at a time). Inlined, like `write_map_len`: both run
-/// several times per handoff.
+/// A UTF-8 string value. Request IDs, subjects and the params' strings are
+/// ASCII: `is_ascii` checks them inline a word at a time, where each
+/// `from_utf8` is a call into its general check, several per result (the
+/// figure is in docs/performance.md's "Figures behind choices in the code").
 #[inline]
 fn utf8(raw: Span<'_>) -> Option<&str> {
-    std::str::from_utf8(scan::str_bytes(raw)?).ok()
+    let bytes = scan::str_bytes(raw)?;
+    if bytes.is_ascii() {
+        // SAFETY: every ASCII byte sequence is valid UTF-8.
+        return Some(unsafe { std::str::from_utf8_unchecked(bytes) });
+    }
+    std::str::from_utf8(bytes).ok()
 }
 
 /// A map's entries as spans, in order, with what each key is
