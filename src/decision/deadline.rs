@@ -119,10 +119,15 @@ fn earlier(field: Field<'_>, header: Option<&str>, names: Named) -> Result<Optio
             }
         },
     };
-    Ok(match (from_field, from_header) {
+    Ok(earliest(from_field, from_header))
+}
+
+/// The earlier of two times, either of which may be unknown.
+pub fn earliest(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    match (a, b) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
-    })
+    }
 }
 
 /// A cancel on record for a request ([`Cancels::lookup`]).

@@ -80,16 +80,14 @@ pub fn disagg_id(
         MissingDisaggRequestId::Pass => Ok(DisaggId::Passed),
         MissingDisaggRequestId::Mint => match ids.mint_for_job() {
             Ok(minted) => Ok(DisaggId::Minted(minted)),
-            Err(why) => Err((ErrorCode::IdentityUnavailable, identity_unavailable(&why))),
+            Err(why) => Err((
+                ErrorCode::IdentityUnavailable,
+                format!(
+                    "this worker cannot mint a disagg_request_id right now ({why}); retry, another worker may hold a valid slot"
+                ),
+            )),
         },
     }
-}
-
-/// The message of an `identity_unavailable` error for a handoff.
-pub(super) fn identity_unavailable(why: &super::IdentityUnavailable) -> String {
-    format!(
-        "this worker cannot mint a disagg_request_id right now ({why}); retry, another worker may hold a valid slot"
-    )
 }
 
 /// The valid `disagg_request_id` a TensorRT-LLM params map carries, if any

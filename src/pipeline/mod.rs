@@ -39,7 +39,7 @@ pub use run::{Options, Report, Runner};
 pub use stats::{Counts, Stats};
 
 use crate::cancel::Cancellations;
-use crate::decision::{DeadLetterCode, Decision, Input, Outcome, Rules};
+use crate::decision::{DeadLetterCode, Decision, Input, Outcome, Rules, deadline};
 use crate::headers::names::{CONTENT_TYPE, HANDOFF_DEADLINE, HANDOFF_KV_EXPIRES};
 use crate::headers::{self, TraceHeaders};
 use crate::identity::Identity;
@@ -373,14 +373,9 @@ impl Pipeline {
             }
         }
         // Held for a refusing GEN at most until the job would be refused.
-        let good_until = match (decision.kv_expires_ms, decision.deadline_ms) {
-            (Some(kv), Some(deadline)) => {
-                Some(kv.min(deadline.saturating_add(self.rules.deadline_skew_ms)))
-            }
-            (Some(kv), None) => Some(kv),
-            (None, Some(deadline)) => Some(deadline.saturating_add(self.rules.deadline_skew_ms)),
-            (None, None) => None,
-        };
+        let skew = self.rules.deadline_skew_ms;
+        let refused_at = decision.deadline_ms.map(|ms| ms.saturating_add(skew));
+        let good_until = deadline::earliest(decision.kv_expires_ms, refused_at);
         self.store_decode_job(&decision.subject, headers, payload, good_until)
             .await
     }

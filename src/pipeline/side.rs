@@ -3,7 +3,7 @@
 //! deadline or its KV's expiry in the GEN stream.
 
 use super::Pipeline;
-use crate::decision::{Decision, Outcome, Release};
+use crate::decision::{Decision, Outcome, Release, deadline};
 use crate::headers::names::NATS_TTL;
 use crate::headers::{self, TraceHeaders};
 use crate::transport::Target;
@@ -26,10 +26,7 @@ impl Pipeline {
             .gen_stream
             .as_ref()
             .is_some_and(|stream| stream.msg_ttl);
-        let expires = match (decision.deadline_ms, decision.kv_expires_ms) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        let expires = deadline::earliest(decision.deadline_ms, decision.kv_expires_ms);
         if let (true, Outcome::Decode { .. }, Some(at)) = (ttl_stream, &decision.outcome, expires) {
             decision.headers.push(NATS_TTL, &msg_ttl(at, now_ms));
         }
