@@ -31,7 +31,6 @@ use super::{
 use crate::decision::request::MAX_REQUEST_ID_BYTES;
 use crate::headers::Headers;
 use crate::wire::msgpack::{write_map_len, write_str, write_uint};
-use crate::wire::transcode::carried;
 use crate::wire::{Encoding, scan};
 use std::mem::MaybeUninit;
 
@@ -378,27 +377,6 @@ pub(super) fn decide_msgpack(
     rules: &Rules,
     ids: &mut dyn IdSource,
 ) -> Option<Decision> {
-    decide(input, rules, ids, Origin::MsgPack)
-}
-
-/// Where the MessagePack [`decide`] reads came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Origin {
-    /// The input itself: an ext value is what its producer sent.
-    MsgPack,
-    /// A JSON input read by `wire::transcode`: an ext value of its type
-    /// is a value carried as JSON text (`transcode::carried`), and an
-    /// object's text stands for the map it is.
-    Json,
-}
-
-/// [`decide_msgpack`] on MessagePack of the given `origin`.
-pub(super) fn decide(
-    input: Input<'_>,
-    rules: &Rules,
-    ids: &mut dyn IdSource,
-    origin: Origin,
-) -> Option<Decision> {
     let body = input.payload;
     if input.encoding != Encoding::MsgPack || body.len() > rules.max_payload_bytes {
         return None;
@@ -419,12 +397,10 @@ pub(super) fn decide(
     let count = read.frames?;
     let request = match top.get(Key::Request) {
         Some(raw) if scan::is_nil(raw) => None,
-        Some(raw) if scan::map_header(raw).is_some() => Some(raw),
-        Some(raw) => match (origin, carried(raw)?) {
-            (Origin::Json, b"null") => None,
-            (Origin::Json, [b'{', ..]) => Some(raw),
-            _ => return None,
-        },
+        Some(raw) => {
+            scan::map_header(raw)?;
+            Some(raw)
+        }
         None => None,
     };
     // The deadline (`deadline::effective`) and the KV's expiry

@@ -1,79 +1,25 @@
-//! The in-place decision for JSON results: the body is read token by token
-//! into the canonical MessagePack that `fast` decides on, and the outputs
-//! `fast` writes are written back as JSON (`wire::transcode`). No value
-//! tree is built.
+//! The in-place decision for JSON results: the body is transcoded into the
+//! MessagePack `fast` decides on (`wire::json_to_msgpack`: serde_json reads,
+//! rmp-serde writes, no value tree), and the outputs `fast` writes are
+//! transcoded back (`wire::msgpack_to_json`).
 //!
 //! Exact by construction: the MessagePack read here is what the value-tree
-//! path's JSON decode would hold (the values `fast` copies without reading,
-//! [`Reads`], may be carried as their canonical JSON text and are written
-//! back as it is), `fast` decides on it as the value-tree path
-//! does, and the JSON written back is what the value-tree path's encoder
-//! writes; only the headers differ by encoding (`Content-Type`), and they are
-//! set here as the value-tree path sets them. Everything `fast` declines, and
-//! every body the JSON reader refuses (invalid, too deep, not an object),
-//! returns `None` before any side effect; the caller takes the value-tree
-//! path, which describes the problem.
-//!
-//! Why not the value tree: it costs several times this per decision
-//! (`docs/performance.md`, the in-place and value-tree table), paid for
-//! every result of a JSON producer.
+//! path's JSON decode would hold, `fast` decides on it as the value-tree
+//! path does, and the JSON written back is what the value-tree path's
+//! encoder writes; only the headers differ by encoding (`Content-Type`), and
+//! they are set here as the value-tree path sets them. Everything `fast`
+//! declines, and every body serde_json refuses, returns `None` before any
+//! side effect; the caller takes the value-tree path, which describes the
+//! problem.
 
 use super::header_values::content_type;
-use super::known::{Key, Kind, Set, classify, keys, member, set};
 use super::{
     DeadLetterCode, Decision, ErrorCode, IdSource, Input, Outcome, Rules, dead_letter, fast,
     unwritable,
 };
 use crate::headers::names::NATS_MSG_ID;
 use crate::headers::release_msg_id;
-use crate::wire::transcode::{Field, Plan, json_to_msgpack, msgpack_to_json};
-use crate::wire::{self, Encoding, NotJson, messages, scan};
-
-/// What `fast` reads of a result and what it only copies: the values it
-/// reads (the envelope, the first frame's reason and error, the params the
-/// engine checks look at) are converted; every other value is copied into
-/// the output as it is, so it may travel as its JSON text. A value read
-/// here that `fast` looked into would make it decline (an ext value is no
-/// string, number, map or nil to it), never answer differently.
-pub(super) struct Reads;
-
-const TOP: u8 = 0;
-const FRAME: u8 = 1;
-const PARAMS: u8 = 2;
-/// The params' `kv_transfer_params` (Dynamo's nesting of vLLM's).
-const NESTED: u8 = 3;
-
-/// The params the engine checks read: the `Key`s from `ctx_request_id` to
-/// `remote_port`.
-const ENGINE_KEYS: Set = keys(Key::CtxRequestId, Key::RemotePort);
-
-/// The values `fast` reads at each level (`request` it takes as a whole:
-/// a map, or an object's text).
-const READ: [Set; 4] = [
-    set(&["request_id", "reply_to", "deadline_ms", "kv_expires_ms"]),
-    set(&["error", "finish_reason"]),
-    ENGINE_KEYS,
-    ENGINE_KEYS,
-];
-
-impl Plan for Reads {
-    #[inline]
-    fn field(&self, level: u8, key: &[u8]) -> Field {
-        let read = READ[usize::from(level.min(NESTED))];
-        let kind = classify(key).0;
-        if member(kind, read) {
-            Field::Converted
-        } else if level == TOP && kind == Key::Frames as Kind {
-            Field::Objects(FRAME)
-        } else if level == FRAME && kind == Key::DisaggregatedParams as Kind {
-            Field::Object(PARAMS)
-        } else if level == PARAMS && kind == Key::KvTransferParams as Kind {
-            Field::Object(NESTED)
-        } else {
-            Field::Copied
-        }
-    }
-}
+use crate::wire::{self, Encoding, NotJson, json_to_msgpack, messages, msgpack_to_json, scan};
 
 /// The decision for a JSON `input`, or `None` when the value-tree path must
 /// decide.
@@ -81,14 +27,13 @@ pub(super) fn decide(input: Input<'_>, rules: &Rules, ids: &mut dyn IdSource) ->
     if input.encoding != Encoding::Json || input.payload.len() > rules.max_payload_bytes {
         return None;
     }
-    let mut body = Vec::with_capacity(input.payload.len());
-    json_to_msgpack(input.payload, &mut body, &Reads)?;
+    let body = json_to_msgpack(input.payload)?;
     let as_msgpack = Input {
         payload: &body,
         encoding: Encoding::MsgPack,
         ..input
     };
-    let decision = fast::decide(as_msgpack, rules, ids, fast::Origin::Json)?;
+    let decision = fast::decide_msgpack(as_msgpack, rules, ids)?;
     // An ID may be minted by now: whatever happens next, this path answers.
     Some(written_back(decision, &body, input, rules))
 }
@@ -187,8 +132,8 @@ mod tests {
     use crate::headers::Headers;
 
     const RESULT: &[u8] = br#"{"request_id":"r-1","reply_to":"_INBOX.a","frames":[{}]}"#;
-    /// `{"a": <binary>}`: MessagePack JSON has no form for.
-    const NOT_JSON: &[u8] = b"\x81\xa1a\xc4\x01\x00";
+    /// `{nil: 1}`: a map key JSON cannot name.
+    const NOT_JSON: &[u8] = b"\x81\xc0\x01";
 
     fn decision(outcome: Outcome, subject: &str, release: Option<&[u8]>) -> Decision {
         Decision {
@@ -229,8 +174,7 @@ mod tests {
             published_ms: 0,
             cancels: NO_CANCELS,
         };
-        let mut body = Vec::new();
-        json_to_msgpack(RESULT, &mut body, &Reads).unwrap();
+        let body = json_to_msgpack(RESULT).unwrap();
         let decode = Outcome::Decode {
             backend: Backend::Trtllm,
             minted: true,

@@ -221,12 +221,6 @@ static TABLE: [Slot; SLOTS] = {
     table
 };
 
-/// The set of the [`Key`]s from `first` to `last`, in [`Key`]'s order.
-pub(super) const fn keys(first: Key, last: Key) -> Set {
-    let (first, last) = (first as u32, last as u32);
-    ((1u64 << (last + 1)) - (1u64 << first)) as Set
-}
-
 /// The set of `names`, each of which must be in [`NAMES`] (a build-time
 /// error otherwise).
 pub(super) const fn set(names: &[&str]) -> Set {
@@ -438,17 +432,6 @@ mod tests {
         not_passed.dedup();
         assert_eq!(sorted(&members(NOT_PASSED_ON)), not_passed);
         assert!(!member(OTHER, Set::MAX));
-    }
-
-    #[test]
-    fn a_range_of_keys_is_every_key_between() {
-        let (first, last) = (Key::CtxRequestId, Key::RemotePort);
-        let range = keys(first, last);
-        for (i, name) in NAMES.iter().enumerate() {
-            let inside = (first as usize..=last as usize).contains(&i);
-            assert_eq!(member(kind(&span(name)), range), inside, "{name}");
-        }
-        assert_eq!(keys(Key::RequestId, Key::RequestId), set(&["request_id"]));
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! JSON output for [`rmpv::Value`] trees.
+//! JSON output for [`rmpv::Value`] trees, and JSON to MessagePack and back
+//! without them.
 //!
 //! [`to_vec`] writes exactly what JSON carries (null, booleans, integers,
 //! finite floats, UTF-8 strings, arrays, maps with string keys) and refuses
@@ -61,6 +62,33 @@ impl Serialize for Strict<'_> {
             }
         }
     }
+}
+
+/// A JSON body as MessagePack, or `None` when it is not one JSON value
+/// (what [`super::decode`] refuses as invalid JSON is refused here too).
+/// Values are written as decoding the body into a value tree and encoding
+/// that would write them (serde_json reads both ways; rmp-serde writes the
+/// smallest form of each number and string, as rmpv does).
+pub fn json_to_msgpack(json: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(json.len());
+    let mut reader = serde_json::Deserializer::from_slice(json);
+    let mut writer = rmp_serde::Serializer::new(&mut out);
+    serde_transcode::transcode(&mut reader, &mut writer).ok()?;
+    reader.end().ok()?;
+    Some(out)
+}
+
+/// MessagePack the worker wrote for a JSON result as JSON, as [`to_vec`]
+/// writes its value tree; or why it cannot be. Such output holds the
+/// result's own values, read from JSON, and the worker's strings and
+/// integers; a map key JSON cannot name is refused.
+pub fn msgpack_to_json(msgpack: &[u8], capacity: usize) -> Result<Vec<u8>, NotJson> {
+    let mut out = Vec::with_capacity(capacity);
+    let mut reader = rmp_serde::Deserializer::from_read_ref(msgpack);
+    let mut writer = serde_json::Serializer::new(&mut out);
+    serde_transcode::transcode(&mut reader, &mut writer)
+        .map_err(|e| NotJson(format!("it holds {e}, which JSON cannot carry")))?;
+    Ok(out)
 }
 
 pub(super) fn to_json(value: &Value) -> Json {

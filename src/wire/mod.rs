@@ -12,9 +12,9 @@ pub mod msgpack;
 pub mod peek;
 pub mod scan;
 pub mod shallow;
-pub mod transcode;
 
 pub use count::more_values_than;
+pub use json::{json_to_msgpack, msgpack_to_json};
 
 use rmpv::Value;
 use thiserror::Error;
