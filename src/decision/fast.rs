@@ -704,30 +704,20 @@ impl<'a> Answer<'a, '_> {
         // From here on every refusal frees the KV: its notice names the
         // params map as received (the frame holds its span).
         let raw_params = self.frame.get(Key::DisaggregatedParams)?;
-        let kv_expires = self
-            .kv_expires
-            .or_else(|| rules.kv_expiry(backend, input.published_ms));
-        let timing = deadline::Timing {
+        let pending = handoff::Pending {
             request_id: self.request_id,
+            backend,
             deadline: self.deadline,
-            kv_expires,
-            now_ms: input.now_ms,
-            skew_ms: rules.deadline_skew_ms,
+            kv_expires: self.kv_expires,
+            kept,
         };
-        if let Some(refusal) = deadline::refusal(timing, input.cancels) {
-            return Some(self.refused(refusal, backend, raw_params, ids, rules));
-        }
-        // The last check: nothing after this may decline (an ID may be
+        // The last step: nothing after this may decline (an ID may be
         // minted here).
-        let disagg = if backend == Backend::Trtllm {
-            match handoff::disagg_id(kept, rules.missing_disagg_request_id, ids) {
-                Ok(disagg) => Some(disagg),
-                Err(refusal) => {
-                    return Some(self.refused(refusal, backend, raw_params, ids, rules));
-                }
+        let (kv_expires, disagg) = match handoff::admit(pending, input, rules, ids) {
+            (kv_expires, Ok(disagg)) => (kv_expires, disagg),
+            (_, Err(refusal)) => {
+                return Some(self.refused(refusal, backend, raw_params, ids, rules));
             }
-        } else {
-            None
         };
         let minted = match disagg {
             Some(DisaggId::Minted(minted)) => Some(minted),

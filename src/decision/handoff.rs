@@ -4,7 +4,7 @@
 //! cache; a handoff that cannot work is answered with an error now rather than
 //! failing inside a decode worker later.
 
-use super::{ErrorCode, IdSource, Minted};
+use super::{ErrorCode, IdSource, Input, Minted, Rules, deadline};
 use crate::config::MissingDisaggRequestId;
 use crate::decision::Backend;
 use crate::wire::map;
@@ -88,6 +88,51 @@ pub fn disagg_id(
             )),
         },
     }
+}
+
+/// A handoff whose params passed validation, before the rules that may
+/// still refuse it.
+pub(super) struct Pending<'a> {
+    pub request_id: &'a str,
+    pub backend: Backend,
+    /// The effective deadline.
+    pub deadline: Option<u64>,
+    /// When the KV is freed, as the result says (field or header).
+    pub kv_expires: Option<u64>,
+    /// TensorRT-LLM: the valid `disagg_request_id` the params carry.
+    pub kept: Option<u64>,
+}
+
+/// Rules 4's end and 5's start, stated once for both decision paths: when
+/// the KV is freed (the result's word, else its engine's hold), then the
+/// refusals in their order (`deadline::refusal`: cancel, deadline, KV), then
+/// TensorRT-LLM's ID policy ([`disagg_id`]), last because it may mint.
+/// Returns the KV's expiry and the job's ID (`None` for other engines) or
+/// why the handoff is refused; every refusal frees the KV.
+pub(super) fn admit(
+    pending: Pending<'_>,
+    input: Input<'_>,
+    rules: &Rules,
+    ids: &mut dyn IdSource,
+) -> (Option<u64>, Result<Option<DisaggId>, Refused>) {
+    let kv_expires = pending
+        .kv_expires
+        .or_else(|| rules.kv_expiry(pending.backend, input.published_ms));
+    let timing = deadline::Timing {
+        request_id: pending.request_id,
+        deadline: pending.deadline,
+        kv_expires,
+        now_ms: input.now_ms,
+        skew_ms: rules.deadline_skew_ms,
+    };
+    let disagg = match deadline::refusal(timing, input.cancels) {
+        Some(refusal) => Err(refusal),
+        None if pending.backend == Backend::Trtllm => {
+            disagg_id(pending.kept, rules.missing_disagg_request_id, ids).map(Some)
+        }
+        None => Ok(None),
+    };
+    (kv_expires, disagg)
 }
 
 /// The valid `disagg_request_id` a TensorRT-LLM params map carries, if any

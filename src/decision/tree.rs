@@ -280,28 +280,14 @@ fn decide_handoff(
         Ok(backend) => backend,
         Err((code, why)) => return reply.error(code, why, trailing),
     };
-    // From here on every refusal frees the KV (a release notice).
-    let kv_expires = reply
-        .kv_expires_ms
-        .or_else(|| rules.kv_expiry(backend, input.published_ms));
-    let timing = deadline::Timing {
+    let pending = handoff::Pending {
         request_id: &parts.request_id,
+        backend,
         deadline: reply.deadline_ms,
-        kv_expires,
-        now_ms: input.now_ms,
-        skew_ms: rules.deadline_skew_ms,
+        kv_expires: reply.kv_expires_ms,
+        kept: handoff::kept_disagg_id(&params),
     };
-    let refused = deadline::refusal(timing, input.cancels);
-    let disagg = match refused {
-        Some(refusal) => Err(refusal),
-        None if backend == Backend::Trtllm => handoff::disagg_id(
-            handoff::kept_disagg_id(&params),
-            rules.missing_disagg_request_id,
-            ids,
-        )
-        .map(Some),
-        None => Ok(None),
-    };
+    let (kv_expires, disagg) = handoff::admit(pending, input, rules, ids);
     match disagg {
         Ok(disagg) => {
             let handoff = handoff::complete(params, backend, disagg);
