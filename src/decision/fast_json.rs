@@ -19,7 +19,7 @@
 //! every result of a JSON producer.
 
 use super::header_values::content_type;
-use super::known::{Key, Kind, Set, classify, keys, member, set};
+use super::known::{Key, Set, set};
 use super::{
     DeadLetterCode, Decision, ErrorCode, IdSource, Input, Outcome, Rules, dead_letter, fast,
     unwritable,
@@ -43,9 +43,18 @@ const PARAMS: u8 = 2;
 /// The params' `kv_transfer_params` (Dynamo's nesting of vLLM's).
 const NESTED: u8 = 3;
 
-/// The params the engine checks read: the `Key`s from `ctx_request_id` to
-/// `remote_port`.
-const ENGINE_KEYS: Set = keys(Key::CtxRequestId, Key::RemotePort);
+/// The params the engine checks read.
+const ENGINE_KEYS: Set = set(&[
+    "ctx_request_id",
+    "request_type",
+    "disagg_request_id",
+    "bootstrap_host",
+    "bootstrap_port",
+    "bootstrap_room",
+    "remote_engine_id",
+    "remote_block_ids",
+    "remote_port",
+]);
 
 /// The values `fast` reads at each level (`request` it takes as a whole:
 /// a map, or an object's text).
@@ -60,14 +69,14 @@ impl Plan for Reads {
     #[inline]
     fn field(&self, level: u8, key: &[u8]) -> Field {
         let read = READ[usize::from(level.min(NESTED))];
-        let kind = classify(key).0;
-        if member(kind, read) {
+        let kind = Key::of(key);
+        if kind.is_in(read) {
             Field::Converted
-        } else if level == TOP && kind == Key::Frames as Kind {
+        } else if level == TOP && kind == Key::Frames {
             Field::Objects(FRAME)
-        } else if level == FRAME && kind == Key::DisaggregatedParams as Kind {
+        } else if level == FRAME && kind == Key::DisaggregatedParams {
             Field::Object(PARAMS)
-        } else if level == PARAMS && kind == Key::KvTransferParams as Kind {
+        } else if level == PARAMS && kind == Key::KvTransferParams {
             Field::Object(NESTED)
         } else {
             Field::Copied
