@@ -23,7 +23,7 @@
 
 use super::deadline;
 use super::handoff::{self, DisaggId, MISSING_CTX_REQUEST_ID, is_context_only};
-use super::known::{self, Key, Kind, NOT_PASSED_ON, Set, TRTLLM, VLLM, fixstr, fixstrs};
+use super::known::{Key, NOT_PASSED_ON, Set, TRTLLM, VLLM, fixstr};
 use super::{
     Backend, Decision, ErrorCode, FinishReason, IdSource, Input, Outcome, Release, Rules,
     prefill_failed,
@@ -60,9 +60,7 @@ fn utf8(raw: Span<'_>) -> Option<&str> {
 }
 
 /// A map's entries as spans, in order, with what each key is
-/// ([`known::classify`]: canonical MessagePack writes a string shorter than 32
-/// bytes, every name looked up, as a fixstr, so a key is recognized by its
-/// span), and which kinds are there.
+/// ([`Key::of`]), and which keys are there.
 ///
 /// The slots past `len` are left uninitialized: a decision builds several of
 /// these, and filling them with empty spans first would be a noticeable
@@ -75,9 +73,9 @@ struct Fields<'a> {
     /// The entries of a map wider than [`WIDE`] (`spilled`).
     wide: Vec<Entry<'a>>,
     spilled: bool,
-    /// The kinds present, one bit each (as [`known::Set`]s hold them).
+    /// The keys present, one bit each.
     present: Set,
-    /// The buckets of the keys ([`known::classify`]), one bit each.
+    /// The buckets of the keys ([`bucket`]), one bit each.
     buckets: u64,
     /// The buckets seen again: a key in one of them may be there twice.
     again: u64,
@@ -102,16 +100,11 @@ impl<'a> Fields<'a> {
     /// Appends an entry; `None` when [`WIDE`] are there already.
     #[cfg(test)]
     fn push(&mut self, entry: (Span<'a>, Span<'a>)) -> Option<()> {
-        self.push_kind(entry, known::classify(entry.0))
+        self.push_kind(entry, Key::of(entry.0))
     }
 
-    /// Appends an entry whose key is of `kind`, in `bucket`
-    /// ([`known::classify`]).
-    fn push_kind(
-        &mut self,
-        entry: (Span<'a>, Span<'a>),
-        (kind, bucket): (Kind, usize),
-    ) -> Option<()> {
+    /// Appends an entry whose key is `kind`.
+    fn push_kind(&mut self, entry: (Span<'a>, Span<'a>), kind: Key) -> Option<()> {
         let i = self.len;
         let (key, value) = entry;
         if self.spilled {
@@ -119,8 +112,8 @@ impl<'a> Fields<'a> {
         } else {
             self.entries.get_mut(i)?.write(Entry { key, value, kind });
         }
-        self.present |= known::bit(kind);
-        let bucket = 1u64 << bucket;
+        self.present |= kind.bit();
+        let bucket = 1u64 << bucket(key, kind);
         self.again |= self.buckets & bucket;
         self.buckets |= bucket;
         self.len = i + 1;
@@ -159,7 +152,7 @@ impl<'a> Fields<'a> {
         b: &'a [u8],
         pos: usize,
         depth: usize,
-        mut value: impl FnMut(Kind, usize, usize) -> Option<usize>,
+        mut value: impl FnMut(Key, usize, usize) -> Option<usize>,
     ) -> Option<usize> {
         let (n, start) = scan::map_header(b.get(pos..)?)?;
         if depth >= crate::wire::MAX_DEPTH {
@@ -184,9 +177,9 @@ impl<'a> Fields<'a> {
                 b.get(p..scan::value_end(b, p, depth + 1)?)?
             };
             let key_end = p + key.len();
-            let class = known::classify(key);
-            let end = value(class.0, key_end, depth + 1)?;
-            self.push_kind((key, b.get(key_end..end)?), class)?;
+            let kind = Key::of(key);
+            let end = value(kind, key_end, depth + 1)?;
+            self.push_kind((key, b.get(key_end..end)?), kind)?;
             p = end;
         }
         let unique = if self.spilled {
@@ -225,11 +218,14 @@ impl<'a> Fields<'a> {
     #[inline(never)]
     fn unique_in_buckets(&self) -> bool {
         let entries = self.all();
-        !entries.iter().enumerate().any(|(i, Entry { key, .. })| {
-            self.again & (1u64 << known::classify(key).1) != 0
-                && scan::str_bytes(key).is_some()
-                && entries[..i].iter().any(|e| e.key == *key)
-        })
+        !entries
+            .iter()
+            .enumerate()
+            .any(|(i, Entry { key, kind, .. })| {
+                self.again & (1u64 << bucket(key, *kind)) != 0
+                    && scan::str_bytes(key).is_some()
+                    && entries[..i].iter().any(|e| e.key == *key)
+            })
     }
 
     fn iter(&self) -> std::slice::Iter<'_, Entry<'a>> {
@@ -238,11 +234,10 @@ impl<'a> Fields<'a> {
 
     /// The value under `key`.
     fn get(&self, key: Key) -> Option<Span<'a>> {
-        let kind = key as Kind;
-        if !known::member(kind, self.present) {
+        if !key.is_in(self.present) {
             return None;
         }
-        self.iter().find(|e| e.kind == kind).map(|e| e.value)
+        self.iter().find(|e| e.kind == key).map(|e| e.value)
     }
 
     /// Like [`Fields::get`], with a present `nil` counted as absent.
@@ -260,7 +255,18 @@ impl<'a> Fields<'a> {
 struct Entry<'a> {
     key: Span<'a>,
     value: Span<'a>,
-    kind: Kind,
+    kind: Key,
+}
+
+/// A key's bucket for the duplicate-key check, one of 64: the same for
+/// equal spans (and so equal keys). A name has one of its own; other keys
+/// share the upper 32 by their length and last byte.
+#[inline(always)]
+fn bucket(key: Span<'_>, kind: Key) -> u32 {
+    match kind {
+        Key::Other => 32 | (key.len() as u32 + key.last().map_or(0, |b| u32::from(*b))) & 31,
+        name => name as u32,
+    }
 }
 
 /// The parts of a body the decision reads, from one validating pass.
@@ -310,7 +316,7 @@ impl<'a> Body<'a> {
             has_nested,
         } = self;
         let end = top.read(b, 0, 0, |kind, p, depth| {
-            if kind != Key::Frames as Kind || frames.is_some() {
+            if kind != Key::Frames || frames.is_some() {
                 return scan::value_end(b, p, depth);
             }
             let Some((n, start)) = scan::array_header(b.get(p..)?) else {
@@ -321,7 +327,7 @@ impl<'a> Body<'a> {
             }
             *frames = Some(n);
             let mut p = frame.read(b, p + start, depth + 1, |kind, p, depth| {
-                if kind != Key::DisaggregatedParams as Kind {
+                if kind != Key::DisaggregatedParams {
                     return scan::value_end(b, p, depth);
                 }
                 // Twice in the frame: the frame's duplicate-key check
@@ -330,8 +336,8 @@ impl<'a> Body<'a> {
                 *has_params = false;
                 nested.clear();
                 *has_nested = false;
-                let params_value = |kind: Kind, p: usize, depth: usize| {
-                    if kind != Key::KvTransferParams as Kind {
+                let params_value = |kind: Key, p: usize, depth: usize| {
+                    if kind != Key::KvTransferParams {
                         return scan::value_end(b, p, depth);
                     }
                     // Twice in the params: their duplicate-key check
@@ -569,8 +575,10 @@ impl<'a> Answer<'a, '_> {
     fn write_output(&self, out: &mut Out<'a>) {
         let entries = self.frame.all();
         // No key twice: at most one entry is the params.
-        let params = Key::DisaggregatedParams as Kind;
-        match entries.iter().position(|e| e.kind == params) {
+        match entries
+            .iter()
+            .position(|e| e.kind == Key::DisaggregatedParams)
+        {
             Some(i) => {
                 write_map_len(out.own(), entries.len() - 1);
                 out.entries(&entries[..i]);
@@ -729,7 +737,7 @@ impl<'a> Answer<'a, '_> {
             None => (ids.machine_id(), ids.instance_id()),
         };
         // The input's other top-level entries, passed on after the job's own.
-        let passed_on = |kind: Kind| !known::member(kind, NOT_PASSED_ON);
+        let passed_on = |kind: Key| !kind.is_in(NOT_PASSED_ON);
         // No key twice: each kind present is one entry.
         let extras = top.len - (top.present & NOT_PASSED_ON).count_ones() as usize;
         let own = 6
@@ -765,29 +773,16 @@ impl<'a> Answer<'a, '_> {
                 }
             }
         }
-        // Runs of constant keys and values, each written in one copy.
-        match (backend, disagg) {
-            (Backend::Trtllm, Some(Some(id))) => {
-                out.put(fixstrs!("backend", "trtllm", "disagg_request_id"));
-                write_uint(out.own(), id);
-                out.put(fixstr!("handoff"));
-            }
-            (Backend::Sglang, None) => out.put(fixstrs!("backend", "sglang", "handoff")),
-            (Backend::Vllm, None) => out.put(fixstrs!("backend", "vllm", "handoff")),
-            (Backend::Opaque, None) => out.put(fixstrs!("backend", "opaque", "handoff")),
-            (backend, disagg) => {
-                out.put(fixstr!("backend"));
-                out.str(backend.as_str().as_bytes());
-                if let Some(id) = disagg {
-                    out.put(fixstr!("disagg_request_id"));
-                    match id {
-                        Some(id) => write_uint(out.own(), id),
-                        None => out.put(&[0xc0]),
-                    }
-                }
-                out.put(fixstr!("handoff"));
+        out.put(fixstr!("backend"));
+        out.str(backend.as_str().as_bytes());
+        if let Some(id) = disagg {
+            out.put(fixstr!("disagg_request_id"));
+            match id {
+                Some(id) => write_uint(out.own(), id),
+                None => out.put(&[0xc0]),
             }
         }
+        out.put(fixstr!("handoff"));
         write_params(&mut out, params, disagg);
         out.put(fixstr!("prefill_output"));
         self.write_output(&mut out);
@@ -833,22 +828,16 @@ fn write_worker(
     instance_id: super::InstanceId,
     machine_id: Option<crate::ids::MachineId>,
 ) {
-    out.extend_from_slice(&WORKER_HEAD);
+    out.extend_from_slice(fixstr!("worker"));
+    write_map_len(out, 2);
+    out.extend_from_slice(fixstr!("instance_id"));
     write_str(out, instance_id.as_bytes());
+    out.extend_from_slice(fixstr!("machine_id"));
     match machine_id {
-        Some(m) => {
-            out.extend_from_slice(fixstr!("machine_id"));
-            write_uint(out, u64::from(m.get()));
-        }
-        None => out.extend_from_slice(&MACHINE_ID_NIL),
+        Some(m) => write_uint(out, u64::from(m.get())),
+        None => out.push(0xc0),
     }
 }
-
-/// `"worker"`, the header of its map of two entries, and `"instance_id"`.
-const WORKER_HEAD: [u8; 20] = known::join(&[fixstr!("worker"), &[0x82], fixstr!("instance_id")]);
-
-/// `"machine_id": nil`.
-const MACHINE_ID_NIL: [u8; 12] = known::join(&[fixstr!("machine_id"), &[0xc0]]);
 
 /// The engine the params are for, when the tree path would accept its
 /// handoff (`None` otherwise: the caller declines). TensorRT-LLM keys win over
@@ -926,8 +915,8 @@ fn write_params<'a>(out: &mut Out<'a>, params: &Fields<'a>, disagg: Option<Optio
     // The entries as they are, but for the values of these two.
     let mut from = 0;
     for (i, entry) in entries.iter().enumerate() {
-        let request_type = entry.kind == Key::RequestType as Kind;
-        let disagg_id = entry.kind == Key::DisaggRequestId as Kind && id.is_some();
+        let request_type = entry.kind == Key::RequestType;
+        let disagg_id = entry.kind == Key::DisaggRequestId && id.is_some();
         if !request_type && !disagg_id {
             continue;
         }
@@ -963,12 +952,11 @@ mod tests {
 
     #[test]
     fn a_string_key_twice_is_found_whatever_shares_its_bucket() {
-        // "ab", "!b" and "\xa1b" share a bucket (same length, same last
-        // byte, bytes before it 64 apart).
+        // "ab", "!b" and "\xa1b" share a bucket (same length and last byte).
         let (ab, cb, zb): (&[u8], &[u8], &[u8]) = (b"\xa2ab", b"\xa2!b", b"\xa2\xa1b");
-        let bucket = |key| known::classify(key).1;
-        assert_eq!(bucket(ab), bucket(cb));
-        assert_eq!(bucket(ab), bucket(zb));
+        let bucket_of = |key| bucket(key, Key::of(key));
+        assert_eq!(bucket_of(ab), bucket_of(cb));
+        assert_eq!(bucket_of(ab), bucket_of(zb));
         assert!(fields(&[ab, cb, zb]).unique());
         assert!(!fields(&[ab, cb, zb, cb]).unique());
         assert!(!fields(&[ab, b"\xa1x", ab]).unique());
