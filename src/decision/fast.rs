@@ -22,8 +22,8 @@
 //! runs. The current cost per decision is in `docs/performance.md`.
 
 use super::deadline;
-use super::handoff::{self, DisaggId, MISSING_CTX_REQUEST_ID, is_context_only};
-use super::known::{Key, NOT_PASSED_ON, Set, TRTLLM, VLLM, fixstr};
+use super::handoff::{self, DisaggId};
+use super::known::{Key, NOT_PASSED_ON, Set, fixstr};
 use super::{
     Backend, Decision, ErrorCode, FinishReason, IdSource, Input, Outcome, Release, Rules,
     prefill_failed,
@@ -32,7 +32,7 @@ use crate::decision::request::MAX_REQUEST_ID_BYTES;
 use crate::headers::Headers;
 use crate::wire::msgpack::{write_map_len, write_str, write_uint};
 use crate::wire::{Encoding, scan};
-use std::mem::MaybeUninit;
+use smallvec::SmallVec;
 
 /// The most entries a map read here holds inline; a wider one's entries are
 /// held on the heap ([`Fields::wide`]).
@@ -41,7 +41,6 @@ const WIDE: usize = 16;
 /// (and its bound): each entry held is two spans and a kind, and a 1 MiB
 /// map of one-byte keys would have hundreds of thousands.
 const WIDEST: usize = 4096;
-const MAX_I63: u64 = (1 << 63) - 1;
 
 type Span<'a> = &'a [u8];
 
@@ -60,26 +59,17 @@ fn utf8(raw: Span<'_>) -> Option<&str> {
 }
 
 /// A map's entries as spans, in order, with what each key is
-/// ([`Key::of`]), and which keys are there.
-///
-/// The slots past `len` are left uninitialized: a decision builds several of
-/// these, and filling them with empty spans first would be a noticeable
-/// share of the whole decision. A map of more than [`WIDE`] entries (at most
-/// [`WIDEST`]) holds them in `wide` instead.
+/// ([`Key::of`]), and which keys are there. Up to [`WIDE`] entries are held
+/// inline (a decision builds several of these per result), a wider map's
+/// (at most [`WIDEST`]) on the heap.
 struct Fields<'a> {
-    /// `entries[..len]` are initialized, unless `spilled`: only
-    /// [`Fields::push_kind`] writes them.
-    entries: [MaybeUninit<Entry<'a>>; WIDE],
-    /// The entries of a map wider than [`WIDE`] (`spilled`).
-    wide: Vec<Entry<'a>>,
-    spilled: bool,
+    entries: SmallVec<[Entry<'a>; WIDE]>,
     /// The keys present, one bit each.
     present: Set,
     /// The buckets of the keys ([`bucket`]), one bit each.
     buckets: u64,
     /// The buckets seen again: a key in one of them may be there twice.
     again: u64,
-    len: usize,
 }
 
 impl<'a> Fields<'a> {
@@ -87,43 +77,29 @@ impl<'a> Fields<'a> {
     #[inline(always)]
     fn new() -> Fields<'a> {
         Fields {
-            entries: [const { MaybeUninit::uninit() }; WIDE],
-            wide: Vec::new(),
-            spilled: false,
+            entries: SmallVec::new(),
             present: 0,
             buckets: 0,
             again: 0,
-            len: 0,
         }
     }
 
-    /// Appends an entry; `None` when [`WIDE`] are there already.
     #[cfg(test)]
-    fn push(&mut self, entry: (Span<'a>, Span<'a>)) -> Option<()> {
-        self.push_kind(entry, Key::of(entry.0))
+    fn push(&mut self, entry: (Span<'a>, Span<'a>)) {
+        self.push_kind(entry, Key::of(entry.0));
     }
 
     /// Appends an entry whose key is `kind`.
-    fn push_kind(&mut self, entry: (Span<'a>, Span<'a>), kind: Key) -> Option<()> {
-        let i = self.len;
-        let (key, value) = entry;
-        if self.spilled {
-            self.wide.push(Entry { key, value, kind });
-        } else {
-            self.entries.get_mut(i)?.write(Entry { key, value, kind });
-        }
+    fn push_kind(&mut self, (key, value): (Span<'a>, Span<'a>), kind: Key) {
+        self.entries.push(Entry { key, value, kind });
         self.present |= kind.bit();
         let bucket = 1u64 << bucket(key, kind);
         self.again |= self.buckets & bucket;
         self.buckets |= bucket;
-        self.len = i + 1;
-        Some(())
     }
 
     fn clear(&mut self) {
-        self.wide.clear();
-        self.spilled = false;
-        self.len = 0;
+        self.entries.clear();
         self.present = 0;
         self.buckets = 0;
         self.again = 0;
@@ -131,15 +107,11 @@ impl<'a> Fields<'a> {
 
     /// The entries read so far.
     fn all(&self) -> &[Entry<'a>] {
-        if self.spilled {
-            return &self.wide;
-        }
-        let len = self.len.min(WIDE);
-        // SAFETY: `push_kind` is the only writer of `entries` and `len`:
-        // unless `spilled` (handled above), it initializes `entries[len]`
-        // before counting it, so the first `len` slots are initialized
-        // `Entry` values, and `MaybeUninit<T>` has `T`'s layout.
-        unsafe { std::slice::from_raw_parts(self.entries.as_ptr().cast(), len) }
+        &self.entries
+    }
+
+    fn len(&self) -> usize {
+        self.entries.len()
     }
 
     /// Reads and validates the map at `pos` of `b`, which sits in `depth`
@@ -162,8 +134,7 @@ impl<'a> Fields<'a> {
             // Each entry takes at least two bytes: a length past the input
             // would be refused by the walk, but not before its reservation.
             (n <= WIDEST && n <= b.len() / 2).then_some(())?;
-            self.spilled = true;
-            self.wide.reserve_exact(n);
+            self.entries.reserve_exact(n);
         }
         let mut p = pos + start;
         for _ in 0..n {
@@ -179,10 +150,10 @@ impl<'a> Fields<'a> {
             let key_end = p + key.len();
             let kind = Key::of(key);
             let end = value(kind, key_end, depth + 1)?;
-            self.push_kind((key, b.get(key_end..end)?), kind)?;
+            self.push_kind((key, b.get(key_end..end)?), kind);
             p = end;
         }
-        let unique = if self.spilled {
+        let unique = if self.len() > WIDE {
             self.unique_wide()
         } else {
             self.unique()
@@ -205,7 +176,7 @@ impl<'a> Fields<'a> {
     #[inline(never)]
     fn unique_wide(&self) -> bool {
         let mut seen = foldhash::HashSet::with_capacity_and_hasher(
-            self.len,
+            self.len(),
             foldhash::fast::RandomState::default(),
         );
         self.all()
@@ -691,24 +662,20 @@ impl<'a> Answer<'a, '_> {
         rules: &Rules,
         ids: &mut dyn IdSource,
     ) -> Option<Decision> {
-        let (top, params) = (&read.top, read.params()?);
-        let backend = engine(read)?;
-        let kept = if backend == Backend::Trtllm {
-            let Some(ctx_request_id) = params.get_non_nil(Key::CtxRequestId) else {
-                let why = MISSING_CTX_REQUEST_ID.to_string();
-                return Some(self.error(ErrorCode::MissingCtxRequestId, why));
-            };
-            scan::uint(ctx_request_id).filter(|id| *id <= MAX_I63)?;
-            if let Some(kind) = params.get_non_nil(Key::RequestType) {
-                is_context_only(utf8(kind)?).then_some(())?;
-            }
-            match params.get_non_nil(Key::DisaggRequestId) {
-                Some(raw) => Some(scan::uint(raw).filter(|id| (1..MAX_I63).contains(id))?),
-                None => None,
-            }
-        } else {
-            None
+        let top = &read.top;
+        let params = InPlace {
+            fields: read.params()?,
+            nested: read.nested(),
         };
+        let (backend, kept) = match handoff::check_params(&params) {
+            Ok(checked) => checked,
+            // The one refusal answered here; the tree path describes the rest.
+            Err((code @ ErrorCode::MissingCtxRequestId, why)) => {
+                return Some(self.error(code, why));
+            }
+            Err(_) => return None,
+        };
+        let params = params.fields;
         // From here on every refusal frees the KV: its notice names the
         // params map as received (the frame holds its span).
         let raw_params = self.frame.get(Key::DisaggregatedParams)?;
@@ -739,7 +706,7 @@ impl<'a> Answer<'a, '_> {
         // The input's other top-level entries, passed on after the job's own.
         let passed_on = |kind: Key| !kind.is_in(NOT_PASSED_ON);
         // No key twice: each kind present is one entry.
-        let extras = top.len - (top.present & NOT_PASSED_ON).count_ones() as usize;
+        let extras = top.len() - (top.present & NOT_PASSED_ON).count_ones() as usize;
         let own = 6
             + usize::from(disagg.is_some())
             + usize::from(request.is_some())
@@ -839,60 +806,61 @@ fn write_worker(
     }
 }
 
-/// The engine the params are for, when the tree path would accept its
-/// handoff (`None` otherwise: the caller declines). TensorRT-LLM keys win over
-/// SGLang's, which win over vLLM's, then Dynamo's nested vLLM params, as in
-/// `handoff::backend_of`; the TensorRT-LLM checks (and the mint) are the
-/// caller's. The SGLang and vLLM checks are `handoff::sglang` and
-/// `handoff::vllm` on spans.
-fn engine(read: &Body<'_>) -> Option<Backend> {
-    let params = read.params()?;
-    if params.has_any(TRTLLM) {
-        return Some(Backend::Trtllm);
-    }
-    if params
-        .iter()
-        .any(|e| utf8(e.key).is_some_and(|k| k.starts_with("bootstrap_")))
-    {
-        utf8(params.get(Key::BootstrapHost)?).filter(|h| !h.is_empty())?;
-        if let Some(raw) = params.get_non_nil(Key::BootstrapPort) {
-            port(raw)?;
-        }
-        scan::uint(params.get(Key::BootstrapRoom)?).filter(|r| *r <= MAX_I63)?;
-        return Some(Backend::Sglang);
-    }
-    if params.has_any(VLLM) {
-        vllm(params)?;
-        return Some(Backend::Vllm);
-    }
-    if params.get(Key::KvTransferParams).is_some() {
-        vllm(read.nested()?)?;
-        return Some(Backend::Vllm);
-    }
-    Some(Backend::Opaque)
+/// A params map read in place, as `handoff`'s checks read it.
+struct InPlace<'f, 'a> {
+    fields: &'f Fields<'a>,
+    /// Its `kv_transfer_params` map, when read (the params' own only).
+    nested: Option<&'f Fields<'a>>,
 }
 
-fn port(raw: Span<'_>) -> Option<u64> {
-    scan::uint(raw).filter(|p| (1..=65535).contains(p))
-}
+impl<'a> handoff::Params<'a> for InPlace<'_, 'a> {
+    type Value = Span<'a>;
 
-/// `handoff::vllm` on spans: `None` where it refuses.
-fn vllm(params: &Fields<'_>) -> Option<()> {
-    utf8(params.get(Key::RemoteEngineId)?).filter(|e| !e.is_empty())?;
-    let blocks = params.get(Key::RemoteBlockIds)?;
-    // Spans of a validated body: every item is there.
-    let uints = |raw: Span<'_>| {
-        scan::items(raw).is_some_and(|(n, items)| {
-            items.map(scan::uint).take_while(Option::is_some).count() == n
+    fn get(&self, key: Key) -> Option<Span<'a>> {
+        self.fields.get(key)
+    }
+
+    fn has_any(&self, set: Set) -> bool {
+        self.fields.has_any(set)
+    }
+
+    fn has_prefix(&self, prefix: &str) -> bool {
+        self.fields
+            .iter()
+            .any(|e| utf8(e.key).is_some_and(|k| k.starts_with(prefix)))
+    }
+
+    /// The params' own nested map; one nested deeper is not read here
+    /// (the checks refuse it, and the caller declines).
+    fn nested(&self, _: Span<'a>) -> Option<Self> {
+        let fields = self.nested?;
+        Some(InPlace {
+            fields,
+            nested: None,
         })
-    };
-    // One list of block IDs, or one per KV-cache group.
-    let grouped = || scan::items(blocks).is_some_and(|(_, mut groups)| groups.all(uints));
-    (uints(blocks) || grouped()).then_some(())?;
-    if let Some(raw) = params.get_non_nil(Key::RemotePort) {
-        port(raw)?;
     }
-    Some(())
+
+    fn is_nil(value: Span<'a>) -> bool {
+        scan::is_nil(value)
+    }
+
+    fn uint(value: Span<'a>) -> Option<u64> {
+        scan::uint(value)
+    }
+
+    fn str(value: Span<'a>) -> Option<&'a str> {
+        utf8(value)
+    }
+
+    /// The items of an array of a validated body: every item is there.
+    fn items(value: Span<'a>) -> Option<impl Iterator<Item = Span<'a>>> {
+        scan::items(value).map(|(_, items)| items)
+    }
+
+    fn describe(value: Span<'a>) -> String {
+        crate::wire::decode(value, Encoding::MsgPack)
+            .map_or_else(|e| e.to_string(), |value| handoff::describe(&value))
+    }
 }
 
 /// The params as they go to decode: for TensorRT-LLM (`disagg` is
@@ -945,7 +913,7 @@ mod tests {
     fn fields<'a>(keys: &[&'a [u8]]) -> Fields<'a> {
         let mut fields = Fields::new();
         for key in keys {
-            fields.push((key, &[0xc0][..])).unwrap();
+            fields.push((key, &[0xc0][..]));
         }
         fields
     }

@@ -4,24 +4,13 @@
 //! cache; a handoff that cannot work is answered with an error now rather than
 //! failing inside a decode worker later.
 
+use super::known::{Key, Set, TRTLLM, VLLM};
 use super::{ErrorCode, IdSource, Input, Minted, Rules, deadline};
 use crate::config::MissingDisaggRequestId;
 use crate::decision::Backend;
 use crate::wire::map;
 use rmpv::Value;
 
-/// TensorRT-LLM's `DisaggregatedParams` fields that mark its shape; trtllm-serve's
-/// JSON writes `opaque_state` base64-encoded as `encoded_opaque_state`.
-pub(super) const TRTLLM_KEYS: [&str; 6] = [
-    "ctx_request_id",
-    "request_type",
-    "disagg_request_id",
-    "opaque_state",
-    "first_gen_tokens",
-    "encoded_opaque_state",
-];
-pub(super) const VLLM_KEYS: [&str; 3] =
-    ["do_remote_prefill", "remote_engine_id", "remote_block_ids"];
 /// Dynamo's vLLM handlers nest vLLM's `kv_transfer_params` under this key of
 /// `disaggregated_params`.
 pub(super) const NESTED_VLLM: &str = "kv_transfer_params";
@@ -135,36 +124,109 @@ pub(super) fn admit(
     (kv_expires, disagg)
 }
 
-/// The valid `disagg_request_id` a TensorRT-LLM params map carries, if any
-/// (after [`check`], present and not null means valid).
-pub fn kept_disagg_id(params: &[(Value, Value)]) -> Option<u64> {
-    map::get_non_nil(params, "disagg_request_id").and_then(Value::as_u64)
-}
-
 pub type Refused = (ErrorCode, String);
 
+/// A params map as the checks below read it, from either decision path:
+/// the value tree's entries ([`Tree`]) or the in-place path's spans
+/// (`fast`). The engines' rules are written once, against this.
+pub(super) trait Params<'a>: Sized {
+    /// One value of the map.
+    type Value: Copy;
+    /// The value under `key`.
+    fn get(&self, key: Key) -> Option<Self::Value>;
+    /// Whether a key of `set` is there.
+    fn has_any(&self, set: Set) -> bool;
+    /// Whether a string key starts with `prefix`.
+    fn has_prefix(&self, prefix: &str) -> bool;
+    /// `value`, found under `kv_transfer_params`, as a params map.
+    fn nested(&self, value: Self::Value) -> Option<Self>;
+    fn is_nil(value: Self::Value) -> bool;
+    /// A non-negative integer, in any encoding.
+    fn uint(value: Self::Value) -> Option<u64>;
+    fn str(value: Self::Value) -> Option<&'a str>;
+    /// The items of an array.
+    fn items(value: Self::Value) -> Option<impl Iterator<Item = Self::Value>>;
+    /// [`describe`].
+    fn describe(value: Self::Value) -> String;
+
+    /// Like [`Params::get`], with a present `nil` counted as absent.
+    fn get_non_nil(&self, key: Key) -> Option<Self::Value> {
+        self.get(key).filter(|v| !Self::is_nil(*v))
+    }
+}
+
+/// A value tree's params map.
+pub(super) struct Tree<'a>(pub &'a [(Value, Value)]);
+
+impl<'a> Params<'a> for Tree<'a> {
+    type Value = &'a Value;
+
+    fn get(&self, key: Key) -> Option<&'a Value> {
+        self.0
+            .iter()
+            .find(|(k, _)| k.as_str().is_some_and(|k| Key::named(k.as_bytes()) == key))
+            .map(|(_, v)| v)
+    }
+
+    fn has_any(&self, set: Set) -> bool {
+        self.0.iter().any(|(k, _)| {
+            k.as_str()
+                .is_some_and(|k| Key::named(k.as_bytes()).is_in(set))
+        })
+    }
+
+    fn has_prefix(&self, prefix: &str) -> bool {
+        self.0
+            .iter()
+            .any(|(k, _)| k.as_str().is_some_and(|k| k.starts_with(prefix)))
+    }
+
+    fn nested(&self, value: &'a Value) -> Option<Tree<'a>> {
+        value.as_map().map(|m| Tree(m))
+    }
+
+    fn is_nil(value: &'a Value) -> bool {
+        value.is_nil()
+    }
+
+    fn uint(value: &'a Value) -> Option<u64> {
+        value.as_u64()
+    }
+
+    fn str(value: &'a Value) -> Option<&'a str> {
+        value.as_str()
+    }
+
+    fn items(value: &'a Value) -> Option<impl Iterator<Item = &'a Value>> {
+        value.as_array().map(|items| items.iter())
+    }
+
+    fn describe(value: &'a Value) -> String {
+        describe(value)
+    }
+}
+
 /// Which shape a params map has. TensorRT-LLM keys win over SGLang's, which
-/// win over vLLM's: the first engine recognised decides the validation.
+/// win over vLLM's (its own keys, or Dynamo's nesting of them): the first
+/// engine recognised decides the validation.
 pub fn backend_of(params: &[(Value, Value)]) -> Backend {
-    let has_any = |keys: &[&str]| keys.iter().any(|k| map::has(params, k));
-    if has_any(&TRTLLM_KEYS) {
+    shape(&Tree(params))
+}
+
+fn shape<'a, P: Params<'a>>(params: &P) -> Backend {
+    if params.has_any(TRTLLM) {
         Backend::Trtllm
-    } else if params
-        .iter()
-        .any(|(k, _)| k.as_str().is_some_and(|k| k.starts_with("bootstrap_")))
-    {
+    } else if params.has_prefix("bootstrap_") {
         Backend::Sglang
-    } else if has_any(&VLLM_KEYS) || map::has(params, NESTED_VLLM) {
+    } else if params.has_any(VLLM) || params.get(Key::KvTransferParams).is_some() {
         Backend::Vllm
     } else {
         Backend::Opaque
     }
 }
 
-/// Checks a handoff: which engine's shape it has, and that decode can work
-/// with it. Nothing is minted yet: a handoff refused after this check
-/// (cancelled, past its deadline) spends no ID.
-pub fn check(params: &[(Value, Value)]) -> Result<Backend, Refused> {
+/// Checks a value tree's handoff: no key twice, then [`check_params`].
+pub fn check(params: &[(Value, Value)]) -> Result<(Backend, Option<u64>), Refused> {
     if let Some(key) = map::duplicate_key(params) {
         return Err((
             ErrorCode::Malformed,
@@ -173,14 +235,24 @@ pub fn check(params: &[(Value, Value)]) -> Result<Backend, Refused> {
             ),
         ));
     }
-    let backend = backend_of(params);
-    match backend {
+    check_params(&Tree(params))
+}
+
+/// Checks a handoff: which engine's shape it has, and that decode can work
+/// with it; for TensorRT-LLM also the valid `disagg_request_id` it carries,
+/// if any. Nothing is minted yet: a handoff refused after this check
+/// (cancelled, past its deadline) spends no ID.
+pub(super) fn check_params<'a, P: Params<'a>>(
+    params: &P,
+) -> Result<(Backend, Option<u64>), Refused> {
+    let backend = shape(params);
+    let kept = match backend {
         Backend::Trtllm => trtllm(params)?,
-        Backend::Sglang => sglang(params)?,
-        Backend::Vllm => vllm(params)?,
-        Backend::Opaque => {}
-    }
-    Ok(backend)
+        Backend::Sglang => sglang(params).map(|()| None)?,
+        Backend::Vllm => vllm(params).map(|()| None)?,
+        Backend::Opaque => None,
+    };
+    Ok((backend, kept))
 }
 
 /// Completes a handoff that passed [`check`] as `backend`: for
@@ -215,62 +287,63 @@ pub fn complete(
     }
 }
 
-/// An integer in `[lo, hi]`, from any MessagePack integer encoding. Floats,
-/// strings and booleans are not integers.
-pub fn int_in(value: &Value, lo: u64, hi: u64) -> Option<u64> {
-    // Negative integers have no u64 form and floats are not integers, so both
-    // fall out here.
-    value.as_u64().filter(|v| (lo..=hi).contains(v))
-}
-
 const MAX_I63: u64 = (1 << 63) - 1;
 
 /// The message of a `missing_ctx_request_id` error response.
 pub(super) const MISSING_CTX_REQUEST_ID: &str = "ctx_request_id is missing or null; a decode handoff needs the integer request ID that TensorRT-LLM's context phase returned";
 
-/// The TensorRT-LLM checks; the ID is kept or minted by [`complete`].
-fn trtllm(params: &[(Value, Value)]) -> Result<(), Refused> {
-    match map::get_non_nil(params, "ctx_request_id") {
+/// An integer in `lo..=hi`, from any MessagePack integer encoding.
+fn int_in<'a, P: Params<'a>>(value: P::Value, lo: u64, hi: u64) -> Option<u64> {
+    // Negative integers have no u64 form and floats are not integers, so both
+    // fall out here.
+    P::uint(value).filter(|v| (lo..=hi).contains(v))
+}
+
+/// The TensorRT-LLM checks; returns the valid `disagg_request_id` the
+/// params carry (the ID is kept or minted by [`complete`]).
+fn trtllm<'a, P: Params<'a>>(params: &P) -> Result<Option<u64>, Refused> {
+    match params.get_non_nil(Key::CtxRequestId) {
         None => {
             return Err((
                 ErrorCode::MissingCtxRequestId,
                 MISSING_CTX_REQUEST_ID.into(),
             ));
         }
-        Some(v) if int_in(v, 0, MAX_I63).is_none() => {
+        Some(v) if int_in::<P>(v, 0, MAX_I63).is_none() => {
             return Err((
                 ErrorCode::InvalidCtxRequestId,
                 format!(
                     "ctx_request_id is {}; expected an integer in [0, 2^63)",
-                    describe(v)
+                    P::describe(v)
                 ),
             ));
         }
         Some(_) => {}
     }
-    if let Some(v) = map::get_non_nil(params, "request_type")
-        && !v.as_str().is_some_and(is_context_only)
+    if let Some(v) = params.get_non_nil(Key::RequestType)
+        && !P::str(v).is_some_and(is_context_only)
     {
         return Err((
             ErrorCode::InvalidRequestType,
             format!(
                 "request_type is {}; a prefill result must carry \"context_only\" (in any case)",
-                describe(v)
+                P::describe(v)
             ),
         ));
     }
-    if let Some(v) = map::get_non_nil(params, "disagg_request_id")
-        && int_in(v, 1, MAX_I63 - 1).is_none()
-    {
-        return Err((
+    let Some(v) = params.get_non_nil(Key::DisaggRequestId) else {
+        return Ok(None);
+    };
+    match int_in::<P>(v, 1, MAX_I63 - 1) {
+        Some(id) => Ok(Some(id)),
+        None => Err((
             ErrorCode::InvalidDisaggRequestId,
             format!(
                 "disagg_request_id is {}; expected null or an integer in [1, 2^63 - 1)",
-                describe(v)
+                P::describe(v)
             ),
-        ));
+        )),
     }
-    Ok(())
 }
 
 /// TensorRT-LLM's request type of a context phase: its enum's name is
@@ -279,7 +352,7 @@ pub(super) fn is_context_only(request_type: &str) -> bool {
     request_type.eq_ignore_ascii_case("context_only")
 }
 
-fn sglang(params: &[(Value, Value)]) -> Result<(), Refused> {
+fn sglang<'a, P: Params<'a>>(params: &P) -> Result<(), Refused> {
     let refuse = |what: String| {
         Err((
             ErrorCode::InvalidBootstrap,
@@ -288,23 +361,23 @@ fn sglang(params: &[(Value, Value)]) -> Result<(), Refused> {
             ),
         ))
     };
-    match map::get(params, "bootstrap_host") {
-        Some(Value::String(s)) if s.as_str().is_some_and(|s| !s.is_empty()) => {}
-        other => return refuse(format!("bootstrap_host is {}", describe_opt(other))),
+    let host = params.get(Key::BootstrapHost);
+    if host.and_then(P::str).is_none_or(str::is_empty) {
+        return refuse(format!("bootstrap_host is {}", describe_opt::<P>(host)));
     }
-    if let Some(port) = map::get_non_nil(params, "bootstrap_port")
-        && int_in(port, 1, 65535).is_none()
+    if let Some(port) = params.get_non_nil(Key::BootstrapPort)
+        && int_in::<P>(port, 1, 65535).is_none()
     {
-        return refuse(format!("bootstrap_port is {}", describe(port)));
+        return refuse(format!("bootstrap_port is {}", P::describe(port)));
     }
-    let room = map::get(params, "bootstrap_room");
-    if room.and_then(|v| int_in(v, 0, MAX_I63)).is_none() {
-        return refuse(format!("bootstrap_room is {}", describe_opt(room)));
+    let room = params.get(Key::BootstrapRoom);
+    if room.and_then(|v| int_in::<P>(v, 0, MAX_I63)).is_none() {
+        return refuse(format!("bootstrap_room is {}", describe_opt::<P>(room)));
     }
     Ok(())
 }
 
-fn vllm(params: &[(Value, Value)]) -> Result<(), Refused> {
+fn vllm<'a, P: Params<'a>>(params: &P) -> Result<(), Refused> {
     let refuse = |what: String| {
         Err((
             ErrorCode::InvalidKvTransferParams,
@@ -313,45 +386,43 @@ fn vllm(params: &[(Value, Value)]) -> Result<(), Refused> {
             ),
         ))
     };
-    if !VLLM_KEYS.iter().any(|k| map::has(params, k))
-        && let Some(nested) = map::get(params, NESTED_VLLM)
+    if !params.has_any(VLLM)
+        && let Some(nested) = params.get(Key::KvTransferParams)
     {
-        return match nested {
-            Value::Map(inner) => {
-                vllm(inner).map_err(|(code, why)| (code, format!("in {NESTED_VLLM}: {why}")))
+        return match params.nested(nested) {
+            Some(inner) => {
+                vllm(&inner).map_err(|(code, why)| (code, format!("in {NESTED_VLLM}: {why}")))
             }
-            other => refuse(format!("{NESTED_VLLM} is {}", describe(other))),
+            None => refuse(format!("{NESTED_VLLM} is {}", P::describe(nested))),
         };
     }
-    match map::get(params, "remote_engine_id") {
-        Some(Value::String(s)) if s.as_str().is_some_and(|s| !s.is_empty()) => {}
-        other => return refuse(format!("remote_engine_id is {}", describe_opt(other))),
+    let engine = params.get(Key::RemoteEngineId);
+    if engine.and_then(P::str).is_none_or(str::is_empty) {
+        return refuse(format!("remote_engine_id is {}", describe_opt::<P>(engine)));
     }
-    match map::get(params, "remote_block_ids") {
-        Some(Value::Array(ids)) if block_ids(ids) => {}
-        Some(Value::Array(_)) => {
+    match params.get(Key::RemoteBlockIds) {
+        Some(ids) if block_ids::<P>(ids) => {}
+        Some(ids) if P::items(ids).is_some() => {
             return refuse(
                 "remote_block_ids holds an entry that is neither a non-negative integer nor an array of them (all entries of one kind)".into(),
             );
         }
-        other => return refuse(format!("remote_block_ids is {}", describe_opt(other))),
+        other => return refuse(format!("remote_block_ids is {}", describe_opt::<P>(other))),
     }
-    if let Some(port) = map::get_non_nil(params, "remote_port")
-        && int_in(port, 1, 65535).is_none()
+    if let Some(port) = params.get_non_nil(Key::RemotePort)
+        && int_in::<P>(port, 1, 65535).is_none()
     {
-        return refuse(format!("remote_port is {}", describe(port)));
+        return refuse(format!("remote_port is {}", P::describe(port)));
     }
     Ok(())
 }
 
-/// vLLM's block IDs: one list of non-negative integers, or one such list per
-/// KV-cache group (its `BlockIds`, a tuple or list of lists).
-fn block_ids(ids: &[Value]) -> bool {
-    let int = |v: &Value| int_in(v, 0, u64::MAX).is_some();
-    ids.iter().all(int)
-        || ids
-            .iter()
-            .all(|group| matches!(group, Value::Array(group) if group.iter().all(int)))
+/// vLLM's block IDs: one array of non-negative integers, or one such array
+/// per KV-cache group (its `BlockIds`, a tuple or list of lists).
+fn block_ids<'a, P: Params<'a>>(ids: P::Value) -> bool {
+    let ints =
+        |v: P::Value| P::items(v).is_some_and(|mut items| items.all(|i| P::uint(i).is_some()));
+    ints(ids) || P::items(ids).is_some_and(|mut groups| groups.all(ints))
 }
 
 /// A short description of a value for error messages: its type, and the value
@@ -375,6 +446,6 @@ pub fn describe(value: &Value) -> String {
     }
 }
 
-fn describe_opt(value: Option<&Value>) -> String {
-    value.map_or_else(|| "missing".into(), describe)
+fn describe_opt<'a, P: Params<'a>>(value: Option<P::Value>) -> String {
+    value.map_or_else(|| "missing".into(), P::describe)
 }

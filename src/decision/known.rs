@@ -3,7 +3,6 @@
 //! comparing every entry's key with the name, which a handoff would repeat
 //! for every name it reads (`docs/performance.md`).
 
-use super::handoff::{TRTLLM_KEYS, VLLM_KEYS};
 use crate::wire::messages::DECODE_JOB_KEYS;
 
 /// What a map key is: a name the decision reads, or a member of one of the
@@ -103,9 +102,21 @@ impl Key {
 /// A set of [`Key`]s, one bit each.
 pub(super) type Set = u32;
 
-/// TensorRT-LLM's params keys (`handoff::TRTLLM_KEYS`).
+/// TensorRT-LLM's `DisaggregatedParams` fields that mark its shape;
+/// trtllm-serve's JSON writes `opaque_state` base64-encoded as
+/// `encoded_opaque_state`.
+const TRTLLM_KEYS: [&str; 6] = [
+    "ctx_request_id",
+    "request_type",
+    "disagg_request_id",
+    "opaque_state",
+    "first_gen_tokens",
+    "encoded_opaque_state",
+];
+const VLLM_KEYS: [&str; 3] = ["do_remote_prefill", "remote_engine_id", "remote_block_ids"];
+/// TensorRT-LLM's params keys: a params map with any of them is its shape.
 pub(super) const TRTLLM: Set = set(&TRTLLM_KEYS);
-/// vLLM's params keys (`handoff::VLLM_KEYS`).
+/// vLLM's params keys.
 pub(super) const VLLM: Set = set(&VLLM_KEYS);
 /// Top-level keys not passed on into a decode job: the job's own and the
 /// input's envelope.

@@ -276,8 +276,8 @@ fn decide_handoff(
             return reply.error(ErrorCode::NoDisaggregatedParams, why, trailing);
         }
     };
-    let backend = match handoff::check(&params) {
-        Ok(backend) => backend,
+    let (backend, kept) = match handoff::check(&params) {
+        Ok(checked) => checked,
         Err((code, why)) => return reply.error(code, why, trailing),
     };
     let pending = handoff::Pending {
@@ -285,7 +285,7 @@ fn decide_handoff(
         backend,
         deadline: reply.deadline_ms,
         kv_expires: reply.kv_expires_ms,
-        kept: handoff::kept_disagg_id(&params),
+        kept,
     };
     let (kv_expires, disagg) = handoff::admit(pending, input, rules, ids);
     match disagg {
