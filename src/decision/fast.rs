@@ -35,7 +35,7 @@ use crate::wire::{Encoding, scan};
 use smallvec::SmallVec;
 
 /// The most entries a map read here holds inline; a wider one's entries are
-/// held on the heap ([`Fields::wide`]).
+/// held on the heap.
 const WIDE: usize = 16;
 /// The most entries of one map read here; a wider map takes the tree path
 /// (and its bound): each entry held is two spans and a kind, and a 1 MiB
