@@ -12,7 +12,7 @@
 //! Time is an argument ([`super::Input::now_ms`]): nothing here reads a clock.
 
 use super::ErrorCode;
-use super::handoff::describe;
+use crate::wire::describe;
 use super::header_values::truncate;
 use crate::headers::names::{HANDOFF_DEADLINE, HANDOFF_KV_EXPIRES};
 use rmpv::Value;

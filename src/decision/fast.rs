@@ -859,7 +859,7 @@ impl<'a> handoff::Params<'a> for InPlace<'_, 'a> {
 
     fn describe(value: Span<'a>) -> String {
         crate::wire::decode(value, Encoding::MsgPack)
-            .map_or_else(|e| e.to_string(), |value| handoff::describe(&value))
+            .map_or_else(|e| e.to_string(), |value| crate::wire::describe(&value))
     }
 }
 

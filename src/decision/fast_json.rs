@@ -1,25 +1,68 @@
-//! The in-place decision for JSON results: the body is transcoded into the
-//! MessagePack `fast` decides on (`wire::json_to_msgpack`: serde_json reads,
-//! rmp-serde writes, no value tree), and the outputs `fast` writes are
-//! transcoded back (`wire::msgpack_to_json`).
+//! The in-place decision for JSON results: serde_json reads the body into
+//! the MessagePack `fast` decides on (`wire::json_to_msgpack`), converting
+//! the values `fast` reads and carrying every other value as its JSON text,
+//! and the outputs `fast` writes are written back as JSON
+//! (`wire::msgpack_to_json`), carried values as they came. No value tree of
+//! the result is built.
 //!
-//! Exact by construction: the MessagePack read here is what the value-tree
-//! path's JSON decode would hold, `fast` decides on it as the value-tree
-//! path does, and the JSON written back is what the value-tree path's
-//! encoder writes; only the headers differ by encoding (`Content-Type`), and
-//! they are set here as the value-tree path sets them. Everything `fast`
-//! declines, and every body serde_json refuses, returns `None` before any
-//! side effect; the caller takes the value-tree path, which describes the
-//! problem.
+//! The decision is the value-tree path's: `fast` decides on what the
+//! value-tree path's JSON decode would hold, and the outputs are what that
+//! path writes, except that the values only copied keep the producer's
+//! JSON text (its spacing, escapes and number forms) where that path
+//! writes them compactly; the headers are set as that path sets them.
+//! Everything `fast` declines, and every body serde_json refuses, returns
+//! `None` before any side effect; the caller takes the value-tree path,
+//! which describes the problem.
 
 use super::header_values::content_type;
+use super::known::{Key, Set, set};
 use super::{
     DeadLetterCode, Decision, ErrorCode, IdSource, Input, Outcome, Rules, dead_letter, fast,
     unwritable,
 };
 use crate::headers::names::NATS_MSG_ID;
 use crate::headers::release_msg_id;
-use crate::wire::{self, Encoding, NotJson, json_to_msgpack, messages, msgpack_to_json, scan};
+use crate::wire::{
+    self, Encoding, Field, NotJson, json_to_msgpack, messages, msgpack_to_json, scan,
+};
+
+const TOP: u8 = 0;
+const FRAME: u8 = 1;
+const PARAMS: u8 = 2;
+/// The params' `kv_transfer_params` (Dynamo's nesting of vLLM's).
+const NESTED: u8 = 3;
+/// `request`: copied whole by `fast`, but checked to be a map.
+const REQUEST: u8 = 4;
+
+/// The params the engine checks read (`handoff::check_params`).
+const ENGINE: Set = set(&[
+    "ctx_request_id",
+    "request_type",
+    "disagg_request_id",
+    "bootstrap_host",
+    "bootstrap_port",
+    "bootstrap_room",
+    "remote_engine_id",
+    "remote_block_ids",
+    "remote_port",
+]);
+
+/// What `fast` reads of a result: the envelope, the first frame's reason
+/// and error, the params the engine checks read. A value it reads that
+/// came carried would make it decline (an ext value is no string, number,
+/// map or nil to it), never answer differently.
+fn plan(level: u8, key: &str) -> Field {
+    match (level, Key::named(key.as_bytes())) {
+        (TOP, Key::RequestId | Key::ReplyTo | Key::DeadlineMs | Key::KvExpiresMs)
+        | (FRAME, Key::Error | Key::FinishReason) => Field::Read,
+        (TOP, Key::Frames) => Field::Objects(FRAME),
+        (TOP, Key::Request) => Field::Object(REQUEST),
+        (FRAME, Key::DisaggregatedParams) => Field::Object(PARAMS),
+        (PARAMS, Key::KvTransferParams) => Field::Object(NESTED),
+        (PARAMS | NESTED, key) if key.is_in(ENGINE) => Field::Read,
+        _ => Field::Copied,
+    }
+}
 
 /// The decision for a JSON `input`, or `None` when the value-tree path must
 /// decide.
@@ -27,7 +70,7 @@ pub(super) fn decide(input: Input<'_>, rules: &Rules, ids: &mut dyn IdSource) ->
     if input.encoding != Encoding::Json || input.payload.len() > rules.max_payload_bytes {
         return None;
     }
-    let body = json_to_msgpack(input.payload)?;
+    let body = json_to_msgpack(input.payload, plan)?;
     let as_msgpack = Input {
         payload: &body,
         encoding: Encoding::MsgPack,
@@ -174,7 +217,7 @@ mod tests {
             published_ms: 0,
             cancels: NO_CANCELS,
         };
-        let body = json_to_msgpack(RESULT).unwrap();
+        let body = json_to_msgpack(RESULT, plan).unwrap();
         let decode = Outcome::Decode {
             backend: Backend::Trtllm,
             minted: true,

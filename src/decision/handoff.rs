@@ -8,7 +8,7 @@ use super::known::{Key, Set, TRTLLM, VLLM};
 use super::{ErrorCode, IdSource, Input, Minted, Rules, deadline};
 use crate::config::MissingDisaggRequestId;
 use crate::decision::Backend;
-use crate::wire::map;
+use crate::wire::{describe, map};
 use rmpv::Value;
 
 /// Dynamo's vLLM handlers nest vLLM's `kv_transfer_params` under this key of
@@ -423,27 +423,6 @@ fn block_ids<'a, P: Params<'a>>(ids: P::Value) -> bool {
     let ints =
         |v: P::Value| P::items(v).is_some_and(|mut items| items.all(|i| P::uint(i).is_some()));
     ints(ids) || P::items(ids).is_some_and(|mut groups| groups.all(ints))
-}
-
-/// A short description of a value for error messages: its type, and the value
-/// itself when it is short.
-pub fn describe(value: &Value) -> String {
-    match value {
-        Value::Nil => "null".into(),
-        Value::Boolean(b) => format!("the boolean {b}"),
-        Value::Integer(i) => format!("the integer {i}"),
-        Value::F32(f) => format!("the float {f}"),
-        Value::F64(f) => format!("the float {f}"),
-        Value::String(s) => match s.as_str() {
-            Some(s) if s.len() <= 64 => format!("the string {s:?}"),
-            Some(s) => format!("a string of {} bytes", s.len()),
-            None => "a string that is not valid UTF-8".into(),
-        },
-        Value::Binary(b) => format!("binary data of {} bytes", b.len()),
-        Value::Array(a) => format!("an array of {} items", a.len()),
-        Value::Map(m) => format!("a map of {} entries", m.len()),
-        Value::Ext(t, _) => format!("a MessagePack ext value of type {t}"),
-    }
 }
 
 fn describe_opt<'a, P: Params<'a>>(value: Option<P::Value>) -> String {

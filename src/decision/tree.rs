@@ -3,7 +3,7 @@
 //! JSON, non-canonical MessagePack, rare errors). Contract 4.2 and 10, in
 //! their order.
 
-use super::handoff::{self, describe};
+use super::handoff;
 use super::request::{self, Request};
 use super::{
     Backend, DeadLetterCode, Decision, ErrorCode, FinishReason, IdSource, Input, Outcome, Release,
@@ -11,7 +11,7 @@ use super::{
 };
 use crate::headers::names::NATS_MSG_ID;
 use crate::headers::release_msg_id;
-use crate::wire::{self, Encoding, map, messages};
+use crate::wire::{self, Encoding, describe, map, messages};
 use rmpv::Value;
 
 /// [`decide`] through value trees only: the reference the in-place path is

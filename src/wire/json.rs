@@ -1,5 +1,9 @@
-//! JSON output for [`rmpv::Value`] trees, and JSON to MessagePack and back
-//! without them.
+//! JSON for the worker: [`to_vec`] writes a value tree as JSON,
+//! [`json_to_msgpack`] reads a JSON result into the MessagePack the
+//! in-place decision reads (carrying the values it only copies as their
+//! JSON text), and [`msgpack_to_json`] writes that decision's outputs back.
+//! serde_json does all the reading and the writing of scalars; the walks
+//! here only say where each value goes.
 //!
 //! [`to_vec`] writes exactly what JSON carries (null, booleans, integers,
 //! finite floats, UTF-8 strings, arrays, maps with string keys) and refuses
@@ -7,87 +11,310 @@
 //! stand-in. [`to_json`] renders anything readably, for printing
 //! (`explain`) and for the messages the worker builds itself.
 
-use super::NotJson;
+use super::{MAX_DEPTH, NotJson, msgpack};
 use rmpv::Value;
-use serde::ser::{Error as _, Serialize, SerializeMap, SerializeSeq, Serializer};
+use serde::de::{DeserializeSeed, Deserializer, Error as _, MapAccess, SeqAccess, Visitor};
 use serde_json::Value as Json;
+use serde_json::value::RawValue;
+use std::borrow::Cow;
+use std::fmt;
+
+/// The ext type of a value carried as its JSON text ([`json_to_msgpack`]).
+/// A JSON result holds no ext values of its own.
+pub const CARRIED: i8 = 74;
 
 /// `value` as compact JSON, as serde_json writes it, or what in it JSON
 /// cannot carry.
 pub(super) fn to_vec(value: &Value) -> Result<Vec<u8>, NotJson> {
-    serde_json::to_vec(&Strict(value))
-        .map_err(|e| NotJson(format!("it holds {e}, which JSON cannot carry")))
+    let mut out = Vec::with_capacity(256);
+    write(&mut out, value, false)?;
+    Ok(out)
 }
 
-/// A value serialized as rmpv serializes it, except that what JSON cannot
-/// carry is an error (rmpv would write binary as an array of numbers, an
-/// ext value as an array, a non-finite float as null).
-struct Strict<'a>(&'a Value);
-
-impl Serialize for Strict<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        match self.0 {
-            Value::Nil => s.serialize_unit(),
-            Value::Boolean(b) => s.serialize_bool(*b),
-            Value::Integer(i) => match (i.as_u64(), i.as_i64()) {
-                (Some(u), _) => s.serialize_u64(u),
-                (None, Some(n)) => s.serialize_i64(n),
-                (None, None) => Err(S::Error::custom("an integer out of range")),
-            },
-            Value::F32(f) if f.is_finite() => s.serialize_f32(*f),
-            Value::F64(f) if f.is_finite() => s.serialize_f64(*f),
-            Value::F32(_) | Value::F64(_) => Err(S::Error::custom("a float that is not finite")),
-            Value::String(text) => match text.as_str() {
-                Some(text) => s.serialize_str(text),
-                None => Err(S::Error::custom("a string that is not UTF-8")),
-            },
-            Value::Binary(_) => Err(S::Error::custom("a binary value")),
-            Value::Ext(tag, _) => Err(S::Error::custom(format!("an ext value of type {tag}"))),
-            Value::Array(items) => {
-                let mut seq = s.serialize_seq(Some(items.len()))?;
-                for item in items {
-                    seq.serialize_element(&Strict(item))?;
+/// Appends `value` as JSON. With `carried`, an ext value of type
+/// [`CARRIED`] is JSON text, written as it is.
+fn write(out: &mut Vec<u8>, value: &Value, carried: bool) -> Result<(), NotJson> {
+    let refuse = |what: String| Err(NotJson(format!("it holds {what}, which JSON cannot carry")));
+    match value {
+        Value::Nil => out.extend_from_slice(b"null"),
+        Value::Boolean(b) => out.extend_from_slice(if *b { b"true" } else { b"false" }),
+        Value::Integer(i) => match (i.as_u64(), i.as_i64()) {
+            (Some(u), _) => scalar(out, &u),
+            (None, Some(n)) => scalar(out, &n),
+            (None, None) => return refuse("an integer out of range".into()),
+        },
+        Value::F32(f) if f.is_finite() => scalar(out, f),
+        Value::F64(f) if f.is_finite() => scalar(out, f),
+        Value::F32(_) | Value::F64(_) => return refuse("a float that is not finite".into()),
+        Value::String(text) => match text.as_str() {
+            Some(text) => scalar(out, text),
+            None => return refuse("a string that is not UTF-8".into()),
+        },
+        Value::Binary(_) => return refuse("a binary value".into()),
+        Value::Ext(CARRIED, text) if carried => out.extend_from_slice(text),
+        Value::Ext(tag, _) => return refuse(format!("an ext value of type {tag}")),
+        Value::Array(items) => {
+            out.push(b'[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
                 }
-                seq.end()
+                write(out, item, carried)?;
             }
-            Value::Map(entries) => {
-                let mut map = s.serialize_map(Some(entries.len()))?;
-                for (key, value) in entries {
-                    let Some(key) = key.as_str() else {
-                        return Err(S::Error::custom("a map key that is not a UTF-8 string"));
-                    };
-                    map.serialize_entry(key, &Strict(value))?;
+            out.push(b']');
+        }
+        Value::Map(entries) => {
+            out.push(b'{');
+            for (i, (key, value)) in entries.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
                 }
-                map.end()
+                let Some(key) = key.as_str() else {
+                    return refuse("a map key that is not a UTF-8 string".into());
+                };
+                scalar(out, key);
+                out.push(b':');
+                write(out, value, carried)?;
             }
+            out.push(b'}');
         }
     }
+    Ok(())
 }
 
-/// A JSON body as MessagePack, or `None` when it is not one JSON value
-/// (what [`super::decode`] refuses as invalid JSON is refused here too).
-/// Values are written as decoding the body into a value tree and encoding
-/// that would write them (serde_json reads both ways; rmp-serde writes the
-/// smallest form of each number and string, as rmpv does).
-pub fn json_to_msgpack(json: &[u8]) -> Option<Vec<u8>> {
-    let mut out = Vec::with_capacity(json.len());
+/// A number or a string as serde_json writes it (its number formats and
+/// string escapes).
+fn scalar<T: serde::Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) {
+    // Writing a number or a string into a Vec cannot fail.
+    let _ = serde_json::to_writer(out, value);
+}
+
+/// What the in-place decision does with the value under a key of an object
+/// ([`json_to_msgpack`]'s plan).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Field {
+    /// Read: converted to MessagePack.
+    Read,
+    /// Only copied: carried as its JSON text.
+    Copied,
+    /// An object read at the plan's level given (any other value converted).
+    Object(u8),
+    /// An array of objects read at the plan's level given.
+    Objects(u8),
+}
+
+/// The plan of a read: what to do with the value under `key` in an object
+/// at `level` (the top level is 0).
+pub type Plan = fn(level: u8, key: &str) -> Field;
+
+/// A JSON body as MessagePack, as decoding it into a value tree and
+/// encoding that would write it, except that the values `plan` names
+/// [`Field::Copied`] are carried as ext values of type [`CARRIED`] holding
+/// their JSON text as the body has it. `None` when serde_json refuses the
+/// body (as [`super::decode`] does), and when a carried value might break a
+/// rule the value-tree path checks inside it (nesting past [`MAX_DEPTH`], a
+/// surrogate escape): the value-tree path decides those.
+pub fn json_to_msgpack(json: &[u8], plan: Plan) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(json.len() + 64);
     let mut reader = serde_json::Deserializer::from_slice(json);
-    let mut writer = rmp_serde::Serializer::new(&mut out);
-    serde_transcode::transcode(&mut reader, &mut writer).ok()?;
+    let top = Convert {
+        out: &mut out,
+        plan,
+        mode: Mode::Object(0),
+        depth: 0,
+    };
+    top.deserialize(&mut reader).ok()?;
     reader.end().ok()?;
     Some(out)
 }
 
-/// MessagePack the worker wrote for a JSON result as JSON, as [`to_vec`]
-/// writes its value tree; or why it cannot be. Such output holds the
-/// result's own values, read from JSON, and the worker's strings and
-/// integers; a map key JSON cannot name is refused.
-pub fn msgpack_to_json(msgpack: &[u8], capacity: usize) -> Result<Vec<u8>, NotJson> {
+#[derive(Clone, Copy)]
+enum Mode {
+    Value,
+    Object(u8),
+    Objects(u8),
+}
+
+/// Writes one JSON value as MessagePack, reading objects as `mode` says.
+struct Convert<'o> {
+    out: &'o mut Vec<u8>,
+    plan: Plan,
+    mode: Mode,
+    /// The containers around the value.
+    depth: usize,
+}
+
+impl Convert<'_> {
+    fn inner(&mut self, mode: Mode) -> Convert<'_> {
+        Convert {
+            out: self.out,
+            plan: self.plan,
+            mode,
+            depth: self.depth + 1,
+        }
+    }
+
+    /// Puts an array's or a map's header of `n` before its items, written
+    /// from `start` on.
+    fn header(out: &mut Vec<u8>, start: usize, n: usize, map: bool) {
+        let mut head = Vec::with_capacity(5);
+        let n32 = u32::try_from(n).unwrap_or(u32::MAX);
+        if map {
+            msgpack::write_map_len(&mut head, n);
+        } else {
+            let _ = rmp::encode::write_array_len(&mut head, n32);
+        }
+        out.splice(start..start, head);
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for Convert<'_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Convert<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_unit<E: serde::de::Error>(self) -> Result<(), E> {
+        self.out.push(0xc0);
+        Ok(())
+    }
+
+    fn visit_bool<E: serde::de::Error>(self, b: bool) -> Result<(), E> {
+        msgpack::write(self.out, &Value::Boolean(b));
+        Ok(())
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<(), E> {
+        msgpack::write_uint(self.out, n);
+        Ok(())
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<(), E> {
+        msgpack::write(self.out, &Value::from(n));
+        Ok(())
+    }
+
+    fn visit_f64<E: serde::de::Error>(self, f: f64) -> Result<(), E> {
+        msgpack::write(self.out, &Value::F64(f));
+        Ok(())
+    }
+
+    fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<(), E> {
+        msgpack::write_str(self.out, s.as_bytes());
+        Ok(())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(mut self, mut items: A) -> Result<(), A::Error> {
+        if self.depth >= MAX_DEPTH {
+            return Err(A::Error::custom("too deep"));
+        }
+        let item = match self.mode {
+            Mode::Objects(level) => Mode::Object(level),
+            _ => Mode::Value,
+        };
+        let start = self.out.len();
+        let mut n = 0;
+        while items.next_element_seed(self.inner(item))?.is_some() {
+            n += 1;
+        }
+        Convert::header(self.out, start, n, false);
+        Ok(())
+    }
+
+    fn visit_map<A: MapAccess<'de>>(mut self, mut entries: A) -> Result<(), A::Error> {
+        if self.depth >= MAX_DEPTH {
+            return Err(A::Error::custom("too deep"));
+        }
+        let start = self.out.len();
+        let mut n = 0;
+        while let Some(key) = entries.next_key_seed(Key)? {
+            msgpack::write_str(self.out, key.as_bytes());
+            let field = match self.mode {
+                Mode::Object(level) => (self.plan)(level, &key),
+                _ => Field::Read,
+            };
+            match field {
+                Field::Read => entries.next_value_seed(self.inner(Mode::Value))?,
+                Field::Object(level) => entries.next_value_seed(self.inner(Mode::Object(level)))?,
+                Field::Objects(level) => {
+                    entries.next_value_seed(self.inner(Mode::Objects(level)))?;
+                }
+                Field::Copied => {
+                    let raw: &RawValue = entries.next_value()?;
+                    carry(self.out, raw.get().as_bytes(), self.depth + 1)
+                        .ok_or_else(|| A::Error::custom("declined"))?;
+                }
+            }
+            n += 1;
+        }
+        Convert::header(self.out, start, n, true);
+        Ok(())
+    }
+}
+
+/// Appends JSON text as a [`CARRIED`] ext value, unless it might break a
+/// rule the value-tree path checks inside values: nesting past
+/// [`MAX_DEPTH`] (it has more brackets than levels left), or a surrogate
+/// escape (serde_json checks their pairing only in a string it reads).
+fn carry(out: &mut Vec<u8>, text: &[u8], depth: usize) -> Option<()> {
+    let opens = text.iter().filter(|b| matches!(b, b'[' | b'{')).count();
+    (depth + opens <= MAX_DEPTH).then_some(())?;
+    let surrogate = memchr::memmem::find_iter(text, b"\\u").any(|i| {
+        matches!(
+            text.get(i + 2..i + 4),
+            Some([b'd' | b'D', b'8'..=b'9' | b'a'..=b'f' | b'A'..=b'F'])
+        )
+    });
+    (!surrogate).then_some(())?;
+    let _ = rmp::encode::write_ext_meta(out, u32::try_from(text.len()).ok()?, CARRIED);
+    out.extend_from_slice(text);
+    Some(())
+}
+
+/// An object's key, borrowed from the body unless it holds escapes.
+struct Key;
+
+impl<'de> DeserializeSeed<'de> for Key {
+    type Value = Cow<'de, str>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Cow<'de, str>, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Key {
+    type Value = Cow<'de, str>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a key")
+    }
+
+    fn visit_borrowed_str<E>(self, s: &'de str) -> Result<Cow<'de, str>, E> {
+        Ok(Cow::Borrowed(s))
+    }
+
+    fn visit_str<E>(self, s: &str) -> Result<Cow<'de, str>, E> {
+        Ok(Cow::Owned(s.to_owned()))
+    }
+}
+
+/// The outputs the in-place decision wrote for a JSON result, as JSON: its
+/// MessagePack read back into a (small: carried values are one ext each)
+/// value tree and written as [`to_vec`] writes, carried values as their
+/// text. Or why it cannot be.
+pub fn msgpack_to_json(bytes: &[u8], capacity: usize) -> Result<Vec<u8>, NotJson> {
+    let value = msgpack::read(bytes).map_err(|e| NotJson(e.to_string()))?;
     let mut out = Vec::with_capacity(capacity);
-    let mut reader = rmp_serde::Deserializer::from_read_ref(msgpack);
-    let mut writer = serde_json::Serializer::new(&mut out);
-    serde_transcode::transcode(&mut reader, &mut writer)
-        .map_err(|e| NotJson(format!("it holds {e}, which JSON cannot carry")))?;
+    write(&mut out, &value, true)?;
     Ok(out)
 }
 

@@ -14,7 +14,7 @@ pub mod scan;
 pub mod shallow;
 
 pub use count::more_values_than;
-pub use json::{json_to_msgpack, msgpack_to_json};
+pub use json::{CARRIED, Field, Plan, json_to_msgpack, msgpack_to_json};
 
 use rmpv::Value;
 use thiserror::Error;
@@ -149,6 +149,27 @@ pub fn try_encode(value: &Value, encoding: Encoding, capacity: usize) -> Result<
             Ok(out)
         }
         Encoding::Json => json::to_vec(value),
+    }
+}
+
+/// A short description of a value for error messages: its type, and the value
+/// itself when it is short.
+pub fn describe(value: &Value) -> String {
+    match value {
+        Value::Nil => "null".into(),
+        Value::Boolean(b) => format!("the boolean {b}"),
+        Value::Integer(i) => format!("the integer {i}"),
+        Value::F32(f) => format!("the float {f}"),
+        Value::F64(f) => format!("the float {f}"),
+        Value::String(s) => match s.as_str() {
+            Some(s) if s.len() <= 64 => format!("the string {s:?}"),
+            Some(s) => format!("a string of {} bytes", s.len()),
+            None => "a string that is not valid UTF-8".into(),
+        },
+        Value::Binary(b) => format!("binary data of {} bytes", b.len()),
+        Value::Array(a) => format!("an array of {} items", a.len()),
+        Value::Map(m) => format!("a map of {} entries", m.len()),
+        Value::Ext(t, _) => format!("a MessagePack ext value of type {t}"),
     }
 }
 
