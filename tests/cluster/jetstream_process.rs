@@ -5,7 +5,7 @@
 use crate::common;
 use crate::common::jetstream_support;
 
-use common::{Etcd, Nats, Worker, eventually};
+use common::{Etcd, Nats, Worker, poll_until_blocking};
 use jetstream_support::*;
 use prefill_handoff::ids::IdLayout;
 use prefill_handoff::wire::{self, Encoding};
@@ -235,10 +235,10 @@ async fn jetstream_process_etcd_outage_past_the_reservation_defers_minting_until
     let mut inputs: Vec<Input> = (0..20)
         .map(|i| needs_mint(&format!("during-{i}")))
         .collect();
-    inputs.extend((0..20).map(|i| terminal(&format!("plain-{i}"))));
+    inputs.extend((0..20).map(|i| Input::terminal(&format!("plain-{i}"))));
     publish_all(&js, &inputs).await;
     assert!(collector.wait_for(20, Duration::from_secs(20)).await);
-    let redelivered = eventually(Duration::from_secs(10), || {
+    let redelivered = poll_until_blocking(Duration::from_secs(10), || {
         futures::executor::block_on(deliveries(&js)) > 40
     });
     assert!(

@@ -5,14 +5,15 @@
 use crate::common;
 use crate::common::worker_support;
 
-use common::{Etcd, Nats, Worker, free_port};
+use common::messages::msgpack;
+use common::{Etcd, Nats, Worker, free_port, poll_until};
 use serde_json::json;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tokio::task::block_in_place;
 use worker_support::cases::{self, Case};
-use worker_support::{Collector, GEN, PREFILL, client, msgpack};
+use worker_support::{Collector, GEN, PREFILL, client};
 
 const START: Duration = Duration::from_secs(30);
 
@@ -126,10 +127,10 @@ async fn sigterm_under_load_answers_everything_accepted_revokes_and_exits_zero()
         })
     };
     // Under load for a while, then SIGTERM.
-    let loaded = Instant::now() + Duration::from_secs(20);
-    while collector.outputs().len() < 2000 && Instant::now() < loaded {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    poll_until(Duration::from_secs(20), || async {
+        collector.outputs().len() >= 2000
+    })
+    .await;
     assert!(
         collector.outputs().len() >= 2000,
         "the worker handles the load"

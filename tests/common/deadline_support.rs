@@ -4,8 +4,10 @@
 
 #![allow(dead_code)]
 
+use crate::common::messages::{decode_output, header, msgpack};
+use crate::common::poll_until;
 use crate::common::worker_support::InProcess;
-use async_nats::{Client, HeaderMap, Message};
+use async_nats::{Client, HeaderMap};
 use futures::StreamExt;
 use serde_json::{Value as Json, json};
 use std::collections::BTreeMap;
@@ -58,10 +60,6 @@ pub fn with_deadline(mut result: Json, deadline: Json) -> Json {
     result
 }
 
-pub fn msgpack(value: &Json) -> Vec<u8> {
-    rmp_serde::to_vec_named(value).expect("encode")
-}
-
 pub fn deadline_header(ms: &str) -> HeaderMap {
     let mut headers = HeaderMap::new();
     headers.insert("Handoff-Deadline", ms);
@@ -101,23 +99,6 @@ pub struct Watch {
     pub _task: tokio::task::JoinHandle<()>,
 }
 
-pub fn decode(message: &Message) -> Json {
-    let json = message
-        .headers
-        .as_ref()
-        .and_then(|h| h.get("Content-Type"))
-        .is_some_and(|v| v.as_str() == "application/json");
-    if json {
-        serde_json::from_slice(&message.payload).expect("JSON output")
-    } else {
-        rmp_serde::from_slice(&message.payload).expect("MessagePack output")
-    }
-}
-
-pub fn header(message: &Message, name: &str) -> Option<String> {
-    Some(message.headers.as_ref()?.get(name)?.as_str().to_string())
-}
-
 impl Watch {
     pub async fn start(client: &Client) -> Watch {
         let mut subs = futures::stream::SelectAll::new();
@@ -130,11 +111,12 @@ impl Watch {
         let sink = seen.clone();
         let task = tokio::spawn(async move {
             while let Some(message) = subs.next().await {
-                let body = decode(&message);
+                let body = decode_output(&message);
+                let header = |name| header(message.headers.as_ref(), name).map(str::to_string);
                 let mut seen = sink.lock().unwrap();
                 match message.subject.as_str() {
-                    GEN => seen.jobs.push((body, header(&message, "Handoff-Deadline"))),
-                    RELEASE => seen.releases.push((body, header(&message, "Nats-Msg-Id"))),
+                    GEN => seen.jobs.push((body, header("Handoff-Deadline"))),
+                    RELEASE => seen.releases.push((body, header("Nats-Msg-Id"))),
                     _ => seen.replies.push(body),
                 }
             }
@@ -150,10 +132,7 @@ impl Watch {
     /// Waits for `n` outputs in all, then a little longer so that extra
     /// ones would show.
     pub async fn wait(&self, n: usize) {
-        let deadline = Instant::now() + WAIT;
-        while self.count() < n && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        poll_until(WAIT, || async { self.count() >= n }).await;
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 
@@ -383,18 +362,6 @@ pub fn check_cancels(watch: &Watch) {
         "another request is unaffected"
     );
     assert!(!replies.contains_key(KEPT) && !releases.contains_key(KEPT));
-}
-
-/// Waits until `check` holds, for up to [`WAIT`].
-pub async fn until(mut check: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + WAIT;
-    while !check() {
-        if Instant::now() > deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    true
 }
 
 pub fn cancels_counted(worker: &InProcess, event: &str) -> f64 {

@@ -7,12 +7,12 @@
 use crate::common;
 use crate::common::deadline_support::*;
 use crate::common::jetstream_support::{self, LibWorker};
+use crate::common::messages::msgpack;
 use crate::common::worker_support::{self, InProcess, fixed_identity};
 
-use common::Nats;
+use common::{Nats, poll_until};
 use prefill_handoff::ids::{DEFAULT_EPOCH_UNIX_MS, IdLayout};
 use serde_json::json;
-use std::time::{Duration, Instant};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn core_deadlines_are_decided_at_the_handoff() {
@@ -62,10 +62,18 @@ async fn core_cancels_refuse_the_handoff_and_release_the_kv() {
     // The cancel listener and the results are separate subscriptions: the
     // results go once the worker holds the cancels.
     assert!(
-        until(|| cancels_counted(&worker, "recorded") == 3.0).await,
+        poll_until(WAIT, || async {
+            cancels_counted(&worker, "recorded") == 3.0
+        })
+        .await,
         "the worker records the three cancels"
     );
-    assert!(until(|| cancels_counted(&worker, "malformed") == 1.0).await);
+    assert!(
+        poll_until(WAIT, || async {
+            cancels_counted(&worker, "malformed") == 1.0
+        })
+        .await
+    );
     for (id, backend, _) in CANCELLED {
         test.publish(PREFILL, msgpack(&result(id, backend, false)).into())
             .await
@@ -84,7 +92,7 @@ async fn core_cancels_refuse_the_handoff_and_release_the_kv() {
         .await
         .expect("publish");
     assert!(
-        until(|| cancels_counted(&worker, "late") == 1.0).await,
+        poll_until(WAIT, || async { cancels_counted(&worker, "late") == 1.0 }).await,
         "a cancel after the job left is late"
     );
     let report = worker.stop().await;
@@ -186,19 +194,16 @@ async fn jetstream_an_unconsumed_job_leaves_gen_at_its_deadline_on_2_11_and_late
         let mut stream = js.get_stream("LLM_GEN").await.expect("GEN");
         stream.info().await.expect("info").state.messages
     };
-    let mut held = 0;
-    let deadline = Instant::now() + WAIT;
-    while held < 2 && Instant::now() < deadline {
-        held = gen_messages().await;
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(held, 2, "both jobs stored");
+    let held = std::cell::Cell::new(0);
+    poll_until(WAIT, || async {
+        held.set(gen_messages().await);
+        held.get() >= 2
+    })
+    .await;
+    assert_eq!(held.get(), 2, "both jobs stored");
     // Gone within a generous bound after its deadline; the job without a
     // deadline stays.
-    let deadline = Instant::now() + WAIT;
-    while gen_messages().await > 1 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    poll_until(WAIT, || async { gen_messages().await <= 1 }).await;
     let left = jetstream_support::stream_contents(&js, "LLM_GEN").await;
     let ids: Vec<&str> = left.iter().map(|s| s.request_id.as_str()).collect();
     assert_eq!(ids, ["lasting"], "the expired job left GEN");
@@ -228,7 +233,12 @@ async fn core_the_cancel_command_cancels_for_every_worker() {
     });
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     assert_eq!(String::from_utf8_lossy(&out.stdout), "cancelled op-1\n");
-    assert!(until(|| cancels_counted(&worker, "recorded") == 1.0).await);
+    assert!(
+        poll_until(WAIT, || async {
+            cancels_counted(&worker, "recorded") == 1.0
+        })
+        .await
+    );
     test.publish(PREFILL, msgpack(&result("op-1", "vllm", false)).into())
         .await
         .expect("publish");

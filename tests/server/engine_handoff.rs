@@ -7,9 +7,10 @@
 use crate::common;
 use crate::common::deadline_support::*;
 use crate::common::jetstream_support::{self, LibWorker};
+use crate::common::messages::{header, msgpack};
 use crate::common::worker_support::{self, InProcess, fixed_identity};
 
-use common::{Etcd, Nats, Worker};
+use common::{Etcd, Nats, Worker, poll_until};
 use prefill_handoff::config::{Config, MissingDisaggRequestId};
 use prefill_handoff::ids::IdLayout;
 use serde_json::{Value as Json, json};
@@ -291,7 +292,10 @@ async fn core_the_kv_expiry_by_field_header_and_both() {
             .await
             .expect("a job")
             .expect("a message");
-        assert_eq!(header(&job, "Handoff-KV-Expires"), Some(future.to_string()));
+        assert_eq!(
+            header(job.headers.as_ref(), "Handoff-KV-Expires"),
+            Some(future.to_string().as_str())
+        );
     }
     let report = worker.stop().await;
     assert_eq!(report.counts.failed, 0);
@@ -387,7 +391,7 @@ async fn jetstream_a_result_held_for_a_full_gen_is_answered_kv_expired_when_its_
     js_publish(&js, PREFILL, plain(&body)).await;
     let started = Instant::now();
     assert!(
-        until(|| watch.replies().contains_key("held")).await,
+        poll_until(WAIT, || async { watch.replies().contains_key("held") }).await,
         "the held result is answered:\n{}",
         worker.log()
     );

@@ -10,6 +10,7 @@
 
 use crate::common;
 use crate::common::jetstream_support;
+use crate::common::messages::{self, decode_output, header, msgpack};
 use crate::common::worker_support;
 
 use common::{Etcd, Nats, Worker, http_get};
@@ -44,16 +45,12 @@ fn assert_up_and_ready(workers: &mut [(Worker, String)]) {
 /// A valid terminal result: without the hostile header block it would be
 /// answered on `llm.replies.{request_id}`.
 fn terminal(request_id: &str) -> Vec<u8> {
-    worker_support::msgpack(&json!({
-        "request_id": request_id,
-        "reply_to": format!("llm.replies.{request_id}"),
-        "frames": [{"finish_reason": "eos"}],
-    }))
+    msgpack(&messages::terminal(request_id))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 3)]
 async fn core_hostile_header_block_is_dead_lettered_once_and_workers_keep_working() {
-    use worker_support::{Collector, DEAD, PREFILL, header};
+    use worker_support::{Collector, DEAD, PREFILL};
     let nats = Nats::start();
     let etcd = Etcd::start();
     let mut workers = vec![
@@ -148,7 +145,7 @@ async fn jetstream_hostile_header_block_is_dead_lettered_once_and_three_workers_
     assert_up_and_ready(&mut workers);
 
     let inputs: Vec<_> = (0..NORMAL)
-        .map(|i| jetstream_support::terminal(&format!("n{i}")))
+        .map(|i| jetstream_support::Input::terminal(&format!("n{i}")))
         .collect();
     publish_all(&js, &inputs).await;
     assert!(
@@ -264,7 +261,7 @@ async fn id_requests_with_an_unparsable_header_block_are_refused_malformed() {
             "is reserved by the client",
         ),
     ];
-    let body = worker_support::msgpack(&json!({"count": 5}));
+    let body = msgpack(&json!({"count": 5}));
     for (i, (block, why)) in cases.iter().enumerate() {
         let reply = format!("_INBOX.hostile.{i}");
         block_in_place(|| nats.raw_hpub_with_reply(IDS, Some(&reply), block, &body));
@@ -273,7 +270,7 @@ async fn id_requests_with_an_unparsable_header_block_are_refused_malformed() {
             .expect("the ID service answers")
             .expect("an answer");
         assert_eq!(answer.subject.as_str(), reply);
-        let value = worker_support::decode_output(&answer);
+        let value = decode_output(&answer);
         assert_eq!(value["kind"], "error", "{value}");
         assert_eq!(value["error"]["code"], "malformed", "{value}");
         assert_eq!(value["request_id"], serde_json::Value::Null);
@@ -287,10 +284,10 @@ async fn id_requests_with_an_unparsable_header_block_are_refused_malformed() {
     }
 
     let answer = test
-        .request(IDS, worker_support::msgpack(&json!({"count": 2})).into())
+        .request(IDS, msgpack(&json!({"count": 2})).into())
         .await
         .expect("a well-formed request is answered");
-    let value = worker_support::decode_output(&answer);
+    let value = decode_output(&answer);
     assert_eq!(value["ids"].as_array().map(Vec::len), Some(2), "{value}");
 
     let metrics = block_in_place(|| http_get(workers[0].1.as_str(), "/metrics"));

@@ -6,7 +6,7 @@
 use crate::common;
 
 use bytes::Bytes;
-use common::Nats;
+use common::{Nats, poll_until};
 use futures::{FutureExt, StreamExt};
 use prefill_handoff::transport::jetstream::confirm::Confirmer;
 use std::collections::BTreeSet;
@@ -96,16 +96,8 @@ async fn jetstream_confirm_without_a_server_fails_instead_of_hanging() {
 
     // Back again: confirmations succeed once the client has reconnected.
     nats.restart();
-    let confirmed = tokio::time::timeout(HANG, async {
-        loop {
-            if confirmer.confirm().await.is_ok() {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    })
-    .await;
-    assert!(confirmed.is_ok(), "confirmations resume after a restart");
+    let confirmed = poll_until(HANG, || async { confirmer.confirm().await.is_ok() }).await;
+    assert!(confirmed, "confirmations resume after a restart");
 }
 
 /// Returns once the server has processed everything `client` sent before:

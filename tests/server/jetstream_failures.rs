@@ -209,7 +209,7 @@ async fn jetstream_fenced_worker_waits_then_mints_with_its_new_slot() {
     let worker = LibWorker::start(&config, identity.clone()).await;
 
     let mut inputs: Vec<Input> = (0..5).map(|i| needs_mint(&format!("mint-{i}"))).collect();
-    inputs.extend((0..5).map(|i| terminal(&format!("done-{i}"))));
+    inputs.extend((0..5).map(|i| Input::terminal(&format!("done-{i}"))));
     publish_all(&js, &inputs).await;
 
     // Results that need no ID flow while fenced; the others wait.

@@ -9,13 +9,14 @@
 use crate::common;
 use crate::common::worker_support;
 
+use common::messages::{self, header, msgpack};
 use common::otlp::{HungCollector, OtlpReceiver, ReceivedSpan};
 use common::{Etcd, Nats, Worker, free_port, http_get, prometheus_samples};
 use futures::StreamExt as _;
 use serde_json::json;
 use std::time::Duration;
 use tokio::task::block_in_place;
-use worker_support::{DEAD, GEN, PREFILL, client, header, msgpack};
+use worker_support::{DEAD, GEN, PREFILL, client};
 
 const START: Duration = Duration::from_secs(30);
 const SPANS: Duration = Duration::from_secs(30);
@@ -58,12 +59,11 @@ fn decode_job(request_id: &str, reply: &str) -> Vec<u8> {
     }))
 }
 
+/// A terminal result answered on `reply`.
 fn terminal(request_id: &str, reply: &str) -> Vec<u8> {
-    msgpack(&json!({
-        "request_id": request_id,
-        "reply_to": reply,
-        "frames": [{"token_ids": [2], "finish_reason": "eos"}],
-    }))
+    let mut result = messages::terminal(request_id);
+    result["reply_to"] = reply.into();
+    msgpack(&result)
 }
 
 /// Not a map: a dead letter (`malformed`).
@@ -423,7 +423,7 @@ async fn collector_down_costs_no_output_and_no_memory_and_is_counted() {
     let failed = r#"handoff_otel_spans_dropped_total{reason="export_failed"}"#;
     let full = r#"handoff_otel_spans_dropped_total{reason="queue_full"}"#;
     let dropped = block_in_place(|| {
-        common::eventually(Duration::from_secs(20), || {
+        common::poll_until_blocking(Duration::from_secs(20), || {
             metric(&metrics, failed) + metric(&metrics, full) >= (ROUNDS * PER_ROUND) as f64
         });
         metric(&metrics, failed) + metric(&metrics, full)

@@ -6,12 +6,11 @@ use crate::common;
 use crate::common::worker_support;
 
 use common::Nats;
+use common::messages::{header, msgpack};
 use serde_json::json;
 use std::time::Duration;
 use worker_support::cases::{self, Case};
-use worker_support::{
-    Collector, DEAD, GEN, InProcess, PREFILL, client, config, fixed_identity, header, msgpack,
-};
+use worker_support::{Collector, DEAD, GEN, InProcess, PREFILL, client, config, fixed_identity};
 
 const WAIT: Duration = Duration::from_secs(20);
 

@@ -2,14 +2,14 @@
 
 use super::traffic::{Expect, Input, mixed, publish_all, request_id_of};
 use super::{DEAD, GEN};
-use crate::common::Nats;
+use crate::common::{Nats, poll_until};
 use async_nats::Client;
 use async_nats::HeaderMap;
 use async_nats::jetstream::{self, stream::Stream};
 use futures::StreamExt;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// One output seen on a core subscription.
 #[derive(Debug, Clone)]
@@ -64,14 +64,7 @@ impl Collector {
 
     /// Waits until at least `n` outputs were seen; false on timeout.
     pub async fn wait_for(&self, n: usize, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
-        while Instant::now() < deadline {
-            if self.len() >= n {
-                return true;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        self.len() >= n
+        poll_until(timeout, || async { self.len() >= n }).await
     }
 
     /// Outputs per request ID and kind.
@@ -306,34 +299,27 @@ pub async fn consumer_counters(js: &jetstream::Context) -> (usize, usize, u64) {
 /// Waits until the shared consumer has redelivered at least `at_least`
 /// messages (an event to wait for instead of a fixed sleep).
 pub async fn wait_redelivered(js: &jetstream::Context, at_least: usize, timeout: Duration) -> bool {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if consumer_counters(js).await.1 >= at_least {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    false
+    poll_until(timeout, || async {
+        consumer_counters(js).await.1 >= at_least
+    })
+    .await
 }
 
 /// Waits until the work queue is empty and nothing is pending an ack.
 pub async fn wait_drained(js: &jetstream::Context, timeout: Duration) -> bool {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
+    poll_until(timeout, || async {
         if let Ok(stream) = js.get_stream("LLM_PREFILL").await
             && let (Ok(info), Ok(c)) = (
                 stream.get_info().await,
                 stream.consumer_info("handoff").await,
             )
-            && info.state.messages == 0
-            && c.num_ack_pending == 0
-            && c.num_pending == 0
         {
-            return true;
+            info.state.messages == 0 && c.num_ack_pending == 0 && c.num_pending == 0
+        } else {
+            false
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    false
+    })
+    .await
 }
 
 /// How many deliveries the shared consumer has made (redeliveries included).
@@ -362,18 +348,16 @@ pub async fn queue_state(js: &jetstream::Context) -> String {
 
 /// Waits until the consumer has delivered and settled everything.
 pub async fn wait_consumed(js: &jetstream::Context, timeout: Duration) -> bool {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
+    poll_until(timeout, || async {
         if let Ok(stream) = js.get_stream("LLM_PREFILL").await
             && let Ok(c) = stream.consumer_info("handoff").await
-            && c.num_ack_pending == 0
-            && c.num_pending == 0
         {
-            return true;
+            c.num_ack_pending == 0 && c.num_pending == 0
+        } else {
+            false
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    false
+    })
+    .await
 }
 
 /// `stored` (from [`all_outputs`]) plus the replies and dead letters only

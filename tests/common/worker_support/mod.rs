@@ -6,7 +6,7 @@
 
 pub mod cases;
 
-use async_nats::{Client, HeaderMap, Message};
+use async_nats::{Client, Message};
 use futures::StreamExt;
 use prefill_handoff::config::{Config, MissingDisaggRequestId};
 use prefill_handoff::identity::Identity;
@@ -173,24 +173,5 @@ impl Collector {
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
         self.outputs()
-    }
-}
-
-/// A header's value, by exact name.
-pub fn header<'a>(headers: Option<&'a HeaderMap>, name: &str) -> Option<&'a str> {
-    headers?.get(name).map(|v| v.as_str())
-}
-
-/// MessagePack (named fields) of a JSON value.
-pub fn msgpack(value: &serde_json::Value) -> Vec<u8> {
-    rmp_serde::to_vec_named(value).expect("encode msgpack")
-}
-
-/// A MessagePack or JSON output, as a JSON value.
-pub fn decode_output(message: &Message) -> serde_json::Value {
-    if header(message.headers.as_ref(), "Content-Type") == Some("application/json") {
-        serde_json::from_slice(&message.payload).expect("JSON output")
-    } else {
-        rmp_serde::from_slice(&message.payload).expect("MessagePack output")
     }
 }
