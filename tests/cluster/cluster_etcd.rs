@@ -123,8 +123,16 @@ async fn an_etcd_leader_killed_under_load_is_invisible_to_clients() {
             .await
             .expect("publish");
     }
+    let settled = || async {
+        for worker in &workers {
+            if !worker.settled().await {
+                return false;
+            }
+        }
+        true
+    };
     let outputs = collector
-        .wait_outputs(RESULTS, Duration::from_secs(60))
+        .wait_outputs(RESULTS, Duration::from_secs(60), settled)
         .await;
 
     // Every result has its one output, and none is identity_unavailable.

@@ -230,6 +230,10 @@ impl EtcdCluster {
     }
 
     /// Every client URL, comma-separated: what `etcd.endpoints` takes.
+    #[allow(
+        dead_code,
+        reason = "the cluster tests use it; the server binary includes this module for its own cluster checks"
+    )]
     pub fn endpoints(&self) -> String {
         (0..3)
             .map(|i| self.endpoint(i))
@@ -268,6 +272,10 @@ impl EtcdCluster {
     }
 
     /// Runs `etcdctl` against the running members; `None` when it fails.
+    #[allow(
+        dead_code,
+        reason = "the cluster tests use it; the server binary includes this module for its own cluster checks"
+    )]
     pub fn etcdctl(&self, args: &[&str]) -> Option<String> {
         self.etcdctl_at(&self.running_endpoints(), args)
     }
@@ -320,6 +328,10 @@ impl EtcdCluster {
         self.spawn(i);
     }
 
+    #[allow(
+        dead_code,
+        reason = "the cluster tests use it; the server binary includes this module for its own cluster checks"
+    )]
     pub fn log(&self, i: usize) -> String {
         std::fs::read_to_string(
             self.dir

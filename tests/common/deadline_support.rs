@@ -2,8 +2,6 @@
 //! prefill results with deadlines for the three engine shapes, cancel
 //! messages, and a watch on the reply, GEN and KV release subjects.
 
-#![allow(dead_code)]
-
 use crate::common::messages::{decode_output, header, msgpack};
 use crate::common::poll_until;
 use crate::common::worker_support::InProcess;
@@ -12,7 +10,7 @@ use futures::StreamExt;
 use serde_json::{Value as Json, json};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 pub const GEN: &str = "llm.gen.jobs";
 pub const RELEASE: &str = "llm.kv.release";
@@ -91,37 +89,75 @@ pub struct Seen {
     pub replies: Vec<Json>,
     pub jobs: Vec<(Json, Option<String>)>,
     pub releases: Vec<(Json, Option<String>)>,
+    /// The subjects of the fences that came back ([`Watch::fence`]).
+    fences: Vec<String>,
 }
+
+/// Where a [`Watch`] sends its fences: under `llm.>`, which it subscribes
+/// to, on a subject no worker uses.
+const FENCE: &str = "llm.test-fence";
 
 /// Everything on the reply, GEN and release subjects, in arrival order.
 pub struct Watch {
     pub seen: Arc<Mutex<Seen>>,
-    pub _task: tokio::task::JoinHandle<()>,
+    client: Client,
+    _task: tokio::task::JoinHandle<()>,
 }
 
 impl Watch {
+    /// Subscribes on `client`; returns once the server has the subscription
+    /// (a fence came back through it).
     pub async fn start(client: &Client) -> Watch {
-        let mut subs = futures::stream::SelectAll::new();
-        for subject in ["llm.replies.>", GEN, RELEASE] {
-            subs.push(client.subscribe(subject).await.expect("subscribe"));
-        }
-        // The server has the subscriptions (a flush only writes the socket).
-        crate::common::worker_support::round_trip(client).await;
+        // One subscription, so that a fence is seen after everything the
+        // server routed before it.
+        let mut sub = client.subscribe("llm.>").await.expect("subscribe");
         let seen = Arc::new(Mutex::new(Seen::default()));
         let sink = seen.clone();
         let task = tokio::spawn(async move {
-            while let Some(message) = subs.next().await {
-                let body = decode_output(&message);
+            while let Some(message) = sub.next().await {
+                let subject = message.subject.as_str();
                 let header = |name| header(message.headers.as_ref(), name).map(str::to_string);
                 let mut seen = sink.lock().unwrap();
-                match message.subject.as_str() {
-                    GEN => seen.jobs.push((body, header("Handoff-Deadline"))),
-                    RELEASE => seen.releases.push((body, header("Nats-Msg-Id"))),
-                    _ => seen.replies.push(body),
+                match subject {
+                    GEN => seen
+                        .jobs
+                        .push((decode_output(&message), header("Handoff-Deadline"))),
+                    RELEASE => seen
+                        .releases
+                        .push((decode_output(&message), header("Nats-Msg-Id"))),
+                    s if s.starts_with("llm.replies.") => {
+                        seen.replies.push(decode_output(&message))
+                    }
+                    s if s.starts_with(FENCE) => seen.fences.push(s.to_string()),
+                    // What the test publishes: results, cancels.
+                    _ => {}
                 }
             }
         });
-        Watch { seen, _task: task }
+        let watch = Watch {
+            seen,
+            client: client.clone(),
+            _task: task,
+        };
+        watch.fence().await;
+        watch
+    }
+
+    /// Returns once this watch has recorded everything the server had
+    /// routed to it before the call: a message on a fresh fence subject,
+    /// sent through the server, is seen after all of them (a flush would
+    /// only write the socket).
+    pub async fn fence(&self) {
+        let subject = format!("{FENCE}.{}", self.client.new_inbox());
+        self.client
+            .publish(subject.clone(), "".into())
+            .await
+            .expect("publish a fence");
+        let back = poll_until(WAIT, || async {
+            self.seen.lock().unwrap().fences.contains(&subject)
+        })
+        .await;
+        assert!(back, "the fence {subject} came back");
     }
 
     pub fn count(&self) -> usize {
@@ -129,26 +165,13 @@ impl Watch {
         seen.replies.len() + seen.jobs.len() + seen.releases.len()
     }
 
-    /// Waits for `n` outputs in all, then a little longer so that extra
-    /// ones would show.
-    pub async fn wait(&self, n: usize) {
-        poll_until(WAIT, || async { self.count() >= n }).await;
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-
-    /// Waits until no output has come for half a second (at most
-    /// [`WAIT`]).
-    pub async fn wait_still(&self) {
-        let deadline = Instant::now() + WAIT;
-        let mut last = self.count();
-        while Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            let now = self.count();
-            if now == last {
-                return;
-            }
-            last = now;
-        }
+    /// Waits for `n` outputs in all and for `settled` to say, from the
+    /// counters of the worker or the server, that nothing more is coming;
+    /// then fences, so that everything published is here, extra outputs
+    /// included.
+    pub async fn wait<F: Future<Output = bool>>(&self, n: usize, settled: impl Fn() -> F) {
+        poll_until(WAIT, || async { self.count() >= n && settled().await }).await;
+        self.fence().await;
     }
 
     /// The error code of each reply, or "terminal", by request ID.

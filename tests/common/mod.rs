@@ -7,8 +7,6 @@
 //! `/usr/sbin/nats-server` when present, else `nats-server` on PATH),
 //! `HANDOFF_TEST_ETCD` (default `etcd`).
 
-#![allow(dead_code)]
-
 pub mod cluster;
 pub mod deadline_support;
 pub mod fault_proxy;

@@ -34,7 +34,7 @@ async fn core_deadlines_are_decided_at_the_handoff() {
         .expect("publish");
     }
     let expected = cases.len() + cases.iter().filter(|c| c.3).count();
-    watch.wait(expected).await;
+    watch.wait(expected, || worker.settled()).await;
     check_deadline_cases(&watch, &cases, now + 600_000);
     assert_eq!(watch.count(), expected, "nothing else was published");
     let report = worker.stop().await;
@@ -82,7 +82,9 @@ async fn core_cancels_refuse_the_handoff_and_release_the_kv() {
     test.publish(PREFILL, msgpack(&result(KEPT, "trtllm", false)).into())
         .await
         .expect("publish");
-    watch.wait(CANCELLED.len() * 2 + 1).await;
+    watch
+        .wait(CANCELLED.len() * 2 + 1, || worker.settled())
+        .await;
     check_cancels(&watch);
     assert_eq!(watch.count(), CANCELLED.len() * 2 + 1);
 
@@ -130,7 +132,9 @@ async fn jetstream_deadlines_and_cancels_kept_while_no_worker_ran() {
 
     let worker = LibWorker::start(&config, jetstream_support::fixed_identity(8)).await;
     let expected = CANCELLED.len() * 2 + 1 + cases.len() + cases.iter().filter(|c| c.3).count();
-    watch.wait(expected).await;
+    watch
+        .wait(expected, || jetstream_support::drained(&js))
+        .await;
     check_cancels(&watch);
     check_deadline_cases(&watch, &cases, now + 600_000);
     assert_eq!(watch.count(), expected, "nothing else was published");
@@ -158,7 +162,7 @@ async fn jetstream_a_redelivery_after_the_deadline_is_deadline_exceeded() {
     let body = with_deadline(result("late", "trtllm", false), json!(deadline));
     js_publish(&js, PREFILL, plain(&body)).await;
 
-    watch.wait(2).await;
+    watch.wait(2, || jetstream_support::drained(&js)).await;
     assert_eq!(
         watch.replies().get("late"),
         Some(&vec!["deadline_exceeded".to_string()])
@@ -242,7 +246,7 @@ async fn core_the_cancel_command_cancels_for_every_worker() {
     test.publish(PREFILL, msgpack(&result("op-1", "vllm", false)).into())
         .await
         .expect("publish");
-    watch.wait(2).await;
+    watch.wait(2, || worker.settled()).await;
     assert_eq!(
         watch.replies().get("op-1"),
         Some(&vec!["cancelled".to_string()])

@@ -50,7 +50,7 @@ fn terminal(request_id: &str) -> Vec<u8> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 3)]
 async fn core_hostile_header_block_is_dead_lettered_once_and_workers_keep_working() {
-    use worker_support::{Collector, DEAD, PREFILL};
+    use worker_support::{Collector, DEAD, PREFILL, outputs_counted};
     let nats = Nats::start();
     let etcd = Etcd::start();
     let mut workers = vec![
@@ -61,7 +61,17 @@ async fn core_hostile_header_block_is_dead_lettered_once_and_workers_keep_workin
     let collector = Collector::start(&test).await;
 
     block_in_place(|| nats.raw_hpub(PREFILL, HOSTILE_BLOCK, &terminal("hostile")));
-    let outputs = collector.wait_outputs(1, Duration::from_secs(20)).await;
+    let metrics: Vec<String> = workers.iter().map(|(_, m)| m.clone()).collect();
+    // Settled: the workers' counters add up to `n` results answered.
+    let answered = |n: usize| {
+        let metrics = &metrics;
+        move || async move {
+            block_in_place(|| metrics.iter().map(|m| outputs_counted(m)).sum::<u64>()) >= n as u64
+        }
+    };
+    let outputs = collector
+        .wait_outputs(1, Duration::from_secs(20), answered(1))
+        .await;
     let dead: Vec<_> = outputs
         .iter()
         .filter(|m| m.subject.as_str() == DEAD)
@@ -82,7 +92,7 @@ async fn core_hostile_header_block_is_dead_lettered_once_and_workers_keep_workin
     }
     test.flush().await.expect("flush");
     let outputs = collector
-        .wait_outputs(NORMAL + 1, Duration::from_secs(60))
+        .wait_outputs(NORMAL + 1, Duration::from_secs(60), answered(NORMAL + 1))
         .await;
     let mut replies: Vec<&str> = outputs
         .iter()

@@ -2,8 +2,6 @@
 //! run in the test process (library level), a mixed traffic generator
 //! (`traffic.rs`), and ways to observe outputs and the queue (`observe.rs`).
 
-#![allow(dead_code)]
-
 mod observe;
 mod traffic;
 

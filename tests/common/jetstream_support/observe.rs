@@ -305,21 +305,26 @@ pub async fn wait_redelivered(js: &jetstream::Context, at_least: usize, timeout:
     .await
 }
 
-/// Waits until the work queue is empty and nothing is pending an ack.
+/// Waits until the work queue is empty and nothing is pending an ack
+/// ([`drained`]).
 pub async fn wait_drained(js: &jetstream::Context, timeout: Duration) -> bool {
-    poll_until(timeout, || async {
-        if let Ok(stream) = js.get_stream("LLM_PREFILL").await
-            && let (Ok(info), Ok(c)) = (
-                stream.get_info().await,
-                stream.consumer_info("handoff").await,
-            )
-        {
-            info.state.messages == 0 && c.num_ack_pending == 0 && c.num_pending == 0
-        } else {
-            false
-        }
-    })
-    .await
+    poll_until(timeout, || drained(js)).await
+}
+
+/// True when the server's counters say the work queue is done: the prefill
+/// stream is empty, and its consumer has nothing pending and nothing
+/// waiting for an ack.
+pub async fn drained(js: &jetstream::Context) -> bool {
+    if let Ok(stream) = js.get_stream("LLM_PREFILL").await
+        && let (Ok(info), Ok(c)) = (
+            stream.get_info().await,
+            stream.consumer_info("handoff").await,
+        )
+    {
+        info.state.messages == 0 && c.num_ack_pending == 0 && c.num_pending == 0
+    } else {
+        false
+    }
 }
 
 /// How many deliveries the shared consumer has made (redeliveries included).

@@ -5,8 +5,6 @@
 //! deterministic ID source, so tests can name the minted ID exactly; tests
 //! that need the real one use `Identity::fixed` or a fenced `Identity::new`.
 
-#![allow(dead_code)]
-
 pub mod invariants;
 
 use prefill_handoff::config::{Config, MissingDisaggRequestId};

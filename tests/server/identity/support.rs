@@ -1,8 +1,6 @@
 //! Helpers shared by the identity tests: a config pointing at the harness's
 //! etcd, an etcd client for the test's own reads and writes, and waiting.
 
-#![allow(dead_code)]
-
 use crate::common::Etcd;
 use etcd_client::{Client, GetOptions, PutOptions, Txn, TxnOp};
 use prefill_handoff::config::{Config, EtcdConfig};
