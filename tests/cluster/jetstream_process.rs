@@ -117,7 +117,7 @@ async fn jetstream_process_sigkill_of_one_of_three_workers_loses_nothing() {
         "work queue not drained: {}",
         queue_state(&js).await
     );
-    check_run(&js, &inputs, None, "after SIGKILL").await;
+    check_stored(&js, &inputs, None, "after SIGKILL").await;
     let republished = collector
         .counts()
         .iter()
@@ -175,7 +175,7 @@ async fn jetstream_process_sigterm_under_load_exits_0_and_loses_nothing() {
         "work queue not drained: {}",
         queue_state(&js).await
     );
-    check_run(&js, &inputs, None, "after SIGTERM under load").await;
+    check_stored(&js, &inputs, None, "after SIGTERM under load").await;
     staying.sigterm();
     assert_eq!(
         staying.wait_exit(Duration::from_secs(20)),

@@ -13,7 +13,7 @@ use crate::common::jetstream_support;
 use crate::common::messages::{self, decode_output, header, msgpack};
 use crate::common::worker_support;
 
-use common::{Etcd, Nats, Worker, http_get};
+use common::{Etcd, Nats, Worker, http_get, poll_until};
 use serde_json::json;
 use std::time::Duration;
 use tokio::task::block_in_place;
@@ -31,6 +31,34 @@ const NORMAL: usize = 1_000;
 fn spawn_ready(nats: &Nats, etcd: &Etcd, mode: &str) -> (Worker, String) {
     let settings = ["jetstream.ack_wait_secs=2", "jetstream.nak_delay_ms=100"];
     block_in_place(|| Worker::run_ready(nats, etcd, mode, &settings, &[]))
+}
+
+/// Waits until the workers' counters account for every delivery the
+/// consumer made (`handoff_outputs_total` summed against its delivered
+/// sequence): with the work queue drained, a redelivery of a result already
+/// acked has been answered too, so a duplicate would be among the outputs.
+async fn every_delivery_answered(
+    js: &async_nats::jetstream::Context,
+    workers: &[(Worker, String)],
+) {
+    let answered = || {
+        block_in_place(|| {
+            workers
+                .iter()
+                .map(|(_, metrics)| worker_support::outputs_counted(metrics))
+                .sum::<u64>()
+        })
+    };
+    let settled = poll_until(Duration::from_secs(30), || async {
+        answered() >= jetstream_support::deliveries(js).await
+    })
+    .await;
+    assert!(
+        settled,
+        "{} outputs counted for {} deliveries",
+        answered(),
+        jetstream_support::deliveries(js).await
+    );
 }
 
 /// Every worker is still running and `/readyz` answers 200.
@@ -163,8 +191,7 @@ async fn jetstream_hostile_header_block_is_dead_lettered_once_and_three_workers_
         "work queue not drained: {}",
         queue_state(&js).await
     );
-    // Longer than the ack wait (2 s): a redelivery would show.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    every_delivery_answered(&js, &workers).await;
     let mut expected = inputs.clone();
     expected.push(jetstream_support::Input {
         request_id: "hostile".into(),
@@ -236,8 +263,7 @@ async fn jetstream_forged_status_lines_are_handled_as_messages() {
         "{}",
         queue_state(&js).await
     );
-    // Longer than the ack wait (2 s): a redelivery would show.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    every_delivery_answered(&js, &workers).await;
     let outputs = all_outputs(&js).await;
     let duplicates = check_outputs(&inputs, &outputs);
     assert!(

@@ -59,7 +59,7 @@ async fn jetstream_worker_dying_mid_run_loses_nothing() {
         "work queue not drained: {}",
         queue_state(&js).await
     );
-    check_run(&js, &inputs, None, "after a worker crash").await;
+    check_stored(&js, &inputs, None, "after a worker crash").await;
     assert_eq!(prefill_left(&js).await, 0);
     let (_, redelivered, _) = consumer_counters(&js).await;
     println!("consumer redeliveries: {redelivered}");

@@ -151,12 +151,15 @@ pub async fn stream_contents(js: &jetstream::Context, name: &str) -> Vec<Seen> {
     out
 }
 
+/// Where [`fence_outputs`] publishes into the capture stream.
+const OUTPUTS_FENCE: &str = "test.harness.outputs-fence";
+
 /// A stream that stores every reply and dead letter, so that outputs
 /// published while a test's own connection is down are still counted.
 pub async fn capture_outputs(js: &jetstream::Context) {
     js.create_stream(jetstream::stream::Config {
         name: "OUTPUTS".into(),
-        subjects: vec!["llm.replies.>".into(), DEAD.into()],
+        subjects: vec!["llm.replies.>".into(), DEAD.into(), OUTPUTS_FENCE.into()],
         storage: jetstream::stream::StorageType::File,
         ..Default::default()
     })
@@ -210,18 +213,6 @@ pub fn check_outputs(inputs: &[Input], seen: &[Seen]) -> Vec<(String, Expect, us
         .collect()
 }
 
-/// [`check_stored`], a few seconds after the work queue settled so that
-/// the last outputs have landed.
-pub async fn check_run(
-    js: &jetstream::Context,
-    inputs: &[Input],
-    live: Option<&Collector>,
-    what: &str,
-) -> Vec<(String, Expect, usize)> {
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    check_stored(js, inputs, live, what).await
-}
-
 /// A run's outputs ([`all_outputs`]: GEN holds each decode job once)
 /// checked against `inputs` ([`check_outputs`]); with `live`, the replies
 /// and dead letters only that collector saw count too
@@ -251,7 +242,7 @@ pub async fn check_stored(
 /// The nats-server restart under load, whoever the workers are: 10,000
 /// mixed results published, the server restarted gracefully once a fifth
 /// of them are answered; then everything is delivered and acked within
-/// `consumed_within`, every result has its output ([`check_run`], the live
+/// `consumed_within`, every result has its output ([`check_stored`], the live
 /// outputs counted too), and the work queue drains (acked messages the
 /// restarted server kept are swept by the idle workers).
 pub async fn restart_mid_run(
@@ -271,7 +262,7 @@ pub async fn restart_mid_run(
         "not everything was delivered and acked after the restart: {}",
         queue_state(js).await
     );
-    check_run(js, &inputs, Some(collector), "after a nats-server restart").await;
+    check_stored(js, &inputs, Some(collector), "after a nats-server restart").await;
     let left = prefill_left(js).await;
     if left > 0 {
         println!("{left} acked messages kept by the restarted server; waiting for the sweep");
@@ -383,11 +374,24 @@ pub fn with_live_outputs(mut stored: Vec<Seen>, collector: &Collector) -> Vec<Se
     stored
 }
 
+/// Returns once the capture stream has stored every output the server had
+/// routed before the call: the stream stores what it captures in the order
+/// the server routed it, and this fence's ack comes after it is stored.
+pub async fn fence_outputs(js: &jetstream::Context) {
+    js.publish(OUTPUTS_FENCE, "".into())
+        .await
+        .expect("publish the capture stream's fence")
+        .await
+        .expect("the capture stream stores its fence");
+}
+
 /// Every output of a run: the replies and dead letters captured in the
-/// `OUTPUTS` stream plus one [`Seen`] per decode job stored in the GEN
+/// `OUTPUTS` stream (behind a [`fence_outputs`], so every one routed before
+/// the call is in) plus one [`Seen`] per decode job stored in the GEN
 /// stream. Asserts that the GEN stream holds each decode job once (the
 /// `Nats-Msg-Id` duplicate window at work).
 pub async fn all_outputs(js: &jetstream::Context) -> Vec<Seen> {
+    fence_outputs(js).await;
     let gen_ids = gen_stream_request_ids(js).await;
     let mut unique = gen_ids.clone();
     unique.sort();
@@ -398,6 +402,7 @@ pub async fn all_outputs(js: &jetstream::Context) -> Vec<Seen> {
         "GEN stream holds each decode job once"
     );
     let mut outputs = stream_contents(js, "OUTPUTS").await;
+    outputs.retain(|s| s.subject != OUTPUTS_FENCE);
     outputs.extend(gen_ids.into_iter().map(|request_id| Seen {
         kind: Expect::Gen,
         subject: GEN.into(),
