@@ -769,3 +769,14 @@ pub fn prometheus_samples(text: &str) -> std::collections::BTreeMap<String, f64>
         })
         .collect()
 }
+
+/// The results a worker has answered, by its metrics exposition: its
+/// `handoff_outputs_total`, every outcome summed.
+pub fn outputs_total(exposition: &str) -> u64 {
+    let total: f64 = prometheus_samples(exposition)
+        .iter()
+        .filter(|(series, _)| series.starts_with("handoff_outputs_total{"))
+        .map(|(_, value)| value)
+        .sum();
+    total as u64
+}

@@ -13,7 +13,7 @@ use crate::common::jetstream_support;
 use crate::common::messages::{self, decode_output, header, msgpack};
 use crate::common::worker_support;
 
-use common::{Etcd, Nats, Worker, http_get, poll_until};
+use common::{Etcd, Nats, Worker, http_get};
 use serde_json::json;
 use std::time::Duration;
 use tokio::task::block_in_place;
@@ -33,10 +33,8 @@ fn spawn_ready(nats: &Nats, etcd: &Etcd, mode: &str) -> (Worker, String) {
     block_in_place(|| Worker::run_ready(nats, etcd, mode, &settings, &[]))
 }
 
-/// Waits until the workers' counters account for every delivery the
-/// consumer made (`handoff_outputs_total` summed against its delivered
-/// sequence): with the work queue drained, a redelivery of a result already
-/// acked has been answered too, so a duplicate would be among the outputs.
+/// Waits until the workers' output counters account for every delivery
+/// ([`jetstream_support::wait_every_delivery_answered`]).
 async fn every_delivery_answered(
     js: &async_nats::jetstream::Context,
     workers: &[(Worker, String)],
@@ -49,16 +47,10 @@ async fn every_delivery_answered(
                 .sum::<u64>()
         })
     };
-    let settled = poll_until(Duration::from_secs(30), || async {
-        answered() >= jetstream_support::deliveries(js).await
-    })
-    .await;
-    assert!(
-        settled,
-        "{} outputs counted for {} deliveries",
-        answered(),
-        jetstream_support::deliveries(js).await
-    );
+    let settled =
+        jetstream_support::wait_every_delivery_answered(js, Duration::from_secs(30), answered)
+            .await;
+    assert!(settled, "{}", jetstream_support::queue_state(js).await);
 }
 
 /// Every worker is still running and `/readyz` answers 200.

@@ -21,37 +21,74 @@ pub struct Seen {
     pub headers: Option<HeaderMap>,
 }
 
+/// Where a [`Collector`] sends its fences: under `llm.>`, which it
+/// subscribes to, on a subject no worker uses and no stream captures.
+const FENCE: &str = "llm.test-fence";
+
 /// Every output published on GEN, the reply subjects and the dead-letter subject.
 #[derive(Clone)]
 pub struct Collector {
     seen: Arc<Mutex<Vec<Seen>>>,
+    fences: Arc<Mutex<Vec<String>>>,
+    client: Client,
 }
 
 impl Collector {
+    /// Subscribes on `client`; returns once the server has the subscription
+    /// (a fence came back through it).
     pub async fn start(client: &Client) -> Collector {
         let seen = Arc::new(Mutex::new(Vec::new()));
-        for (subject, kind) in [
-            (GEN, Expect::Gen),
-            ("llm.replies.>", Expect::Reply),
-            (DEAD, Expect::Dead),
-        ] {
-            let mut sub = client.subscribe(subject).await.expect("subscribe");
-            let seen = seen.clone();
-            tokio::spawn(async move {
-                while let Some(m) = sub.next().await {
-                    let request_id = request_id_of(&m.payload, m.headers.as_ref());
-                    seen.lock().unwrap().push(Seen {
-                        kind,
-                        subject: m.subject.to_string(),
-                        request_id,
-                        payload: m.payload.to_vec(),
-                        headers: m.headers.clone(),
-                    });
-                }
-            });
-        }
-        client.flush().await.expect("flush subscriptions");
-        Collector { seen }
+        let fences = Arc::new(Mutex::new(Vec::new()));
+        // One subscription, so that a fence is seen after everything the
+        // server routed before it.
+        let mut sub = client.subscribe("llm.>").await.expect("subscribe");
+        let (sink, fenced) = (seen.clone(), fences.clone());
+        tokio::spawn(async move {
+            while let Some(m) = sub.next().await {
+                let kind = match m.subject.as_str() {
+                    GEN => Expect::Gen,
+                    DEAD => Expect::Dead,
+                    s if s.starts_with("llm.replies.") => Expect::Reply,
+                    s if s.starts_with(FENCE) => {
+                        fenced.lock().unwrap().push(s.to_string());
+                        continue;
+                    }
+                    // What the test publishes: results, cancels.
+                    _ => continue,
+                };
+                let request_id = request_id_of(&m.payload, m.headers.as_ref());
+                sink.lock().unwrap().push(Seen {
+                    kind,
+                    subject: m.subject.to_string(),
+                    request_id,
+                    payload: m.payload.to_vec(),
+                    headers: m.headers.clone(),
+                });
+            }
+        });
+        let collector = Collector {
+            seen,
+            fences,
+            client: client.clone(),
+        };
+        collector.fence().await;
+        collector
+    }
+
+    /// Returns once this collector has recorded everything the server had
+    /// routed to it before the call: a message on a fresh fence subject,
+    /// sent through the server, is seen after all of them.
+    pub async fn fence(&self) {
+        let subject = format!("{FENCE}.{}", self.client.new_inbox());
+        self.client
+            .publish(subject.clone(), "".into())
+            .await
+            .expect("publish a fence");
+        let back = poll_until(Duration::from_secs(30), || async {
+            self.fences.lock().unwrap().contains(&subject)
+        })
+        .await;
+        assert!(back, "the fence {subject} came back");
     }
 
     pub fn len(&self) -> usize {
@@ -285,6 +322,19 @@ pub async fn consumer_counters(js: &jetstream::Context) -> (usize, usize, u64) {
     let stream = js.get_stream("LLM_PREFILL").await.expect("prefill stream");
     let info = stream.consumer_info("handoff").await.expect("consumer");
     (info.num_ack_pending, info.num_redelivered, info.num_pending)
+}
+
+/// Waits until `answered` (the workers' output counters, summed) accounts
+/// for every delivery the consumer has made: with the work queue drained, a
+/// redelivery of a result already acked has then been answered too, so a
+/// duplicate would be among the outputs. For traffic whose every delivery
+/// gets an output (no deferrals).
+pub async fn wait_every_delivery_answered(
+    js: &jetstream::Context,
+    timeout: Duration,
+    answered: impl Fn() -> u64,
+) -> bool {
+    poll_until(timeout, || async { answered() >= deliveries(js).await }).await
 }
 
 /// Waits until the shared consumer has redelivered at least `at_least`

@@ -4,7 +4,7 @@
 
 pub mod cases;
 
-use crate::common::{http_get, poll_until, prometheus_samples};
+use crate::common::{http_get, outputs_total, poll_until};
 use async_nats::{Client, Message};
 use futures::StreamExt;
 use prefill_handoff::config::{Config, MissingDisaggRequestId};
@@ -241,11 +241,5 @@ impl Collector {
 /// The results a worker process has answered, by its metrics at
 /// `metrics_addr` (`handoff_outputs_total`, every outcome). Blocking.
 pub fn outputs_counted(metrics_addr: &str) -> u64 {
-    let samples = prometheus_samples(&http_get(metrics_addr, "/metrics").body);
-    let total: f64 = samples
-        .iter()
-        .filter(|(series, _)| series.starts_with("handoff_outputs_total{"))
-        .map(|(_, value)| value)
-        .sum();
-    total as u64
+    outputs_total(&http_get(metrics_addr, "/metrics").body)
 }
