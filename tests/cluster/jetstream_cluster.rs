@@ -11,8 +11,8 @@ use async_nats::jetstream;
 use common::cluster::NatsCluster;
 use common::poll_until;
 use jetstream_support::{
-    Collector, Expect, Input, LibWorker, PREFILL, check_outputs, fixed_identity, mixed, setup,
-    stream_contents, wait_drained,
+    Collector, Expect, Input, LibWorker, PREFILL, check_outputs, count, fixed_identity, mixed,
+    setup, stream_contents, wait_drained,
 };
 use prefill_handoff::config::{Config, MissingDisaggRequestId, Mode};
 use std::collections::BTreeMap;
@@ -152,9 +152,21 @@ async fn jetstream_cluster_prefill_stream_leader_killed_loses_nothing() {
     let twice: Vec<_> = in_gen.iter().filter(|(_, n)| **n > 1).collect();
     assert!(twice.is_empty(), "GEN holds decode jobs twice: {twice:?}");
 
-    // Decode jobs as GEN stored them; the rest as the collector saw them.
+    // Decode jobs as GEN stored them; the rest as the collector saw them,
+    // once it has seen each (the last ones may still be crossing a route),
+    // and behind a fence.
+    let live: Vec<(String, Expect)> = inputs
+        .iter()
+        .filter(|i| i.expect != Expect::Gen)
+        .map(|i| (i.request_id.clone(), i.expect))
+        .collect();
+    poll_until(Duration::from_secs(30), || async {
+        let seen = count(&collector.all());
+        live.iter().all(|key| seen.contains_key(key))
+    })
+    .await;
+    collector.fence().await;
     let mut seen = gen_jobs;
-    tokio::time::sleep(Duration::from_secs(1)).await;
     seen.extend(
         collector
             .all()
