@@ -27,7 +27,8 @@ async fn jetstream_confirm_every_concurrent_publish_is_at_the_server_when_confir
     let nats = Nats::start();
     let observer = async_nats::connect(nats.url()).await.expect("connect");
     let mut seen = observer.subscribe("confirm.test").await.expect("subscribe");
-    observer.flush().await.expect("flush");
+    // The server has the subscription before the other connection publishes.
+    common::worker_support::round_trip(&observer).await;
 
     let client = async_nats::connect(nats.url()).await.expect("connect");
     let confirmer = Confirmer::new(client.clone());

@@ -112,7 +112,9 @@ async fn jetstream_pulls_never_hold_more_than_the_byte_budget() {
     // any delivery that pull brought.
     let observer = async_nats::connect(nats.url()).await.expect("connect");
     let mut wire = observer.subscribe(">").await.expect("subscribe");
-    observer.flush().await.expect("flush");
+    // The server has the subscription before the workers publish on their
+    // own connections (a flush only writes the socket).
+    common::worker_support::round_trip(&observer).await;
     // (deliveries held now, the most at once)
     let held: Arc<Mutex<(BTreeSet<String>, usize)>> = Arc::default();
     {
