@@ -2,6 +2,7 @@
 //! prefill results with deadlines for the three engine shapes, cancel
 //! messages, and a watch on the reply, GEN and KV release subjects.
 
+use crate::common::fence::Fence;
 use crate::common::messages::{decode_output, header, msgpack};
 use crate::common::poll_until;
 use crate::common::worker_support::InProcess;
@@ -89,18 +90,12 @@ pub struct Seen {
     pub replies: Vec<Json>,
     pub jobs: Vec<(Json, Option<String>)>,
     pub releases: Vec<(Json, Option<String>)>,
-    /// The subjects of the fences that came back ([`Watch::fence`]).
-    fences: Vec<String>,
 }
-
-/// Where a [`Watch`] sends its fences: under `llm.>`, which it subscribes
-/// to, on a subject no worker uses.
-const FENCE: &str = "llm.test-fence";
 
 /// Everything on the reply, GEN and release subjects, in arrival order.
 pub struct Watch {
     pub seen: Arc<Mutex<Seen>>,
-    client: Client,
+    fence: Fence,
     _task: tokio::task::JoinHandle<()>,
 }
 
@@ -109,13 +104,18 @@ impl Watch {
     /// (a fence came back through it).
     pub async fn start(client: &Client) -> Watch {
         // One subscription, so that a fence is seen after everything the
-        // server routed before it.
+        // server routed before it; the fences under it, on a subject no
+        // worker uses.
         let mut sub = client.subscribe("llm.>").await.expect("subscribe");
+        let fence = Fence::new(client, "llm.test-fence");
         let seen = Arc::new(Mutex::new(Seen::default()));
-        let sink = seen.clone();
+        let (sink, fenced) = (seen.clone(), fence.clone());
         let task = tokio::spawn(async move {
             while let Some(message) = sub.next().await {
                 let subject = message.subject.as_str();
+                if fenced.came_back(subject) {
+                    continue;
+                }
                 let header = |name| header(message.headers.as_ref(), name).map(str::to_string);
                 let mut seen = sink.lock().unwrap();
                 match subject {
@@ -128,7 +128,6 @@ impl Watch {
                     s if s.starts_with("llm.replies.") => {
                         seen.replies.push(decode_output(&message))
                     }
-                    s if s.starts_with(FENCE) => seen.fences.push(s.to_string()),
                     // What the test publishes: results, cancels.
                     _ => {}
                 }
@@ -136,7 +135,7 @@ impl Watch {
         });
         let watch = Watch {
             seen,
-            client: client.clone(),
+            fence,
             _task: task,
         };
         watch.fence().await;
@@ -144,20 +143,9 @@ impl Watch {
     }
 
     /// Returns once this watch has recorded everything the server had
-    /// routed to it before the call: a message on a fresh fence subject,
-    /// sent through the server, is seen after all of them (a flush would
-    /// only write the socket).
+    /// routed to it before the call ([`Fence`]).
     pub async fn fence(&self) {
-        let subject = format!("{FENCE}.{}", self.client.new_inbox());
-        self.client
-            .publish(subject.clone(), "".into())
-            .await
-            .expect("publish a fence");
-        let back = poll_until(WAIT, || async {
-            self.seen.lock().unwrap().fences.contains(&subject)
-        })
-        .await;
-        assert!(back, "the fence {subject} came back");
+        self.fence.pass().await;
     }
 
     pub fn count(&self) -> usize {

@@ -10,6 +10,7 @@
 pub mod cluster;
 pub mod deadline_support;
 pub mod fault_proxy;
+pub mod fence;
 pub mod jetstream_support;
 pub mod messages;
 pub mod otlp;

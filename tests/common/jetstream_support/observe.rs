@@ -2,6 +2,7 @@
 
 use super::traffic::{Expect, Input, mixed, publish_all, request_id_of};
 use super::{DEAD, GEN};
+use crate::common::fence::Fence;
 use crate::common::{Nats, poll_until};
 use async_nats::Client;
 use async_nats::HeaderMap;
@@ -21,16 +22,11 @@ pub struct Seen {
     pub headers: Option<HeaderMap>,
 }
 
-/// Where a [`Collector`] sends its fences: under `llm.>`, which it
-/// subscribes to, on a subject no worker uses and no stream captures.
-const FENCE: &str = "llm.test-fence";
-
 /// Every output published on GEN, the reply subjects and the dead-letter subject.
 #[derive(Clone)]
 pub struct Collector {
     seen: Arc<Mutex<Vec<Seen>>>,
-    fences: Arc<Mutex<Vec<String>>>,
-    client: Client,
+    fence: Fence,
 }
 
 impl Collector {
@@ -38,21 +34,19 @@ impl Collector {
     /// (a fence came back through it).
     pub async fn start(client: &Client) -> Collector {
         let seen = Arc::new(Mutex::new(Vec::new()));
-        let fences = Arc::new(Mutex::new(Vec::new()));
         // One subscription, so that a fence is seen after everything the
-        // server routed before it.
+        // server routed before it; the fences under it, on a subject no
+        // worker uses and no stream captures.
         let mut sub = client.subscribe("llm.>").await.expect("subscribe");
-        let (sink, fenced) = (seen.clone(), fences.clone());
+        let fence = Fence::new(client, "llm.test-fence");
+        let (sink, fenced) = (seen.clone(), fence.clone());
         tokio::spawn(async move {
             while let Some(m) = sub.next().await {
                 let kind = match m.subject.as_str() {
                     GEN => Expect::Gen,
                     DEAD => Expect::Dead,
                     s if s.starts_with("llm.replies.") => Expect::Reply,
-                    s if s.starts_with(FENCE) => {
-                        fenced.lock().unwrap().push(s.to_string());
-                        continue;
-                    }
+                    s if fenced.came_back(s) => continue,
                     // What the test publishes: results, cancels.
                     _ => continue,
                 };
@@ -66,29 +60,15 @@ impl Collector {
                 });
             }
         });
-        let collector = Collector {
-            seen,
-            fences,
-            client: client.clone(),
-        };
+        let collector = Collector { seen, fence };
         collector.fence().await;
         collector
     }
 
     /// Returns once this collector has recorded everything the server had
-    /// routed to it before the call: a message on a fresh fence subject,
-    /// sent through the server, is seen after all of them.
+    /// routed to it before the call ([`Fence`]).
     pub async fn fence(&self) {
-        let subject = format!("{FENCE}.{}", self.client.new_inbox());
-        self.client
-            .publish(subject.clone(), "".into())
-            .await
-            .expect("publish a fence");
-        let back = poll_until(Duration::from_secs(30), || async {
-            self.fences.lock().unwrap().contains(&subject)
-        })
-        .await;
-        assert!(back, "the fence {subject} came back");
+        self.fence.pass().await;
     }
 
     pub fn len(&self) -> usize {

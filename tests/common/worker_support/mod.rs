@@ -4,6 +4,7 @@
 
 pub mod cases;
 
+use crate::common::fence::Fence;
 use crate::common::{http_get, outputs_total, poll_until};
 use async_nats::{Client, Message};
 use futures::StreamExt;
@@ -139,15 +140,14 @@ pub async fn round_trip(client: &Client) {
         .expect("the subscription is open");
 }
 
-/// The subjects of the harness's own messages (round trips, a
-/// [`Collector`]'s fences), which a collector leaves out.
+/// The subjects of the harness's round trips, which a collector leaves out.
 const HARNESS: &str = "test.harness";
 
 /// Every message the server routes to a `>` subscription (and to `$JS.>`
 /// and `$SYS.>`, which `>` may not cover), recorded in arrival order.
 pub struct Collector {
     seen: Arc<Mutex<Vec<Message>>>,
-    client: Client,
+    fence: Fence,
     _task: JoinHandle<()>,
 }
 
@@ -161,14 +161,18 @@ impl Collector {
             subs.push(client.subscribe(subject).await.expect("subscribe"));
         }
         let sink = Arc::clone(&seen);
+        let fence = Fence::new(client, "test.harness.fence");
+        let fenced = fence.clone();
         let task = tokio::spawn(async move {
             while let Some(message) = subs.next().await {
-                sink.lock().unwrap().push(message);
+                if !fenced.came_back(message.subject.as_str()) {
+                    sink.lock().unwrap().push(message);
+                }
             }
         });
         let collector = Collector {
             seen,
-            client: client.clone(),
+            fence,
             _task: task,
         };
         collector.fence().await;
@@ -176,24 +180,10 @@ impl Collector {
     }
 
     /// Returns once this collector has recorded everything the server had
-    /// routed to it before the call: a message on a fresh fence subject, sent
-    /// through the server to the `>` subscription, is recorded after all of
-    /// them (a flush would only write the socket).
+    /// routed to it before the call ([`Fence`], through the `>`
+    /// subscription).
     pub async fn fence(&self) {
-        let subject = format!("{HARNESS}.fence.{}", self.client.new_inbox());
-        self.client
-            .publish(subject.clone(), "".into())
-            .await
-            .expect("publish a fence");
-        let back = poll_until(Duration::from_secs(10), || async {
-            self.seen
-                .lock()
-                .unwrap()
-                .iter()
-                .any(|m| m.subject.as_str() == subject)
-        })
-        .await;
-        assert!(back, "the fence {subject} came back within 10 s");
+        self.fence.pass().await;
     }
 
     /// Every message seen so far, except those on the prefill subject, the
@@ -207,8 +197,7 @@ impl Collector {
             .collect()
     }
 
-    /// Every message seen so far but the harness's own (round trips,
-    /// fences).
+    /// Every message seen so far but the harness's round trips.
     pub fn all(&self) -> Vec<Message> {
         self.seen
             .lock()
