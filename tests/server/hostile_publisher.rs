@@ -62,12 +62,6 @@ fn assert_up_and_ready(workers: &mut [(Worker, String)]) {
     }
 }
 
-/// A valid terminal result: without the hostile header block it would be
-/// answered on `llm.replies.{request_id}`.
-fn terminal(request_id: &str) -> Vec<u8> {
-    msgpack(&messages::terminal(request_id))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 3)]
 async fn core_hostile_header_block_is_dead_lettered_once_and_workers_keep_working() {
     use worker_support::{Collector, DEAD, PREFILL, outputs_counted};
@@ -80,7 +74,13 @@ async fn core_hostile_header_block_is_dead_lettered_once_and_workers_keep_workin
     let test = worker_support::client(&nats.url()).await;
     let collector = Collector::start(&test).await;
 
-    block_in_place(|| nats.raw_hpub(PREFILL, HOSTILE_BLOCK, &terminal("hostile")));
+    block_in_place(|| {
+        nats.raw_hpub(
+            PREFILL,
+            HOSTILE_BLOCK,
+            &msgpack(&messages::terminal("hostile")),
+        )
+    });
     let metrics: Vec<String> = workers.iter().map(|(_, m)| m.clone()).collect();
     // Settled: the workers' counters add up to `n` results answered.
     let answered = |n: usize| {
@@ -101,12 +101,15 @@ async fn core_hostile_header_block_is_dead_lettered_once_and_workers_keep_workin
     assert_eq!(header(headers, "Handoff-Error-Code"), Some("malformed"));
     let why = header(headers, "Handoff-Error").unwrap_or_default();
     assert!(why.starts_with(REASON), "{why:?}");
-    assert_eq!(&dead[0].payload[..], &terminal("hostile")[..]);
+    assert_eq!(
+        &dead[0].payload[..],
+        &msgpack(&messages::terminal("hostile"))[..]
+    );
     assert_up_and_ready(&mut workers);
 
     for i in 0..NORMAL {
         let id = format!("n{i}");
-        test.publish(PREFILL, terminal(&id).into())
+        test.publish(PREFILL, msgpack(&messages::terminal(&id)).into())
             .await
             .expect("publish");
     }
@@ -150,7 +153,13 @@ async fn jetstream_hostile_header_block_is_dead_lettered_once_and_three_workers_
         spawn_ready(&nats, &etcd, "jetstream"),
     ];
 
-    block_in_place(|| nats.raw_hpub(PREFILL, HOSTILE_BLOCK, &terminal("hostile")));
+    block_in_place(|| {
+        nats.raw_hpub(
+            PREFILL,
+            HOSTILE_BLOCK,
+            &msgpack(&messages::terminal("hostile")),
+        )
+    });
     assert!(
         collector.wait_for(1, Duration::from_secs(30)).await,
         "no dead letter; {}",
@@ -187,7 +196,7 @@ async fn jetstream_hostile_header_block_is_dead_lettered_once_and_three_workers_
     let mut expected = inputs.clone();
     expected.push(jetstream_support::Input {
         request_id: "hostile".into(),
-        payload: terminal("hostile"),
+        payload: msgpack(&messages::terminal("hostile")),
         json: false,
         expect: Expect::Dead,
     });
@@ -234,9 +243,11 @@ async fn jetstream_forged_status_lines_are_handled_as_messages() {
     let mut inputs = Vec::new();
     for (i, block) in forged.iter().enumerate() {
         let request_id = format!("forged-{i}");
-        block_in_place(|| nats.raw_hpub(PREFILL, block, &terminal(&request_id)));
+        block_in_place(|| {
+            nats.raw_hpub(PREFILL, block, &msgpack(&messages::terminal(&request_id)))
+        });
         inputs.push(jetstream_support::Input {
-            payload: terminal(&request_id),
+            payload: msgpack(&messages::terminal(&request_id)),
             request_id,
             json: false,
             expect: Expect::Reply,

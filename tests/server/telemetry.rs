@@ -61,7 +61,7 @@ fn decode_job(request_id: &str, reply: &str) -> Vec<u8> {
 }
 
 /// A terminal result answered on `reply`.
-fn terminal(request_id: &str, reply: &str) -> Vec<u8> {
+fn terminal_on(request_id: &str, reply: &str) -> Vec<u8> {
     let mut result = messages::terminal(request_id);
     result["reply_to"] = reply.into();
     msgpack(&result)
@@ -129,7 +129,7 @@ async fn each_result_gets_one_span_under_its_trace(mode: &str, protocol: &str) {
             traceparent: Some(traceparent(t_decode, parent, "01")),
         },
         Input {
-            body: terminal("r-terminal", "llm.replies.terminal"),
+            body: terminal_on("r-terminal", "llm.replies.terminal"),
             traceparent: Some(traceparent(t_terminal, parent, "01")),
         },
         Input {
@@ -137,11 +137,11 @@ async fn each_result_gets_one_span_under_its_trace(mode: &str, protocol: &str) {
             traceparent: Some(traceparent(t_dead, parent, "01")),
         },
         Input {
-            body: terminal("r-unsampled", "llm.replies.unsampled"),
+            body: terminal_on("r-unsampled", "llm.replies.unsampled"),
             traceparent: Some(traceparent(t_unsampled, parent, "00")),
         },
         Input {
-            body: terminal("r-root", "llm.replies.root"),
+            body: terminal_on("r-root", "llm.replies.root"),
             traceparent: None,
         },
     ];
@@ -367,7 +367,7 @@ async fn rounds_of_traffic(
         for i in 0..per_round {
             n += 1;
             let input = Input {
-                body: terminal(&format!("r{round}-{i}"), "llm.replies.load"),
+                body: terminal_on(&format!("r{round}-{i}"), "llm.replies.load"),
                 traceparent: Some(traceparent(&format!("{n:032x}"), "00f067aa0ba902b7", "01")),
             };
             publish(&test, &input).await;
