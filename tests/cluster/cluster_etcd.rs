@@ -6,7 +6,8 @@ use crate::common;
 use crate::common::worker_support;
 
 use common::cluster::EtcdCluster;
-use common::{Nats, eventually};
+use common::messages::{decode_output, msgpack};
+use common::{Nats, poll_until_blocking};
 use etcd_client::{Client, EventType};
 use prefill_handoff::config::{Config, EtcdConfig};
 use prefill_handoff::identity::{Lease, LeaseError, Registration};
@@ -14,7 +15,7 @@ use prefill_handoff::ids::IdLayout;
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
-use worker_support::{Collector, GEN, InProcess, PREFILL, client, decode_output, msgpack};
+use worker_support::{Collector, GEN, InProcess, PREFILL, client};
 
 const SLOTS: &str = "/llm/handoff/machine-ids/";
 
@@ -122,8 +123,16 @@ async fn an_etcd_leader_killed_under_load_is_invisible_to_clients() {
             .await
             .expect("publish");
     }
+    let settled = || async {
+        for worker in &workers {
+            if !worker.settled().await {
+                return false;
+            }
+        }
+        true
+    };
     let outputs = collector
-        .wait_outputs(RESULTS, Duration::from_secs(60))
+        .wait_outputs(RESULTS, Duration::from_secs(60), settled)
         .await;
 
     // Every result has its one output, and none is identity_unavailable.
@@ -259,7 +268,7 @@ async fn a_full_fleet_of_1021_identities_claims_every_slot_once() {
     let stopping = Instant::now();
     futures::future::join_all(leases.into_iter().map(Lease::shutdown)).await;
     let shutdown_took = stopping.elapsed();
-    if !eventually(Duration::from_secs(60), || slot_keys(&etcd) == 0) {
+    if !poll_until_blocking(Duration::from_secs(60), || slot_keys(&etcd) == 0) {
         let left = etcd.etcdctl_checked(&["get", "--prefix", SLOTS]);
         panic!(
             "every slot freed on shutdown: {} slot keys left 60 s after a shutdown that took {:.1} s ({recovered} leases recovered during the run); the first: {:?}",
@@ -394,7 +403,7 @@ async fn a_worker_cut_off_from_etcd_mints_to_the_end_of_its_reservation_and_resu
     freed.expect("free the spare slot");
     etcd.restart(0);
     assert!(
-        eventually(Duration::from_secs(30), || zombie.mint_many(1).is_ok()),
+        poll_until_blocking(Duration::from_secs(30), || zombie.mint_many(1).is_ok()),
         "A mints again after etcd returns: {:?}",
         zombie.state()
     );

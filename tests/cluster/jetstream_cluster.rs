@@ -9,9 +9,10 @@ use crate::common::jetstream_support;
 use async_nats::HeaderMap;
 use async_nats::jetstream;
 use common::cluster::NatsCluster;
+use common::poll_until;
 use jetstream_support::{
-    Collector, Expect, Input, LibWorker, PREFILL, check_outputs, fixed_identity, mixed, setup,
-    stream_contents, wait_drained,
+    Collector, Expect, Input, LibWorker, PREFILL, check_outputs, count, fixed_identity, mixed,
+    setup, stream_contents, wait_drained,
 };
 use prefill_handoff::config::{Config, MissingDisaggRequestId, Mode};
 use std::collections::BTreeMap;
@@ -39,30 +40,22 @@ fn cluster_config(cluster: &NatsCluster) -> Config {
 /// makes a retry of a publish that was stored but whose ack was lost a
 /// duplicate the stream drops.
 async fn publish_until_stored(js: &jetstream::Context, input: &Input) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+    let stored = poll_until(Duration::from_secs(60), || async {
         let mut headers = HeaderMap::new();
         if input.json {
             headers.insert("Content-Type", "application/json");
         }
         headers.insert("Nats-Msg-Id", format!("in-{}", input.request_id).as_str());
-        let stored = match js
+        match js
             .publish_with_headers(PREFILL, headers, input.payload.clone().into())
             .await
         {
             Ok(ack) => ack.await.is_ok(),
             Err(_) => false,
-        };
-        if stored {
-            return;
         }
-        assert!(
-            Instant::now() < deadline,
-            "{} not stored within 60 s",
-            input.request_id
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
+    assert!(stored, "{} not stored within 60 s", input.request_id);
 }
 
 /// The server (index) leading a stream's replicas.
@@ -159,9 +152,21 @@ async fn jetstream_cluster_prefill_stream_leader_killed_loses_nothing() {
     let twice: Vec<_> = in_gen.iter().filter(|(_, n)| **n > 1).collect();
     assert!(twice.is_empty(), "GEN holds decode jobs twice: {twice:?}");
 
-    // Decode jobs as GEN stored them; the rest as the collector saw them.
+    // Decode jobs as GEN stored them; the rest as the collector saw them,
+    // once it has seen each (the last ones may still be crossing a route),
+    // and behind a fence.
+    let live: Vec<(String, Expect)> = inputs
+        .iter()
+        .filter(|i| i.expect != Expect::Gen)
+        .map(|i| (i.request_id.clone(), i.expect))
+        .collect();
+    poll_until(Duration::from_secs(30), || async {
+        let seen = count(&collector.all());
+        live.iter().all(|key| seen.contains_key(key))
+    })
+    .await;
+    collector.fence().await;
     let mut seen = gen_jobs;
-    tokio::time::sleep(Duration::from_secs(1)).await;
     seen.extend(
         collector
             .all()

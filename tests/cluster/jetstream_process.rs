@@ -5,7 +5,7 @@
 use crate::common;
 use crate::common::jetstream_support;
 
-use common::{Etcd, Nats, Worker, eventually};
+use common::{Etcd, Nats, Worker, poll_until_blocking};
 use jetstream_support::*;
 use prefill_handoff::ids::IdLayout;
 use prefill_handoff::wire::{self, Encoding};
@@ -117,7 +117,7 @@ async fn jetstream_process_sigkill_of_one_of_three_workers_loses_nothing() {
         "work queue not drained: {}",
         queue_state(&js).await
     );
-    check_run(&js, &inputs, None, "after SIGKILL").await;
+    check_stored(&js, &inputs, None, "after SIGKILL").await;
     let republished = collector
         .counts()
         .iter()
@@ -175,7 +175,7 @@ async fn jetstream_process_sigterm_under_load_exits_0_and_loses_nothing() {
         "work queue not drained: {}",
         queue_state(&js).await
     );
-    check_run(&js, &inputs, None, "after SIGTERM under load").await;
+    check_stored(&js, &inputs, None, "after SIGTERM under load").await;
     staying.sigterm();
     assert_eq!(
         staying.wait_exit(Duration::from_secs(20)),
@@ -235,10 +235,10 @@ async fn jetstream_process_etcd_outage_past_the_reservation_defers_minting_until
     let mut inputs: Vec<Input> = (0..20)
         .map(|i| needs_mint(&format!("during-{i}")))
         .collect();
-    inputs.extend((0..20).map(|i| terminal(&format!("plain-{i}"))));
+    inputs.extend((0..20).map(|i| Input::terminal(&format!("plain-{i}"))));
     publish_all(&js, &inputs).await;
     assert!(collector.wait_for(20, Duration::from_secs(20)).await);
-    let redelivered = eventually(Duration::from_secs(10), || {
+    let redelivered = poll_until_blocking(Duration::from_secs(10), || {
         futures::executor::block_on(deliveries(&js)) > 40
     });
     assert!(

@@ -8,6 +8,10 @@
 //! (`.config/nextest.toml`).
 
 #[path = "../common/mod.rs"]
+#[allow(
+    dead_code,
+    reason = "the cluster tests use a part of the harness; the server binary, which uses all of it, is where an unused helper shows"
+)]
 mod common;
 
 mod cluster_etcd;

@@ -5,23 +5,25 @@
 use crate::common;
 use crate::common::worker_support;
 
-use common::{Etcd, Nats, Worker, free_port};
+use common::messages::msgpack;
+use common::{Etcd, Nats, Worker, free_port, poll_until};
 use serde_json::json;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tokio::task::block_in_place;
 use worker_support::cases::{self, Case};
-use worker_support::{Collector, GEN, PREFILL, client, msgpack};
+use worker_support::{Collector, GEN, PREFILL, client, outputs_counted};
 
 const START: Duration = Duration::from_secs(30);
 
 /// Starts `run` against the servers and waits until it consumes.
-fn spawn_worker(nats: &Nats, etcd: &Etcd, extra: &[(&str, &str)]) -> Worker {
-    let (worker, _) = Worker::run_with_env(&nats.url(), etcd, extra);
+/// `run` with `extra` environment, once it consumes; with its metrics address.
+fn spawn_worker(nats: &Nats, etcd: &Etcd, extra: &[(&str, &str)]) -> (Worker, String) {
+    let (worker, metrics) = Worker::run_with_env(&nats.url(), etcd, extra);
     let up = block_in_place(|| worker.wait_for_log("consuming prefill results", START));
     assert!(up, "the worker did not start:\n{}", worker.log());
-    worker
+    (worker, metrics)
 }
 
 /// The leased keys under `/llm/handoff/` (slot and instance keys): the
@@ -47,8 +49,8 @@ fn log_field(log: &str, message: &str, key: &str) -> Option<String> {
 async fn two_run_processes_share_mixed_traffic_with_their_own_slots() {
     let nats = Nats::start();
     let etcd = Etcd::start();
-    let a = spawn_worker(&nats, &etcd, &[]);
-    let b = spawn_worker(&nats, &etcd, &[]);
+    let (a, a_metrics) = spawn_worker(&nats, &etcd, &[]);
+    let (b, b_metrics) = spawn_worker(&nats, &etcd, &[]);
     let slot_of = |w: &Worker| {
         log_field(&w.log(), "identity held", "machine_id")
             .and_then(|m| m.parse::<u64>().ok())
@@ -72,8 +74,13 @@ async fn two_run_processes_share_mixed_traffic_with_their_own_slots() {
         .flat_map(|r| cases::mixed(&format!("p{r}")))
         .collect();
     cases::publish(&test, &all).await;
+    // Settled: the workers' counters add up to every result.
+    let answered = || async {
+        block_in_place(|| outputs_counted(&a_metrics) + outputs_counted(&b_metrics))
+            >= all.len() as u64
+    };
     let outputs = collector
-        .wait_outputs(all.len(), Duration::from_secs(20))
+        .wait_outputs(all.len(), Duration::from_secs(20), answered)
         .await;
     let machine_ids = cases::check(&all, &outputs);
     assert!(
@@ -96,7 +103,7 @@ async fn two_run_processes_share_mixed_traffic_with_their_own_slots() {
 async fn sigterm_under_load_answers_everything_accepted_revokes_and_exits_zero() {
     let nats = Nats::start();
     let etcd = Etcd::start();
-    let mut worker = spawn_worker(&nats, &etcd, &[("HANDOFF_SHUTDOWN_TIMEOUT_SECS", "5")]);
+    let (mut worker, _) = spawn_worker(&nats, &etcd, &[("HANDOFF_SHUTDOWN_TIMEOUT_SECS", "5")]);
     assert_eq!(leased_keys(&etcd).len(), 2, "slot and instance keys");
 
     let test = client(&nats.url()).await;
@@ -126,10 +133,10 @@ async fn sigterm_under_load_answers_everything_accepted_revokes_and_exits_zero()
         })
     };
     // Under load for a while, then SIGTERM.
-    let loaded = Instant::now() + Duration::from_secs(20);
-    while collector.outputs().len() < 2000 && Instant::now() < loaded {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    poll_until(Duration::from_secs(20), || async {
+        collector.outputs().len() >= 2000
+    })
+    .await;
     assert!(
         collector.outputs().len() >= 2000,
         "the worker handles the load"
@@ -161,8 +168,11 @@ async fn sigterm_under_load_answers_everything_accepted_revokes_and_exits_zero()
         received < sent.load(Ordering::Relaxed),
         "load continued past the drain"
     );
+    // The worker has exited: nothing more is coming.
     let outputs = collector
-        .wait_outputs(received as usize, Duration::from_secs(10))
+        .wait_outputs(received as usize, Duration::from_secs(10), || async {
+            true
+        })
         .await;
     assert_eq!(
         outputs.len() as u64,
@@ -184,7 +194,7 @@ async fn sigterm_under_load_answers_everything_accepted_revokes_and_exits_zero()
 async fn run_reconnects_after_nats_restarts_and_processes_new_results() {
     let mut nats = Nats::start();
     let etcd = Etcd::start();
-    let worker = spawn_worker(&nats, &etcd, &[]);
+    let (worker, _) = spawn_worker(&nats, &etcd, &[]);
     nats.kill();
     block_in_place(|| {
         assert!(

@@ -4,7 +4,7 @@
 //! free loopback ports. Any one node can be SIGKILLed and restarted with its
 //! data kept; every process dies with its handle.
 
-use super::{eventually, free_port, http_send, start_nats_server, wait_for_port};
+use super::{free_port, http_send, poll_until_blocking, start_nats_server, wait_for_port};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -129,7 +129,7 @@ impl NatsCluster {
 
     /// Waits until every running server knows the same meta leader.
     pub fn wait_meta_leader(&self, timeout: Duration) -> bool {
-        eventually(timeout, || {
+        poll_until_blocking(timeout, || {
             let running: Vec<usize> = (0..3).filter(|i| self.nodes[*i].child.is_some()).collect();
             let leaders: Vec<Option<String>> =
                 running.iter().map(|i| self.meta_leader(*i)).collect();
@@ -184,7 +184,7 @@ impl EtcdCluster {
             cluster.spawn(i);
         }
         assert!(
-            eventually(START, || cluster.leader().is_some()),
+            poll_until_blocking(START, || cluster.leader().is_some()),
             "the etcd cluster elected no leader"
         );
         cluster
@@ -230,6 +230,10 @@ impl EtcdCluster {
     }
 
     /// Every client URL, comma-separated: what `etcd.endpoints` takes.
+    #[allow(
+        dead_code,
+        reason = "the cluster tests use it; the server binary includes this module for its own cluster checks"
+    )]
     pub fn endpoints(&self) -> String {
         (0..3)
             .map(|i| self.endpoint(i))
@@ -268,6 +272,10 @@ impl EtcdCluster {
     }
 
     /// Runs `etcdctl` against the running members; `None` when it fails.
+    #[allow(
+        dead_code,
+        reason = "the cluster tests use it; the server binary includes this module for its own cluster checks"
+    )]
     pub fn etcdctl(&self, args: &[&str]) -> Option<String> {
         self.etcdctl_at(&self.running_endpoints(), args)
     }
@@ -320,6 +328,10 @@ impl EtcdCluster {
         self.spawn(i);
     }
 
+    #[allow(
+        dead_code,
+        reason = "the cluster tests use it; the server binary includes this module for its own cluster checks"
+    )]
     pub fn log(&self, i: usize) -> String {
         std::fs::read_to_string(
             self.dir

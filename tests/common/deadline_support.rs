@@ -2,15 +2,16 @@
 //! prefill results with deadlines for the three engine shapes, cancel
 //! messages, and a watch on the reply, GEN and KV release subjects.
 
-#![allow(dead_code)]
-
+use crate::common::fence::Fence;
+use crate::common::messages::{decode_output, header, msgpack};
+use crate::common::poll_until;
 use crate::common::worker_support::InProcess;
-use async_nats::{Client, HeaderMap, Message};
+use async_nats::{Client, HeaderMap};
 use futures::StreamExt;
 use serde_json::{Value as Json, json};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 pub const GEN: &str = "llm.gen.jobs";
 pub const RELEASE: &str = "llm.kv.release";
@@ -58,10 +59,6 @@ pub fn with_deadline(mut result: Json, deadline: Json) -> Json {
     result
 }
 
-pub fn msgpack(value: &Json) -> Vec<u8> {
-    rmp_serde::to_vec_named(value).expect("encode")
-}
-
 pub fn deadline_header(ms: &str) -> HeaderMap {
     let mut headers = HeaderMap::new();
     headers.insert("Handoff-Deadline", ms);
@@ -98,48 +95,57 @@ pub struct Seen {
 /// Everything on the reply, GEN and release subjects, in arrival order.
 pub struct Watch {
     pub seen: Arc<Mutex<Seen>>,
-    pub _task: tokio::task::JoinHandle<()>,
-}
-
-pub fn decode(message: &Message) -> Json {
-    let json = message
-        .headers
-        .as_ref()
-        .and_then(|h| h.get("Content-Type"))
-        .is_some_and(|v| v.as_str() == "application/json");
-    if json {
-        serde_json::from_slice(&message.payload).expect("JSON output")
-    } else {
-        rmp_serde::from_slice(&message.payload).expect("MessagePack output")
-    }
-}
-
-pub fn header(message: &Message, name: &str) -> Option<String> {
-    Some(message.headers.as_ref()?.get(name)?.as_str().to_string())
+    fence: Fence,
+    _task: tokio::task::JoinHandle<()>,
 }
 
 impl Watch {
+    /// Subscribes on `client`; returns once the server has the subscription
+    /// (a fence came back through it).
     pub async fn start(client: &Client) -> Watch {
-        let mut subs = futures::stream::SelectAll::new();
-        for subject in ["llm.replies.>", GEN, RELEASE] {
-            subs.push(client.subscribe(subject).await.expect("subscribe"));
-        }
-        // The server has the subscriptions (a flush only writes the socket).
-        crate::common::worker_support::round_trip(client).await;
+        // One subscription, so that a fence is seen after everything the
+        // server routed before it; the fences under it, on a subject no
+        // worker uses.
+        let mut sub = client.subscribe("llm.>").await.expect("subscribe");
+        let fence = Fence::new(client, "llm.test-fence");
         let seen = Arc::new(Mutex::new(Seen::default()));
-        let sink = seen.clone();
+        let (sink, fenced) = (seen.clone(), fence.clone());
         let task = tokio::spawn(async move {
-            while let Some(message) = subs.next().await {
-                let body = decode(&message);
+            while let Some(message) = sub.next().await {
+                let subject = message.subject.as_str();
+                if fenced.came_back(subject) {
+                    continue;
+                }
+                let header = |name| header(message.headers.as_ref(), name).map(str::to_string);
                 let mut seen = sink.lock().unwrap();
-                match message.subject.as_str() {
-                    GEN => seen.jobs.push((body, header(&message, "Handoff-Deadline"))),
-                    RELEASE => seen.releases.push((body, header(&message, "Nats-Msg-Id"))),
-                    _ => seen.replies.push(body),
+                match subject {
+                    GEN => seen
+                        .jobs
+                        .push((decode_output(&message), header("Handoff-Deadline"))),
+                    RELEASE => seen
+                        .releases
+                        .push((decode_output(&message), header("Nats-Msg-Id"))),
+                    s if s.starts_with("llm.replies.") => {
+                        seen.replies.push(decode_output(&message))
+                    }
+                    // What the test publishes: results, cancels.
+                    _ => {}
                 }
             }
         });
-        Watch { seen, _task: task }
+        let watch = Watch {
+            seen,
+            fence,
+            _task: task,
+        };
+        watch.fence().await;
+        watch
+    }
+
+    /// Returns once this watch has recorded everything the server had
+    /// routed to it before the call ([`Fence`]).
+    pub async fn fence(&self) {
+        self.fence.pass().await;
     }
 
     pub fn count(&self) -> usize {
@@ -147,29 +153,13 @@ impl Watch {
         seen.replies.len() + seen.jobs.len() + seen.releases.len()
     }
 
-    /// Waits for `n` outputs in all, then a little longer so that extra
-    /// ones would show.
-    pub async fn wait(&self, n: usize) {
-        let deadline = Instant::now() + WAIT;
-        while self.count() < n && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-
-    /// Waits until no output has come for half a second (at most
-    /// [`WAIT`]).
-    pub async fn wait_still(&self) {
-        let deadline = Instant::now() + WAIT;
-        let mut last = self.count();
-        while Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            let now = self.count();
-            if now == last {
-                return;
-            }
-            last = now;
-        }
+    /// Waits for `n` outputs in all and for `settled` to say, from the
+    /// counters of the worker or the server, that nothing more is coming;
+    /// then fences, so that everything published is here, extra outputs
+    /// included.
+    pub async fn wait<F: Future<Output = bool>>(&self, n: usize, settled: impl Fn() -> F) {
+        poll_until(WAIT, || async { self.count() >= n && settled().await }).await;
+        self.fence().await;
     }
 
     /// The error code of each reply, or "terminal", by request ID.
@@ -383,18 +373,6 @@ pub fn check_cancels(watch: &Watch) {
         "another request is unaffected"
     );
     assert!(!replies.contains_key(KEPT) && !releases.contains_key(KEPT));
-}
-
-/// Waits until `check` holds, for up to [`WAIT`].
-pub async fn until(mut check: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + WAIT;
-    while !check() {
-        if Instant::now() > deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    true
 }
 
 pub fn cancels_counted(worker: &InProcess, event: &str) -> f64 {

@@ -7,12 +7,12 @@
 //! `/usr/sbin/nats-server` when present, else `nats-server` on PATH),
 //! `HANDOFF_TEST_ETCD` (default `etcd`).
 
-#![allow(dead_code)]
-
 pub mod cluster;
 pub mod deadline_support;
 pub mod fault_proxy;
+pub mod fence;
 pub mod jetstream_support;
+pub mod messages;
 pub mod otlp;
 pub mod tls;
 pub mod worker_support;
@@ -135,34 +135,39 @@ fn reserve_port(port: u16) -> bool {
     }
 }
 
+/// How often [`poll_until`] and [`poll_until_blocking`] look again.
+const POLL_EVERY: Duration = Duration::from_millis(20);
+
 /// Waits until something accepts TCP connections on the port.
 pub fn wait_for_port(port: u16, timeout: Duration) -> bool {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    false
+    poll_until_blocking(timeout, || TcpStream::connect(("127.0.0.1", port)).is_ok())
 }
 
-/// [`eventually`] for async tests: waits without blocking the runtime's
-/// thread, whose other tasks (a client's connection task) may be what
-/// `check` waits for.
-pub async fn within(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
+/// Runs `check` every 20 ms until it holds or `timeout` passes; whether it
+/// held. The one way the tests wait for something: `check` is async, so it
+/// can ask a server (consumer info, etcd) as well as read local state
+/// (`|| async { seen.len() >= 2 }`), and the wait does not block the
+/// runtime's thread, whose other tasks (a client's connection task) may be
+/// what `check` waits for.
+pub async fn poll_until<F: Future<Output = bool>>(
+    timeout: Duration,
+    mut check: impl FnMut() -> F,
+) -> bool {
     let deadline = tokio::time::Instant::now() + timeout;
-    while !check() {
+    loop {
+        if check().await {
+            return true;
+        }
         if tokio::time::Instant::now() >= deadline {
             return false;
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(POLL_EVERY).await;
     }
-    true
 }
 
-/// Polls `check` every 20 ms until it is true or `timeout` passes.
-pub fn eventually(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
+/// [`poll_until`] for blocking code: the harness's process handles and
+/// tests with no runtime (in an async test, under `block_in_place`).
+pub fn poll_until_blocking(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;
     loop {
         if check() {
@@ -171,7 +176,7 @@ pub fn eventually(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
         if Instant::now() >= deadline {
             return false;
         }
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(POLL_EVERY);
     }
 }
 
@@ -310,10 +315,9 @@ impl Nats {
     pub fn restart_gracefully(&mut self) {
         if let Some(mut child) = self.child.take() {
             signal(&child, "TERM");
-            let deadline = std::time::Instant::now() + Duration::from_secs(30);
-            while matches!(child.try_wait(), Ok(None)) && std::time::Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(20));
-            }
+            poll_until_blocking(Duration::from_secs(30), || {
+                !matches!(child.try_wait(), Ok(None))
+            });
             let _ = child.kill();
             let _ = child.wait();
         }
@@ -479,7 +483,7 @@ impl Etcd {
             self.port
         );
         // Listening is not serving: wait until a read succeeds.
-        let ok = eventually(Duration::from_secs(15), || {
+        let ok = poll_until_blocking(Duration::from_secs(15), || {
             self.etcdctl(&["get", "/probe"]).is_some()
         });
         assert!(ok, "etcd on {} did not answer", self.port);
@@ -644,7 +648,7 @@ impl Worker {
         let mut env = env.to_vec();
         env.push(("NO_COLOR", "1"));
         let worker = Worker::spawn(&args, &env);
-        let ready = eventually(Duration::from_secs(30), || {
+        let ready = poll_until_blocking(Duration::from_secs(30), || {
             http_send(&metrics, b"GET /readyz HTTP/1.1\r\n\r\n").is_ok_and(|r| r.status == 200)
         });
         assert!(ready, "the worker did not become ready:\n{}", worker.log());
@@ -666,7 +670,7 @@ impl Worker {
 
     /// Waits until the log contains `needle`.
     pub fn wait_for_log(&self, needle: &str, timeout: Duration) -> bool {
-        eventually(timeout, || self.log().contains(needle))
+        poll_until_blocking(timeout, || self.log().contains(needle))
     }
 
     pub fn sigterm(&self) {
@@ -699,18 +703,15 @@ impl Worker {
     /// Waits for the process to exit; its exit code, or `None` on timeout or
     /// death by signal.
     pub fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
-        let deadline = Instant::now() + timeout;
         let child = self.child.as_mut()?;
-        loop {
-            if let Ok(Some(status)) = child.try_wait() {
-                self.child = None;
-                return status.code();
-            }
-            if Instant::now() >= deadline {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let mut exited = None;
+        poll_until_blocking(timeout, || {
+            exited = child.try_wait().ok().flatten();
+            exited.is_some()
+        });
+        let status = exited?;
+        self.child = None;
+        status.code()
     }
 }
 
@@ -768,4 +769,15 @@ pub fn prometheus_samples(text: &str) -> std::collections::BTreeMap<String, f64>
             Some((series.to_string(), value.parse().ok()?))
         })
         .collect()
+}
+
+/// The results a worker has answered, by its metrics exposition: its
+/// `handoff_outputs_total`, every outcome summed.
+pub fn outputs_total(exposition: &str) -> u64 {
+    let total: f64 = prometheus_samples(exposition)
+        .iter()
+        .filter(|(series, _)| series.starts_with("handoff_outputs_total{"))
+        .map(|(_, value)| value)
+        .sum();
+    total as u64
 }

@@ -14,7 +14,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 use opentelemetry_proto::tonic::common::v1::any_value::Value;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// A span as received, with IDs in lowercase hex.
 #[derive(Debug, Clone)]
@@ -225,20 +225,15 @@ impl OtlpReceiver {
         self.spans.lock().unwrap().clone()
     }
 
-    /// Waits until `done` holds for the spans received, polling every 50 ms.
+    /// Waits until `done` holds for the spans received (at most
+    /// `timeout`); the spans received by then.
     pub async fn wait_until(
         &self,
         timeout: Duration,
         done: impl Fn(&[ReceivedSpan]) -> bool,
     ) -> Vec<ReceivedSpan> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let spans = self.spans();
-            if done(&spans) || Instant::now() >= deadline {
-                return spans;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        super::poll_until(timeout, || async { done(&self.spans()) }).await;
+        self.spans()
     }
 }
 

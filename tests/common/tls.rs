@@ -113,6 +113,10 @@ impl Pki {
     }
 
     /// Writes another file into the PKI directory (for broken-file cases).
+    #[allow(
+        dead_code,
+        reason = "the offline configuration tests use it; the server binary includes this module too"
+    )]
     pub fn write(&self, name: &str, text: &str) -> String {
         std::fs::write(self.file(name), text).expect("write a file");
         self.path(name)

@@ -11,7 +11,7 @@ use crate::decision_support;
 
 use decision_support::*;
 use prefill_handoff::decision::{
-    Backend, DeadLetterCode, Decision, ErrorCode, Input, MAX_TREE_VALUES, Outcome, decide,
+    Backend, DeadLetterCode, Decision, ErrorCode, MAX_TREE_VALUES, Outcome, decide,
 };
 use prefill_handoff::wire::Encoding;
 use serde_json::json;
@@ -67,17 +67,7 @@ static ALLOCATOR: Counting = Counting;
 fn measured(payload: &[u8], encoding: Encoding) -> (Decision, usize) {
     let rules = rules();
     let mut ids = TestIds::holding_slot();
-    let input = Input {
-        payload,
-        encoding,
-        subject: SOURCE,
-        nats_reply: None,
-        deadline_header: None,
-        kv_expires_header: None,
-        now_ms: 0,
-        published_ms: 0,
-        cancels: prefill_handoff::decision::NO_CANCELS,
-    };
+    let input = input(payload, encoding);
     let before = NOW.with(Cell::get);
     PEAK.with(|p| p.set(before));
     let decision = decide(input, &rules, &mut ids);

@@ -409,17 +409,7 @@ fn marked(why: &str) -> async_nats::HeaderMap {
 fn a_header_block_the_client_cannot_parse_is_a_malformed_dead_letter() {
     // A valid result that would otherwise be a decode job needing a mint.
     let payload = msgpack(&v(needs_decode(trt())));
-    let input = prefill_handoff::decision::Input {
-        payload: &payload,
-        encoding: Encoding::MsgPack,
-        subject: SOURCE,
-        nats_reply: None,
-        deadline_header: None,
-        kv_expires_header: None,
-        now_ms: 0,
-        published_ms: 0,
-        cancels: prefill_handoff::decision::NO_CANCELS,
-    };
+    let input = input(&payload, Encoding::MsgPack);
     let rows = [
         (
             "a line break in a header value",

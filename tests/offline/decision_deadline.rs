@@ -62,15 +62,11 @@ fn input_at<'a>(
     cancels: &'a dyn Cancels,
 ) -> Input<'a> {
     Input {
-        payload,
-        encoding,
-        subject: SOURCE,
-        nats_reply: None,
         deadline_header: header,
-        kv_expires_header: None,
         now_ms: NOW,
         published_ms: NOW,
         cancels,
+        ..input(payload, encoding)
     }
 }
 

@@ -367,15 +367,12 @@ fn both(
     cancels: &dyn Cancels,
 ) -> (Decision, Decision, usize, usize) {
     let input = Input {
-        payload,
-        encoding,
-        subject: SOURCE,
         nats_reply,
         deadline_header: header,
-        kv_expires_header: None,
         now_ms: NOW,
         published_ms: PUBLISHED,
         cancels,
+        ..input(payload, encoding)
     };
     let ids = || {
         if fenced {
@@ -562,17 +559,7 @@ fn typical_results_are_decided_in_place() {
         (&prefill_error("CUDA error: out of memory"), "error"),
         (&long_error, "error"),
     ] {
-        let input = Input {
-            payload,
-            encoding: Encoding::MsgPack,
-            subject: SOURCE,
-            nats_reply: None,
-            deadline_header: None,
-            kv_expires_header: None,
-            now_ms: 0,
-            published_ms: 0,
-            cancels: prefill_handoff::decision::NO_CANCELS,
-        };
+        let input = input(payload, Encoding::MsgPack);
         let d = decide_in_place(input, &rules(), &mut TestIds::holding_slot())
             .unwrap_or_else(|| panic!("a typical {kind} result is decided in place"));
         assert_eq!(d.outcome.kind(), kind);
@@ -591,17 +578,7 @@ fn typical_results_are_decided_in_place() {
     assert_eq!(handoff[at], 0x07);
     let mut odd = handoff.clone();
     odd.splice(at..=at, [0xcc, 0x07]);
-    let input = Input {
-        payload: &odd,
-        encoding: Encoding::MsgPack,
-        subject: SOURCE,
-        nats_reply: None,
-        deadline_header: None,
-        kv_expires_header: None,
-        now_ms: 0,
-        published_ms: 0,
-        cancels: prefill_handoff::decision::NO_CANCELS,
-    };
+    let input = input(&odd, Encoding::MsgPack);
     assert!(decide_in_place(input, &rules(), &mut TestIds::holding_slot()).is_none());
     check_same(&odd).unwrap();
 }

@@ -7,7 +7,7 @@
 
 use crate::decision_fast::{check_same_in, deadline_header, engine_params, field_of, gen_result};
 use crate::decision_support::*;
-use prefill_handoff::decision::{Input, decide_in_place};
+use prefill_handoff::decision::decide_in_place;
 use prefill_handoff::wire::{self, Encoding, MAX_DEPTH};
 use proptest::prelude::*;
 use rmpv::Value;
@@ -161,20 +161,6 @@ proptest! {
     }
 }
 
-fn input(payload: &[u8]) -> Input<'_> {
-    Input {
-        payload,
-        encoding: Encoding::Json,
-        subject: SOURCE,
-        nats_reply: None,
-        deadline_header: None,
-        kv_expires_header: None,
-        now_ms: 0,
-        published_ms: 0,
-        cancels: prefill_handoff::decision::NO_CANCELS,
-    }
-}
-
 /// Typical results, as serde_json, Go and JavaScript write them and as
 /// Python's `json.dumps` does by default (spaces after separators, non-ASCII
 /// escaped), are decided in place — so the equality above covers the
@@ -207,8 +193,12 @@ fn typical_json_results_are_decided_in_place() {
         let python = rewritten(&text, 0b0110_0000);
         let escaped = text.replace("Hi", "H\\u0069").replace("/", "\\/");
         for body in [compact, python.into_bytes(), escaped.into_bytes()] {
-            let d = decide_in_place(input(&body), &rules(), &mut TestIds::holding_slot())
-                .unwrap_or_else(|| panic!("a typical {kind} result is decided in place"));
+            let d = decide_in_place(
+                input(&body, Encoding::Json),
+                &rules(),
+                &mut TestIds::holding_slot(),
+            )
+            .unwrap_or_else(|| panic!("a typical {kind} result is decided in place"));
             assert_eq!(d.outcome.kind(), kind);
             assert_eq!(header(&d, "Content-Type"), Some("application/json"));
             check_same(&body, None).unwrap();
@@ -260,7 +250,11 @@ fn hostile_json_is_refused_in_place_and_answered_by_the_tree() {
             "dead_letter",
         ),
     ] {
-        let d = decide_in_place(input(&body), &rules(), &mut TestIds::holding_slot());
+        let d = decide_in_place(
+            input(&body, Encoding::Json),
+            &rules(),
+            &mut TestIds::holding_slot(),
+        );
         assert_eq!(d.is_some(), in_place, "{name}");
         let d = decide_bytes(&body, Encoding::Json, &rules(), None);
         assert_eq!(d.outcome.kind(), outcome, "{name}: {d:?}");
@@ -331,7 +325,7 @@ fn request_values_in_every_form_decide_the_same() {
         let tree = decide_bytes(body.as_bytes(), Encoding::Json, &rules(), None);
         if tree.outcome.kind() == "decode" {
             let d = decide_in_place(
-                input(body.as_bytes()),
+                input(body.as_bytes(), Encoding::Json),
                 &rules(),
                 &mut TestIds::holding_slot(),
             );

@@ -199,15 +199,8 @@ fn run(payload: &[u8], encoding: Encoding, jetstream: bool, nats_reply: Option<&
         rules()
     };
     let input = Input {
-        payload,
-        encoding,
-        subject: SOURCE,
         nats_reply,
-        deadline_header: None,
-        kv_expires_header: None,
-        now_ms: 0,
-        published_ms: 0,
-        cancels: prefill_handoff::decision::NO_CANCELS,
+        ..input(payload, encoding)
     };
     let d = decide(input, &rules, &mut TestIds::holding_slot());
     invariants::check(&d, payload, encoding, &rules);

@@ -4,7 +4,7 @@
 use crate::decision_support;
 
 use decision_support::*;
-use prefill_handoff::decision::{Backend, ErrorCode, IdSource, Input, Outcome, decide};
+use prefill_handoff::decision::{Backend, ErrorCode, IdSource, Outcome, decide};
 use prefill_handoff::identity::Identity;
 use prefill_handoff::ids::{DEFAULT_EPOCH_UNIX_MS, IdLayout, MachineId};
 use prefill_handoff::wire::Encoding;
@@ -82,17 +82,7 @@ fn disagg_request_id_is_kept_when_valid_and_minted_when_absent() {
     for (params, id, minted) in cases {
         let mut ids = TestIds::holding_slot();
         let bytes = msgpack(&v(needs_decode(params)));
-        let input = Input {
-            payload: &bytes,
-            encoding: Encoding::MsgPack,
-            subject: SOURCE,
-            nats_reply: None,
-            deadline_header: None,
-            kv_expires_header: None,
-            now_ms: 0,
-            published_ms: 0,
-            cancels: prefill_handoff::decision::NO_CANCELS,
-        };
+        let input = input(&bytes, Encoding::MsgPack);
         let d = decide(input, &rules(), &mut ids);
         assert_eq!(
             d.outcome,
@@ -113,17 +103,7 @@ fn disagg_request_id_is_kept_when_valid_and_minted_when_absent() {
     for params in [sglang(), vllm(), json!({"x": 1})] {
         let mut ids = TestIds::holding_slot();
         let bytes = msgpack(&v(needs_decode(params)));
-        let input = Input {
-            payload: &bytes,
-            encoding: Encoding::MsgPack,
-            subject: SOURCE,
-            nats_reply: None,
-            deadline_header: None,
-            kv_expires_header: None,
-            now_ms: 0,
-            published_ms: 0,
-            cancels: prefill_handoff::decision::NO_CANCELS,
-        };
+        let input = input(&bytes, Encoding::MsgPack);
         let d = decide(input, &rules(), &mut ids);
         assert_eq!(ids.minted, 0);
         let b = body(&d, Encoding::MsgPack);
@@ -134,17 +114,7 @@ fn disagg_request_id_is_kept_when_valid_and_minted_when_absent() {
 
 fn decide_with(ids: &mut dyn IdSource, params: Json) -> prefill_handoff::decision::Decision {
     let bytes = msgpack(&v(needs_decode(params)));
-    let input = Input {
-        payload: &bytes,
-        encoding: Encoding::MsgPack,
-        subject: SOURCE,
-        nats_reply: None,
-        deadline_header: None,
-        kv_expires_header: None,
-        now_ms: 0,
-        published_ms: 0,
-        cancels: prefill_handoff::decision::NO_CANCELS,
-    };
+    let input = input(&bytes, Encoding::MsgPack);
     decide(input, &rules(), ids)
 }
 
@@ -174,17 +144,7 @@ fn a_fenced_identity_refuses_to_mint_but_lets_other_results_through() {
     }
     // Terminal answers never need the identity.
     let bytes = msgpack(&v(result(json!([frame(Some(json!("eos")), Some(trt()))]))));
-    let input = Input {
-        payload: &bytes,
-        encoding: Encoding::MsgPack,
-        subject: SOURCE,
-        nats_reply: None,
-        deadline_header: None,
-        kv_expires_header: None,
-        now_ms: 0,
-        published_ms: 0,
-        cancels: prefill_handoff::decision::NO_CANCELS,
-    };
+    let input = input(&bytes, Encoding::MsgPack);
     assert_eq!(
         decide(input, &rules(), &mut fenced).outcome.kind(),
         "terminal"

@@ -11,9 +11,7 @@
 use crate::decision_support;
 
 use decision_support::*;
-use prefill_handoff::decision::{
-    Backend, Decision, Input, NO_CANCELS, Outcome, decide, decide_values,
-};
+use prefill_handoff::decision::{Backend, Decision, Outcome, decide, decide_values};
 use prefill_handoff::wire::{self, Encoding};
 use proptest::prelude::*;
 use rmpv::Value;
@@ -21,17 +19,7 @@ use serde_json::{Value as Json, json};
 
 /// `decide` and `decide_values` on the same bytes, with fresh ID sources.
 fn both(payload: &[u8], encoding: Encoding) -> (Decision, Decision) {
-    let input = Input {
-        payload,
-        encoding,
-        subject: SOURCE,
-        nats_reply: None,
-        deadline_header: None,
-        kv_expires_header: None,
-        now_ms: 0,
-        published_ms: 0,
-        cancels: NO_CANCELS,
-    };
+    let input = input(payload, encoding);
     let rules = rules();
     let fast = decide(input, &rules, &mut TestIds::holding_slot());
     let slow = decide_values(input, &rules, &mut TestIds::holding_slot());

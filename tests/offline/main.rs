@@ -10,7 +10,10 @@
 
 mod decision_support;
 #[path = "../common/tls.rs"]
-#[allow(dead_code)]
+#[allow(
+    dead_code,
+    reason = "the configuration tests need the PKI files, not the server settings built from them (the server binary uses those)"
+)]
 mod tls;
 
 mod cli_offline;

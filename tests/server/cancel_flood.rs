@@ -7,9 +7,10 @@
 use crate::common;
 
 use bytes::Bytes;
-use common::{Etcd, Nats, Worker, http_get, prometheus_samples};
+use common::messages::{msgpack, terminal};
+use common::{Etcd, Nats, Worker, http_get, poll_until, prometheus_samples};
 use futures::StreamExt;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::task::block_in_place;
 
 const CANCELS: usize = 200_000;
@@ -38,15 +39,6 @@ fn cancel(i: usize) -> Bytes {
     Bytes::from(rmp_serde::to_vec_named(&body).expect("encode"))
 }
 
-fn terminal(i: usize) -> Bytes {
-    let body = serde_json::json!({
-        "request_id": format!("after-{i}"),
-        "reply_to": format!("llm.replies.after.{i}"),
-        "frames": [{"token_ids": [1], "finish_reason": "stop"}],
-    });
-    Bytes::from(rmp_serde::to_vec_named(&body).expect("encode"))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn core_a_flood_of_cancels_stays_within_its_bounds() {
     let nats = Nats::start();
@@ -70,16 +62,14 @@ async fn core_a_flood_of_cancels_stays_within_its_bounds() {
     let get = |samples: &std::collections::BTreeMap<String, f64>, name: &str| {
         samples.get(name).copied().unwrap_or(0.0) as usize
     };
-    let deadline = Instant::now() + Duration::from_secs(180);
-    let samples = loop {
+    poll_until(Duration::from_secs(180), || async {
         let samples = block_in_place(scrape);
         let recorded = get(&samples, "handoff_cancels_total{event=\"recorded\"}");
         let drops = get(&samples, "handoff_nats_slow_consumer_drops_total");
-        if recorded + drops >= CANCELS || Instant::now() > deadline {
-            break samples;
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    };
+        recorded + drops >= CANCELS
+    })
+    .await;
+    let samples = block_in_place(scrape);
     let recorded = get(&samples, "handoff_cancels_total{event=\"recorded\"}");
     let evicted = get(&samples, "handoff_cancels_total{event=\"evicted\"}");
     let held = get(&samples, "handoff_cancels_held");
@@ -107,9 +97,12 @@ async fn core_a_flood_of_cancels_stays_within_its_bounds() {
     let mut replies = test.subscribe("llm.replies.after.>").await.expect("sub");
     test.flush().await.expect("flush");
     for i in 0..RESULTS {
-        test.publish("llm.prefill.results", terminal(i))
-            .await
-            .expect("publish");
+        test.publish(
+            "llm.prefill.results",
+            msgpack(&terminal(&format!("after.{i}"))).into(),
+        )
+        .await
+        .expect("publish");
     }
     let mut seen = std::collections::BTreeSet::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);

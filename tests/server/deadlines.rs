@@ -7,12 +7,12 @@
 use crate::common;
 use crate::common::deadline_support::*;
 use crate::common::jetstream_support::{self, LibWorker};
+use crate::common::messages::msgpack;
 use crate::common::worker_support::{self, InProcess, fixed_identity};
 
-use common::Nats;
+use common::{Nats, poll_until};
 use prefill_handoff::ids::{DEFAULT_EPOCH_UNIX_MS, IdLayout};
 use serde_json::json;
-use std::time::{Duration, Instant};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn core_deadlines_are_decided_at_the_handoff() {
@@ -34,7 +34,7 @@ async fn core_deadlines_are_decided_at_the_handoff() {
         .expect("publish");
     }
     let expected = cases.len() + cases.iter().filter(|c| c.3).count();
-    watch.wait(expected).await;
+    watch.wait(expected, || worker.settled()).await;
     check_deadline_cases(&watch, &cases, now + 600_000);
     assert_eq!(watch.count(), expected, "nothing else was published");
     let report = worker.stop().await;
@@ -62,10 +62,18 @@ async fn core_cancels_refuse_the_handoff_and_release_the_kv() {
     // The cancel listener and the results are separate subscriptions: the
     // results go once the worker holds the cancels.
     assert!(
-        until(|| cancels_counted(&worker, "recorded") == 3.0).await,
+        poll_until(WAIT, || async {
+            cancels_counted(&worker, "recorded") == 3.0
+        })
+        .await,
         "the worker records the three cancels"
     );
-    assert!(until(|| cancels_counted(&worker, "malformed") == 1.0).await);
+    assert!(
+        poll_until(WAIT, || async {
+            cancels_counted(&worker, "malformed") == 1.0
+        })
+        .await
+    );
     for (id, backend, _) in CANCELLED {
         test.publish(PREFILL, msgpack(&result(id, backend, false)).into())
             .await
@@ -74,7 +82,9 @@ async fn core_cancels_refuse_the_handoff_and_release_the_kv() {
     test.publish(PREFILL, msgpack(&result(KEPT, "trtllm", false)).into())
         .await
         .expect("publish");
-    watch.wait(CANCELLED.len() * 2 + 1).await;
+    watch
+        .wait(CANCELLED.len() * 2 + 1, || worker.settled())
+        .await;
     check_cancels(&watch);
     assert_eq!(watch.count(), CANCELLED.len() * 2 + 1);
 
@@ -84,7 +94,7 @@ async fn core_cancels_refuse_the_handoff_and_release_the_kv() {
         .await
         .expect("publish");
     assert!(
-        until(|| cancels_counted(&worker, "late") == 1.0).await,
+        poll_until(WAIT, || async { cancels_counted(&worker, "late") == 1.0 }).await,
         "a cancel after the job left is late"
     );
     let report = worker.stop().await;
@@ -122,7 +132,9 @@ async fn jetstream_deadlines_and_cancels_kept_while_no_worker_ran() {
 
     let worker = LibWorker::start(&config, jetstream_support::fixed_identity(8)).await;
     let expected = CANCELLED.len() * 2 + 1 + cases.len() + cases.iter().filter(|c| c.3).count();
-    watch.wait(expected).await;
+    watch
+        .wait(expected, || jetstream_support::drained(&js))
+        .await;
     check_cancels(&watch);
     check_deadline_cases(&watch, &cases, now + 600_000);
     assert_eq!(watch.count(), expected, "nothing else was published");
@@ -150,7 +162,7 @@ async fn jetstream_a_redelivery_after_the_deadline_is_deadline_exceeded() {
     let body = with_deadline(result("late", "trtllm", false), json!(deadline));
     js_publish(&js, PREFILL, plain(&body)).await;
 
-    watch.wait(2).await;
+    watch.wait(2, || jetstream_support::drained(&js)).await;
     assert_eq!(
         watch.replies().get("late"),
         Some(&vec!["deadline_exceeded".to_string()])
@@ -186,19 +198,16 @@ async fn jetstream_an_unconsumed_job_leaves_gen_at_its_deadline_on_2_11_and_late
         let mut stream = js.get_stream("LLM_GEN").await.expect("GEN");
         stream.info().await.expect("info").state.messages
     };
-    let mut held = 0;
-    let deadline = Instant::now() + WAIT;
-    while held < 2 && Instant::now() < deadline {
-        held = gen_messages().await;
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(held, 2, "both jobs stored");
+    let held = std::cell::Cell::new(0);
+    poll_until(WAIT, || async {
+        held.set(gen_messages().await);
+        held.get() >= 2
+    })
+    .await;
+    assert_eq!(held.get(), 2, "both jobs stored");
     // Gone within a generous bound after its deadline; the job without a
     // deadline stays.
-    let deadline = Instant::now() + WAIT;
-    while gen_messages().await > 1 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    poll_until(WAIT, || async { gen_messages().await <= 1 }).await;
     let left = jetstream_support::stream_contents(&js, "LLM_GEN").await;
     let ids: Vec<&str> = left.iter().map(|s| s.request_id.as_str()).collect();
     assert_eq!(ids, ["lasting"], "the expired job left GEN");
@@ -228,11 +237,16 @@ async fn core_the_cancel_command_cancels_for_every_worker() {
     });
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     assert_eq!(String::from_utf8_lossy(&out.stdout), "cancelled op-1\n");
-    assert!(until(|| cancels_counted(&worker, "recorded") == 1.0).await);
+    assert!(
+        poll_until(WAIT, || async {
+            cancels_counted(&worker, "recorded") == 1.0
+        })
+        .await
+    );
     test.publish(PREFILL, msgpack(&result("op-1", "vllm", false)).into())
         .await
         .expect("publish");
-    watch.wait(2).await;
+    watch.wait(2, || worker.settled()).await;
     assert_eq!(
         watch.replies().get("op-1"),
         Some(&vec!["cancelled".to_string()])

@@ -7,9 +7,10 @@
 use crate::common;
 use crate::common::deadline_support::*;
 use crate::common::jetstream_support::{self, LibWorker};
+use crate::common::messages::{header, msgpack};
 use crate::common::worker_support::{self, InProcess, fixed_identity};
 
-use common::{Etcd, Nats, Worker};
+use common::{Etcd, Nats, Worker, poll_until};
 use prefill_handoff::config::{Config, MissingDisaggRequestId};
 use prefill_handoff::ids::IdLayout;
 use serde_json::{Value as Json, json};
@@ -80,7 +81,11 @@ async fn core_the_trtllm_id_policies_decide_a_result_without_its_id() {
         .await;
         let refused = policy == "refuse";
         // Four answers, and a release notice per refusal.
-        watch.wait(before + 4 + if refused { 2 } else { 0 }).await;
+        watch
+            .wait(before + 4 + if refused { 2 } else { 0 }, || {
+                worker.settled()
+            })
+            .await;
         let replies = watch.replies();
         let jobs = watch.jobs();
         for missing in ["absent", "null"] {
@@ -261,7 +266,7 @@ async fn core_the_kv_expiry_by_field_header_and_both() {
         publish(&test, body, headers).await;
     }
     let expected = cases.len() + cases.iter().filter(|c| c.4).count();
-    watch.wait(expected).await;
+    watch.wait(expected, || worker.settled()).await;
     assert_eq!(watch.count(), expected, "nothing else was published");
     let (replies, jobs) = (watch.replies(), watch.jobs());
     for (id, _, _, want, release) in &cases {
@@ -291,7 +296,10 @@ async fn core_the_kv_expiry_by_field_header_and_both() {
             .await
             .expect("a job")
             .expect("a message");
-        assert_eq!(header(&job, "Handoff-KV-Expires"), Some(future.to_string()));
+        assert_eq!(
+            header(job.headers.as_ref(), "Handoff-KV-Expires"),
+            Some(future.to_string().as_str())
+        );
     }
     let report = worker.stop().await;
     assert_eq!(report.counts.failed, 0);
@@ -310,7 +318,7 @@ async fn core_a_fenced_worker_under_mint_answers_identity_unavailable_with_one_r
     let test = worker_support::client(&nats.url()).await;
     let watch = Watch::start(&test).await;
     publish(&test, &trt("fenced", None), Default::default()).await;
-    watch.wait(2).await;
+    watch.wait(2, || worker.settled()).await;
     assert_eq!(
         watch.replies().get("fenced"),
         Some(&vec!["identity_unavailable".to_string()])
@@ -346,7 +354,7 @@ async fn jetstream_a_result_stored_longer_ago_than_the_kv_hold_is_kv_expired() {
     // The hold runs out while no worker runs.
     tokio::time::sleep(Duration::from_millis(2_000)).await;
     let worker = LibWorker::start(&config, jetstream_support::fixed_identity(7)).await;
-    watch.wait(3).await;
+    watch.wait(3, || jetstream_support::drained(&js)).await;
     assert_eq!(
         watch.replies().get("held-too-long"),
         Some(&vec!["kv_expired".to_string()])
@@ -387,7 +395,7 @@ async fn jetstream_a_result_held_for_a_full_gen_is_answered_kv_expired_when_its_
     js_publish(&js, PREFILL, plain(&body)).await;
     let started = Instant::now();
     assert!(
-        until(|| watch.replies().contains_key("held")).await,
+        poll_until(WAIT, || async { watch.replies().contains_key("held") }).await,
         "the held result is answered:\n{}",
         worker.log()
     );
@@ -397,7 +405,8 @@ async fn jetstream_a_result_held_for_a_full_gen_is_answered_kv_expired_when_its_
     // Well before the ack wait (60 s) would have redelivered it: it was not
     // kept waiting for room in GEN.
     assert!(started.elapsed() < Duration::from_secs(30));
-    watch.wait_still().await;
+    // Everything is in once the result is acked.
+    watch.wait(2, || jetstream_support::drained(&js)).await;
     assert_eq!(
         release_reason(&watch, "held").as_deref(),
         Some("kv_expired")

@@ -36,7 +36,7 @@ fn a_nats_cluster_and_an_etcd_cluster_lose_and_regain_any_node() {
     nats.kill(i);
     let other = (i + 1) % 3;
     assert!(
-        common::eventually(std::time::Duration::from_secs(30), || nats
+        common::poll_until_blocking(std::time::Duration::from_secs(30), || nats
             .meta_leader(other)
             .is_some_and(|l| l != leader)),
         "a new meta leader among the other two"
@@ -49,7 +49,7 @@ fn a_nats_cluster_and_an_etcd_cluster_lose_and_regain_any_node() {
     let leader = etcd.leader().expect("a leader");
     etcd.kill(leader);
     assert!(
-        common::eventually(std::time::Duration::from_secs(30), || etcd
+        common::poll_until_blocking(std::time::Duration::from_secs(30), || etcd
             .leader()
             .is_some_and(|l| l != leader)),
         "a new etcd leader"

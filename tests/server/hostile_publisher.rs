@@ -10,6 +10,7 @@
 
 use crate::common;
 use crate::common::jetstream_support;
+use crate::common::messages::{self, decode_output, header, msgpack};
 use crate::common::worker_support;
 
 use common::{Etcd, Nats, Worker, http_get};
@@ -32,6 +33,26 @@ fn spawn_ready(nats: &Nats, etcd: &Etcd, mode: &str) -> (Worker, String) {
     block_in_place(|| Worker::run_ready(nats, etcd, mode, &settings, &[]))
 }
 
+/// Waits until the workers' output counters account for every delivery
+/// ([`jetstream_support::wait_every_delivery_answered`]).
+async fn every_delivery_answered(
+    js: &async_nats::jetstream::Context,
+    workers: &[(Worker, String)],
+) {
+    let answered = || {
+        block_in_place(|| {
+            workers
+                .iter()
+                .map(|(_, metrics)| worker_support::outputs_counted(metrics))
+                .sum::<u64>()
+        })
+    };
+    let settled =
+        jetstream_support::wait_every_delivery_answered(js, Duration::from_secs(30), answered)
+            .await;
+    assert!(settled, "{}", jetstream_support::queue_state(js).await);
+}
+
 /// Every worker is still running and `/readyz` answers 200.
 fn assert_up_and_ready(workers: &mut [(Worker, String)]) {
     for (worker, metrics) in workers.iter_mut() {
@@ -41,19 +62,9 @@ fn assert_up_and_ready(workers: &mut [(Worker, String)]) {
     }
 }
 
-/// A valid terminal result: without the hostile header block it would be
-/// answered on `llm.replies.{request_id}`.
-fn terminal(request_id: &str) -> Vec<u8> {
-    worker_support::msgpack(&json!({
-        "request_id": request_id,
-        "reply_to": format!("llm.replies.{request_id}"),
-        "frames": [{"finish_reason": "eos"}],
-    }))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 3)]
 async fn core_hostile_header_block_is_dead_lettered_once_and_workers_keep_working() {
-    use worker_support::{Collector, DEAD, PREFILL, header};
+    use worker_support::{Collector, DEAD, PREFILL, outputs_counted};
     let nats = Nats::start();
     let etcd = Etcd::start();
     let mut workers = vec![
@@ -63,8 +74,24 @@ async fn core_hostile_header_block_is_dead_lettered_once_and_workers_keep_workin
     let test = worker_support::client(&nats.url()).await;
     let collector = Collector::start(&test).await;
 
-    block_in_place(|| nats.raw_hpub(PREFILL, HOSTILE_BLOCK, &terminal("hostile")));
-    let outputs = collector.wait_outputs(1, Duration::from_secs(20)).await;
+    block_in_place(|| {
+        nats.raw_hpub(
+            PREFILL,
+            HOSTILE_BLOCK,
+            &msgpack(&messages::terminal("hostile")),
+        )
+    });
+    let metrics: Vec<String> = workers.iter().map(|(_, m)| m.clone()).collect();
+    // Settled: the workers' counters add up to `n` results answered.
+    let answered = |n: usize| {
+        let metrics = &metrics;
+        move || async move {
+            block_in_place(|| metrics.iter().map(|m| outputs_counted(m)).sum::<u64>()) >= n as u64
+        }
+    };
+    let outputs = collector
+        .wait_outputs(1, Duration::from_secs(20), answered(1))
+        .await;
     let dead: Vec<_> = outputs
         .iter()
         .filter(|m| m.subject.as_str() == DEAD)
@@ -74,18 +101,21 @@ async fn core_hostile_header_block_is_dead_lettered_once_and_workers_keep_workin
     assert_eq!(header(headers, "Handoff-Error-Code"), Some("malformed"));
     let why = header(headers, "Handoff-Error").unwrap_or_default();
     assert!(why.starts_with(REASON), "{why:?}");
-    assert_eq!(&dead[0].payload[..], &terminal("hostile")[..]);
+    assert_eq!(
+        &dead[0].payload[..],
+        &msgpack(&messages::terminal("hostile"))[..]
+    );
     assert_up_and_ready(&mut workers);
 
     for i in 0..NORMAL {
         let id = format!("n{i}");
-        test.publish(PREFILL, terminal(&id).into())
+        test.publish(PREFILL, msgpack(&messages::terminal(&id)).into())
             .await
             .expect("publish");
     }
     test.flush().await.expect("flush");
     let outputs = collector
-        .wait_outputs(NORMAL + 1, Duration::from_secs(60))
+        .wait_outputs(NORMAL + 1, Duration::from_secs(60), answered(NORMAL + 1))
         .await;
     let mut replies: Vec<&str> = outputs
         .iter()
@@ -123,7 +153,13 @@ async fn jetstream_hostile_header_block_is_dead_lettered_once_and_three_workers_
         spawn_ready(&nats, &etcd, "jetstream"),
     ];
 
-    block_in_place(|| nats.raw_hpub(PREFILL, HOSTILE_BLOCK, &terminal("hostile")));
+    block_in_place(|| {
+        nats.raw_hpub(
+            PREFILL,
+            HOSTILE_BLOCK,
+            &msgpack(&messages::terminal("hostile")),
+        )
+    });
     assert!(
         collector.wait_for(1, Duration::from_secs(30)).await,
         "no dead letter; {}",
@@ -148,7 +184,7 @@ async fn jetstream_hostile_header_block_is_dead_lettered_once_and_three_workers_
     assert_up_and_ready(&mut workers);
 
     let inputs: Vec<_> = (0..NORMAL)
-        .map(|i| jetstream_support::terminal(&format!("n{i}")))
+        .map(|i| jetstream_support::Input::terminal(&format!("n{i}")))
         .collect();
     publish_all(&js, &inputs).await;
     assert!(
@@ -156,12 +192,11 @@ async fn jetstream_hostile_header_block_is_dead_lettered_once_and_three_workers_
         "work queue not drained: {}",
         queue_state(&js).await
     );
-    // Longer than the ack wait (2 s): a redelivery would show.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    every_delivery_answered(&js, &workers).await;
     let mut expected = inputs.clone();
     expected.push(jetstream_support::Input {
         request_id: "hostile".into(),
-        payload: terminal("hostile"),
+        payload: msgpack(&messages::terminal("hostile")),
         json: false,
         expect: Expect::Dead,
     });
@@ -208,9 +243,11 @@ async fn jetstream_forged_status_lines_are_handled_as_messages() {
     let mut inputs = Vec::new();
     for (i, block) in forged.iter().enumerate() {
         let request_id = format!("forged-{i}");
-        block_in_place(|| nats.raw_hpub(PREFILL, block, &terminal(&request_id)));
+        block_in_place(|| {
+            nats.raw_hpub(PREFILL, block, &msgpack(&messages::terminal(&request_id)))
+        });
         inputs.push(jetstream_support::Input {
-            payload: terminal(&request_id),
+            payload: msgpack(&messages::terminal(&request_id)),
             request_id,
             json: false,
             expect: Expect::Reply,
@@ -229,8 +266,7 @@ async fn jetstream_forged_status_lines_are_handled_as_messages() {
         "{}",
         queue_state(&js).await
     );
-    // Longer than the ack wait (2 s): a redelivery would show.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    every_delivery_answered(&js, &workers).await;
     let outputs = all_outputs(&js).await;
     let duplicates = check_outputs(&inputs, &outputs);
     assert!(
@@ -264,7 +300,7 @@ async fn id_requests_with_an_unparsable_header_block_are_refused_malformed() {
             "is reserved by the client",
         ),
     ];
-    let body = worker_support::msgpack(&json!({"count": 5}));
+    let body = msgpack(&json!({"count": 5}));
     for (i, (block, why)) in cases.iter().enumerate() {
         let reply = format!("_INBOX.hostile.{i}");
         block_in_place(|| nats.raw_hpub_with_reply(IDS, Some(&reply), block, &body));
@@ -273,7 +309,7 @@ async fn id_requests_with_an_unparsable_header_block_are_refused_malformed() {
             .expect("the ID service answers")
             .expect("an answer");
         assert_eq!(answer.subject.as_str(), reply);
-        let value = worker_support::decode_output(&answer);
+        let value = decode_output(&answer);
         assert_eq!(value["kind"], "error", "{value}");
         assert_eq!(value["error"]["code"], "malformed", "{value}");
         assert_eq!(value["request_id"], serde_json::Value::Null);
@@ -287,10 +323,10 @@ async fn id_requests_with_an_unparsable_header_block_are_refused_malformed() {
     }
 
     let answer = test
-        .request(IDS, worker_support::msgpack(&json!({"count": 2})).into())
+        .request(IDS, msgpack(&json!({"count": 2})).into())
         .await
         .expect("a well-formed request is answered");
-    let value = worker_support::decode_output(&answer);
+    let value = decode_output(&answer);
     assert_eq!(value["ids"].as_array().map(Vec::len), Some(2), "{value}");
 
     let metrics = block_in_place(|| http_get(workers[0].1.as_str(), "/metrics"));

@@ -6,7 +6,7 @@
 use crate::common;
 
 use bytes::Bytes;
-use common::Nats;
+use common::{Nats, poll_until};
 use futures::{FutureExt, StreamExt};
 use prefill_handoff::transport::jetstream::confirm::Confirmer;
 use std::collections::BTreeSet;
@@ -27,7 +27,8 @@ async fn jetstream_confirm_every_concurrent_publish_is_at_the_server_when_confir
     let nats = Nats::start();
     let observer = async_nats::connect(nats.url()).await.expect("connect");
     let mut seen = observer.subscribe("confirm.test").await.expect("subscribe");
-    observer.flush().await.expect("flush");
+    // The server has the subscription before the other connection publishes.
+    common::worker_support::round_trip(&observer).await;
 
     let client = async_nats::connect(nats.url()).await.expect("connect");
     let confirmer = Confirmer::new(client.clone());
@@ -96,16 +97,8 @@ async fn jetstream_confirm_without_a_server_fails_instead_of_hanging() {
 
     // Back again: confirmations succeed once the client has reconnected.
     nats.restart();
-    let confirmed = tokio::time::timeout(HANG, async {
-        loop {
-            if confirmer.confirm().await.is_ok() {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    })
-    .await;
-    assert!(confirmed.is_ok(), "confirmations resume after a restart");
+    let confirmed = poll_until(HANG, || async { confirmer.confirm().await.is_ok() }).await;
+    assert!(confirmed, "confirmations resume after a restart");
 }
 
 /// Returns once the server has processed everything `client` sent before:

@@ -59,7 +59,7 @@ async fn jetstream_worker_dying_mid_run_loses_nothing() {
         "work queue not drained: {}",
         queue_state(&js).await
     );
-    check_run(&js, &inputs, None, "after a worker crash").await;
+    check_stored(&js, &inputs, None, "after a worker crash").await;
     assert_eq!(prefill_left(&js).await, 0);
     let (_, redelivered, _) = consumer_counters(&js).await;
     println!("consumer redeliveries: {redelivered}");
@@ -209,7 +209,7 @@ async fn jetstream_fenced_worker_waits_then_mints_with_its_new_slot() {
     let worker = LibWorker::start(&config, identity.clone()).await;
 
     let mut inputs: Vec<Input> = (0..5).map(|i| needs_mint(&format!("mint-{i}"))).collect();
-    inputs.extend((0..5).map(|i| terminal(&format!("done-{i}"))));
+    inputs.extend((0..5).map(|i| Input::terminal(&format!("done-{i}"))));
     publish_all(&js, &inputs).await;
 
     // Results that need no ID flow while fenced; the others wait.

@@ -39,8 +39,15 @@ async fn jetstream_mixed_traffic_three_workers_each_request_once() {
         wait_drained(&js, Duration::from_secs(30)).await,
         "work queue not drained"
     );
-    // Anything late (a redelivery) would show up within an ack wait.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Anything late (a redelivery answered again) is here once the workers'
+    // counters account for every delivery.
+    let answered = || workers.iter().map(LibWorker::outputs_counted).sum();
+    assert!(
+        wait_every_delivery_answered(&js, Duration::from_secs(30), answered).await,
+        "{}",
+        queue_state(&js).await
+    );
+    collector.fence().await;
     println!(
         "{n} results through 3 workers in {:.2} s ({:.0}/s)",
         elapsed.as_secs_f64(),

@@ -9,7 +9,7 @@ use crate::common;
 use crate::common::jetstream_support::*;
 
 use async_nats::jetstream;
-use common::{Etcd, Nats, Worker, http_get, prometheus_samples};
+use common::{Etcd, Nats, Worker, http_get, poll_until, prometheus_samples};
 use std::collections::BTreeSet;
 use std::time::Duration;
 use tokio::task::block_in_place;
@@ -102,13 +102,10 @@ async fn jetstream_full_gen_holds_results_until_room_returns() {
         wait_outputs(&js, others, Duration::from_secs(30)).await,
         "results that need no GEN are answered meanwhile"
     );
-    let full = async {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        while gen_stored(&js).await < room as u64 && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    };
-    full.await;
+    poll_until(Duration::from_secs(30), || async {
+        gen_stored(&js).await >= room as u64
+    })
+    .await;
     assert_eq!(gen_stored(&js).await, room as u64);
     // Longer than the whole redelivery schedule: every refused result is
     // still in the work queue, none acked without its decode job.
@@ -151,7 +148,7 @@ async fn jetstream_full_gen_holds_results_until_room_returns() {
     let wanted = inputs.iter().filter(|i| i.expect == Expect::Gen);
     each_decode_job_stored_once(&js, wanted).await;
     let accepting = block_in_place(|| {
-        common::eventually(Duration::from_secs(10), || {
+        common::poll_until_blocking(Duration::from_secs(10), || {
             metric(&metrics, "handoff_gen_refusing") == Some(0.0)
                 && http_get(&metrics, "/readyz").status == 200
         })
@@ -190,7 +187,7 @@ async fn jetstream_a_stopping_worker_hands_its_held_results_back() {
     let inputs: Vec<Input> = (0..20).map(|i| needs_mint(&format!("held-{i}"))).collect();
     publish_all(&js, &inputs).await;
     let holding = block_in_place(|| {
-        common::eventually(Duration::from_secs(30), || {
+        common::poll_until_blocking(Duration::from_secs(30), || {
             metric(&metrics, "handoff_gen_refusing") == Some(1.0)
         })
     });
@@ -274,13 +271,9 @@ async fn core_mode_decode_jobs_into_a_full_jetstream_gen_are_dropped_unseen() {
 /// How many replies and dead letters the capture stream holds, polled until
 /// it reaches `n` or `timeout` passes.
 async fn wait_outputs(js: &jetstream::Context, n: u64, timeout: Duration) -> bool {
-    let deadline = tokio::time::Instant::now() + timeout;
-    while tokio::time::Instant::now() < deadline {
+    poll_until(timeout, || async {
         let stream = js.get_stream("OUTPUTS").await.expect("capture stream");
-        if stream.get_info().await.expect("info").state.messages >= n {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    false
+        stream.get_info().await.expect("info").state.messages >= n
+    })
+    .await
 }

@@ -7,7 +7,7 @@
 use crate::common;
 use crate::common::jetstream_support;
 
-use common::{Etcd, Nats, eventually};
+use common::{Etcd, Nats, poll_until_blocking};
 use jetstream_support::*;
 use prefill_handoff::identity::{Lease, Registration};
 use prefill_handoff::ids::IdLayout;
@@ -83,7 +83,7 @@ async fn jetstream_etcd_outage_past_the_reservation_defers_minting_until_etcd_re
     }
 
     etcd.kill();
-    let used_up = eventually(Duration::from_secs(15), || {
+    let used_up = poll_until_blocking(Duration::from_secs(15), || {
         identity.reserved_for_ms() == Some(0)
     });
     assert!(used_up, "the reservation runs out while etcd is gone");
@@ -95,7 +95,7 @@ async fn jetstream_etcd_outage_past_the_reservation_defers_minting_until_etcd_re
     let mut during: Vec<Input> = (0..20)
         .map(|i| needs_mint(&format!("during-{i}")))
         .collect();
-    during.extend((0..20).map(|i| terminal(&format!("plain-{i}"))));
+    during.extend((0..20).map(|i| Input::terminal(&format!("plain-{i}"))));
     let published_at = Instant::now();
     publish_all(&js, &during).await;
     // Results that need no ID flow while fenced.
@@ -107,7 +107,7 @@ async fn jetstream_etcd_outage_past_the_reservation_defers_minting_until_etcd_re
         .count();
     assert_eq!(plain, 20);
     // The others were tried and sent back, not answered.
-    let tried = eventually(Duration::from_secs(10), || {
+    let tried = poll_until_blocking(Duration::from_secs(10), || {
         futures::executor::block_on(deliveries(&js)) > 60
     });
     assert!(tried, "fenced results are redelivered");
@@ -124,7 +124,7 @@ async fn jetstream_etcd_outage_past_the_reservation_defers_minting_until_etcd_re
     etcd.restart();
     // The same lease (a restarted etcd renews it) or a new one: either way
     // minting resumes without a restart of the worker.
-    let recovered = eventually(Duration::from_secs(30), || {
+    let recovered = poll_until_blocking(Duration::from_secs(30), || {
         identity.reserved_for_ms().is_some_and(|ms| ms > 0)
     });
     assert!(recovered, "a renewed reservation after etcd returns");

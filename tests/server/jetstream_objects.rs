@@ -8,7 +8,7 @@ use crate::common;
 use crate::common::jetstream_support::*;
 
 use async_nats::jetstream;
-use common::{Etcd, Nats, Worker, http_get};
+use common::{Etcd, Nats, Worker, http_get, poll_until};
 use std::time::Duration;
 use tokio::task::block_in_place;
 
@@ -17,16 +17,13 @@ const CONSUMER: &str = "handoff";
 
 /// Waits until the prefill stream and its consumer exist again.
 async fn wait_recreated(js: &jetstream::Context, timeout: Duration) -> bool {
-    let deadline = tokio::time::Instant::now() + timeout;
-    while tokio::time::Instant::now() < deadline {
-        if let Ok(stream) = js.get_stream(STREAM).await
-            && stream.consumer_info(CONSUMER).await.is_ok()
-        {
-            return true;
+    poll_until(timeout, || async {
+        match js.get_stream(STREAM).await {
+            Ok(stream) => stream.consumer_info(CONSUMER).await.is_ok(),
+            Err(_) => false,
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    false
+    })
+    .await
 }
 
 fn batch(from: usize, n: usize) -> Vec<Input> {
@@ -113,7 +110,7 @@ async fn jetstream_workers_without_create_turn_unready_until_setup_runs() {
         block_in_place(|| Worker::run_ready(&nats, &etcd, "jetstream", &settings, &[]));
     let unready = |what: &str| {
         let turned = block_in_place(|| {
-            common::eventually(Duration::from_secs(30), || {
+            common::poll_until_blocking(Duration::from_secs(30), || {
                 let reply = http_get(&metrics, "/readyz");
                 reply.status == 503 && reply.body.contains("consuming")
             })
@@ -122,7 +119,7 @@ async fn jetstream_workers_without_create_turn_unready_until_setup_runs() {
     };
     let ready_again = |what: &str| {
         let back = block_in_place(|| {
-            common::eventually(Duration::from_secs(30), || {
+            common::poll_until_blocking(Duration::from_secs(30), || {
                 http_get(&metrics, "/readyz").status == 200
             })
         });

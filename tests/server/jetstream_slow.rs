@@ -5,7 +5,7 @@
 use crate::common;
 use crate::common::jetstream_support;
 
-use common::Nats;
+use common::{Nats, poll_until};
 use futures::StreamExt;
 use jetstream_support::*;
 use std::collections::{BTreeMap, BTreeSet};
@@ -112,7 +112,9 @@ async fn jetstream_pulls_never_hold_more_than_the_byte_budget() {
     // any delivery that pull brought.
     let observer = async_nats::connect(nats.url()).await.expect("connect");
     let mut wire = observer.subscribe(">").await.expect("subscribe");
-    observer.flush().await.expect("flush");
+    // The server has the subscription before the workers publish on their
+    // own connections (a flush only writes the socket).
+    common::worker_support::round_trip(&observer).await;
     // (deliveries held now, the most at once)
     let held: Arc<Mutex<(BTreeSet<String>, usize)>> = Arc::default();
     {
@@ -136,14 +138,11 @@ async fn jetstream_pulls_never_hold_more_than_the_byte_budget() {
 
     let worker = LibWorker::start(&config, fixed_identity(5)).await;
     publish_all(&js, &inputs).await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-    loop {
+    poll_until(Duration::from_secs(120), || async {
         let (ack_pending, _, pending) = consumer_counters(&js).await;
-        if (ack_pending == 0 && pending == 0) || tokio::time::Instant::now() > deadline {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        ack_pending == 0 && pending == 0
+    })
+    .await;
     assert!(
         wait_drained(&js, Duration::from_secs(10)).await,
         "{}",
@@ -151,10 +150,10 @@ async fn jetstream_pulls_never_hold_more_than_the_byte_budget() {
     );
 
     // The last settlements may still be on their way to the observer.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !held.lock().unwrap().0.is_empty() && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    poll_until(Duration::from_secs(10), || async {
+        held.lock().unwrap().0.is_empty()
+    })
+    .await;
     let most_outstanding = slow_gen.most_outstanding();
     let (still_held, most_held) = held.lock().unwrap().clone();
     let most = BUDGET / size;

@@ -44,18 +44,8 @@ async fn scrape(addr: SocketAddr) -> BTreeMap<String, f64> {
     common::prometheus_samples(&reply.body)
 }
 
-/// Polls `check` on fresh state every 20 ms for up to 30 s.
-async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !check().await {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
+/// How long the metrics tests wait for a gauge or the readiness to follow.
+const WAIT: Duration = Duration::from_secs(30);
 
 fn unfenced_identity() -> Identity {
     Identity::fixed(
@@ -233,10 +223,13 @@ async fn readyz_needs_nats_a_slot_and_consuming() {
         .await
         .expect("connect");
     readiness.set_consuming(true);
-    eventually("only the slot is missing", || async move {
-        readyz().await.body.contains(r#""missing":["slot_held"]"#)
-    })
-    .await;
+    assert!(
+        common::poll_until(WAIT, || async move {
+            readyz().await.body.contains(r#""missing":["slot_held"]"#)
+        })
+        .await,
+        "timed out waiting until only the slot is missing"
+    );
     let s = scrape(addr).await;
     assert_eq!(s["handoff_fenced"], 1.0);
     assert_eq!(s["handoff_machine_id"], -1.0);
@@ -247,15 +240,18 @@ async fn readyz_needs_nats_a_slot_and_consuming() {
         MachineId::new(16).unwrap(),
         Some(Instant::now() + Duration::from_secs(60)),
     );
-    eventually("ready after install", || async move {
-        readyz().await.status == 200
-    })
-    .await;
-    eventually("gauges follow the slot", || async move {
-        let s = scrape(addr).await;
-        s["handoff_fenced"] == 0.0 && s["handoff_machine_id"] == 16.0
-    })
-    .await;
+    assert!(
+        common::poll_until(WAIT, || async move { readyz().await.status == 200 }).await,
+        "timed out waiting until ready after install"
+    );
+    assert!(
+        common::poll_until(WAIT, || async move {
+            let s = scrape(addr).await;
+            s["handoff_fenced"] == 0.0 && s["handoff_machine_id"] == 16.0
+        })
+        .await,
+        "timed out waiting until gauges follow the slot"
+    );
     assert_eq!(scrape(addr).await["handoff_lease_recoveries_total"], 0.0);
 
     // The lease is lost: not ready, fenced.
@@ -267,11 +263,14 @@ async fn readyz_needs_nats_a_slot_and_consuming() {
         "{}",
         reply.body
     );
-    eventually("fenced gauge", || async move {
-        let s = scrape(addr).await;
-        s["handoff_fenced"] == 1.0 && s["handoff_machine_id"] == -1.0
-    })
-    .await;
+    assert!(
+        common::poll_until(WAIT, || async move {
+            let s = scrape(addr).await;
+            s["handoff_fenced"] == 1.0 && s["handoff_machine_id"] == -1.0
+        })
+        .await,
+        "timed out waiting until fenced gauge"
+    );
 
     // Recovered with a new lease and slot: ready again, one recovery.
     identity.set_lease(0x20);
@@ -280,30 +279,36 @@ async fn readyz_needs_nats_a_slot_and_consuming() {
         MachineId::new(32).unwrap(),
         Some(Instant::now() + Duration::from_secs(60)),
     );
-    eventually("ready after recovery", || async move {
-        readyz().await.status == 200
-    })
-    .await;
-    eventually("one recovery counted", || async move {
-        let s = scrape(addr).await;
-        s["handoff_lease_recoveries_total"] == 1.0 && s["handoff_machine_id"] == 32.0
-    })
-    .await;
+    assert!(
+        common::poll_until(WAIT, || async move { readyz().await.status == 200 }).await,
+        "timed out waiting until ready after recovery"
+    );
+    assert!(
+        common::poll_until(WAIT, || async move {
+            let s = scrape(addr).await;
+            s["handoff_lease_recoveries_total"] == 1.0 && s["handoff_machine_id"] == 32.0
+        })
+        .await,
+        "timed out waiting until one recovery counted"
+    );
 
     // NATS goes away: not ready; it comes back: ready, one reconnect.
     nats.kill();
-    eventually("not ready without NATS", || async move {
-        readyz()
-            .await
-            .body
-            .contains(r#""missing":["nats_connected"]"#)
-    })
-    .await;
+    assert!(
+        common::poll_until(WAIT, || async move {
+            readyz()
+                .await
+                .body
+                .contains(r#""missing":["nats_connected"]"#)
+        })
+        .await,
+        "timed out waiting until not ready without NATS"
+    );
     nats.restart();
-    eventually("ready after reconnect", || async move {
-        readyz().await.status == 200
-    })
-    .await;
+    assert!(
+        common::poll_until(WAIT, || async move { readyz().await.status == 200 }).await,
+        "timed out waiting until ready after reconnect"
+    );
     assert_eq!(scrape(addr).await["handoff_nats_reconnects_total"], 1.0);
 
     // Draining: not consuming any more.
@@ -473,9 +478,12 @@ async fn messages_the_client_drops_for_a_full_buffer_are_counted() {
     publisher.flush().await.expect("flush");
     // One message fits the buffer; the client drops the others and reports
     // each drop it can (its event queue is bounded).
-    eventually("drops counted", || async move {
-        let dropped = scrape(addr).await["handoff_nats_slow_consumer_drops_total"];
-        (1.0..=19.0).contains(&dropped)
-    })
-    .await;
+    assert!(
+        common::poll_until(WAIT, || async move {
+            let dropped = scrape(addr).await["handoff_nats_slow_consumer_drops_total"];
+            (1.0..=19.0).contains(&dropped)
+        })
+        .await,
+        "timed out waiting until drops counted"
+    );
 }

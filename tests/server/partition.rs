@@ -5,8 +5,9 @@ use crate::common;
 
 use common::fault_proxy::{Fault, FaultProxy};
 use common::jetstream_support;
-use common::worker_support::{PREFILL, client, msgpack};
-use common::{Etcd, Nats, Worker, eventually, free_port, http_send};
+use common::messages::msgpack;
+use common::worker_support::{PREFILL, client};
+use common::{Etcd, Nats, Worker, free_port, http_send, poll_until_blocking};
 use futures::StreamExt;
 use serde_json::json;
 use std::net::SocketAddr;
@@ -61,17 +62,19 @@ async fn black_holed_then_healed(mode: &str) {
         &metrics,
     ];
     let mut worker = Worker::spawn(&args, &[("NO_COLOR", "1")]);
-    let ready = block_in_place(|| eventually(Duration::from_secs(30), || readyz(&metrics) == 200));
+    let ready =
+        block_in_place(|| poll_until_blocking(Duration::from_secs(30), || readyz(&metrics) == 200));
     assert!(ready, "the worker did not become ready:\n{}", worker.log());
     let pid = worker.pid();
 
     proxy.set(Fault::BlackHole);
     let noticed =
-        block_in_place(|| eventually(Duration::from_secs(30), || readyz(&metrics) == 503));
+        block_in_place(|| poll_until_blocking(Duration::from_secs(30), || readyz(&metrics) == 503));
     assert!(noticed, "still ready 30 s into the cut:\n{}", worker.log());
 
     proxy.set(Fault::Pass);
-    let back = block_in_place(|| eventually(Duration::from_secs(60), || readyz(&metrics) == 200));
+    let back =
+        block_in_place(|| poll_until_blocking(Duration::from_secs(60), || readyz(&metrics) == 200));
     assert!(back, "not ready 60 s after the heal:\n{}", worker.log());
     assert!(worker.is_running(), "the worker exited:\n{}", worker.log());
     assert_eq!(worker.pid(), pid, "the same process");

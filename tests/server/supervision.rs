@@ -11,7 +11,7 @@
 
 use crate::common;
 
-use common::{Etcd, Nats, Worker, http_send};
+use common::{Etcd, Nats, Worker, http_send, poll_until_blocking};
 use std::time::{Duration, Instant};
 
 /// Generous: the exit itself takes about a second (the lease revoke is
@@ -43,12 +43,15 @@ fn connection_end_makes_the_worker_unready_and_exit_non_zero(mode: &str) {
     worker.signal("USR1");
     let injected = Instant::now();
     let mut answers = Vec::new();
-    while worker.is_running() && injected.elapsed() < EXIT {
+    poll_until_blocking(EXIT, || {
+        if !worker.is_running() {
+            return true;
+        }
         if let Ok(reply) = http_send(&metrics, b"GET /readyz HTTP/1.1\r\n\r\n") {
             answers.push((reply.status, reply.body));
         }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        false
+    });
     let code = worker.wait_exit(EXIT);
     etcd.resume();
     let log = worker.log();

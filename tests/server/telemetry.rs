@@ -9,13 +9,15 @@
 use crate::common;
 use crate::common::worker_support;
 
+use common::jetstream_support;
+use common::messages::{self, header, msgpack};
 use common::otlp::{HungCollector, OtlpReceiver, ReceivedSpan};
-use common::{Etcd, Nats, Worker, free_port, http_get, prometheus_samples};
+use common::{Etcd, Nats, Worker, free_port, http_get, poll_until, prometheus_samples};
 use futures::StreamExt as _;
 use serde_json::json;
 use std::time::Duration;
 use tokio::task::block_in_place;
-use worker_support::{DEAD, GEN, PREFILL, client, header, msgpack};
+use worker_support::{DEAD, GEN, PREFILL, client, outputs_counted};
 
 const START: Duration = Duration::from_secs(30);
 const SPANS: Duration = Duration::from_secs(30);
@@ -58,12 +60,11 @@ fn decode_job(request_id: &str, reply: &str) -> Vec<u8> {
     }))
 }
 
-fn terminal(request_id: &str, reply: &str) -> Vec<u8> {
-    msgpack(&json!({
-        "request_id": request_id,
-        "reply_to": reply,
-        "frames": [{"token_ids": [2], "finish_reason": "eos"}],
-    }))
+/// A terminal result answered on `reply`.
+fn terminal_on(request_id: &str, reply: &str) -> Vec<u8> {
+    let mut result = messages::terminal(request_id);
+    result["reply_to"] = reply.into();
+    msgpack(&result)
 }
 
 /// Not a map: a dead letter (`malformed`).
@@ -98,7 +99,7 @@ async fn each_result_gets_one_span_under_its_trace(mode: &str, protocol: &str) {
     };
     let nats = Nats::start();
     let etcd = Etcd::start();
-    let (worker, _) = spawn_worker(
+    let (worker, metrics) = spawn_worker(
         &nats,
         &etcd,
         &[
@@ -110,14 +111,10 @@ async fn each_result_gets_one_span_under_its_trace(mode: &str, protocol: &str) {
         ],
     );
     let test = client(&nats.url()).await;
-    // The outputs' subjects only: a `>` subscriber would answer (by never
-    // answering) the durable mode's confirmation probes, which expect no
-    // responder.
-    let mut subs = futures::stream::SelectAll::new();
-    for subject in [GEN, DEAD, "llm.replies.>"] {
-        subs.push(test.subscribe(subject).await.expect("subscribe"));
-    }
-    test.flush().await.expect("flush");
+    // The outputs' subjects only (under `llm.>`): a `>` subscriber would
+    // answer (by never answering) the durable mode's confirmation probes,
+    // which expect no responder.
+    let collector = jetstream_support::Collector::start(&test).await;
 
     let (t_decode, t_terminal, t_dead, t_unsampled) = (
         "4bf92f3577b34da6a3ce929d0e0e4736",
@@ -132,7 +129,7 @@ async fn each_result_gets_one_span_under_its_trace(mode: &str, protocol: &str) {
             traceparent: Some(traceparent(t_decode, parent, "01")),
         },
         Input {
-            body: terminal("r-terminal", "llm.replies.terminal"),
+            body: terminal_on("r-terminal", "llm.replies.terminal"),
             traceparent: Some(traceparent(t_terminal, parent, "01")),
         },
         Input {
@@ -140,30 +137,37 @@ async fn each_result_gets_one_span_under_its_trace(mode: &str, protocol: &str) {
             traceparent: Some(traceparent(t_dead, parent, "01")),
         },
         Input {
-            body: terminal("r-unsampled", "llm.replies.unsampled"),
+            body: terminal_on("r-unsampled", "llm.replies.unsampled"),
             traceparent: Some(traceparent(t_unsampled, parent, "00")),
         },
         Input {
-            body: terminal("r-root", "llm.replies.root"),
+            body: terminal_on("r-root", "llm.replies.root"),
             traceparent: None,
         },
     ];
     for input in &inputs {
         publish(&test, input).await;
     }
-    test.flush().await.expect("flush");
-    let mut outputs = Vec::new();
-    while outputs.len() < inputs.len() {
-        match tokio::time::timeout(Duration::from_secs(20), subs.next()).await {
-            Ok(Some(message)) => outputs.push(message),
-            _ => panic!("{} of {} outputs: {outputs:?}", outputs.len(), inputs.len()),
-        }
-    }
-    // A duplicate would show within this.
-    if let Ok(Some(extra)) = tokio::time::timeout(Duration::from_millis(300), subs.next()).await {
-        panic!("an output beyond one per input: {extra:?}");
-    }
-    let on = |subject: &str| -> Vec<&async_nats::Message> {
+    // Every output is here once the worker's counter has every input
+    // answered and a fence came back behind them.
+    let answered = poll_until(Duration::from_secs(20), || async {
+        block_in_place(|| outputs_counted(&metrics)) >= inputs.len() as u64
+    })
+    .await;
+    collector.fence().await;
+    let outputs = collector.all();
+    assert!(
+        answered,
+        "{} of {} outputs: {outputs:?}",
+        outputs.len(),
+        inputs.len()
+    );
+    assert_eq!(
+        outputs.len(),
+        inputs.len(),
+        "one output per input: {outputs:?}"
+    );
+    let on = |subject: &str| -> Vec<&jetstream_support::Seen> {
         outputs
             .iter()
             .filter(|m| m.subject.as_str() == subject)
@@ -346,10 +350,11 @@ fn metric(addr: &str, series: &str) -> f64 {
 }
 
 /// `rounds` rounds of `per_round` sampled results, each round waiting for
-/// every output; the RSS after each round (KiB).
+/// every output; the RSS after each round (KiB). The worker's metrics are at
+/// `metrics`.
 async fn rounds_of_traffic(
     nats: &Nats,
-    worker: &Worker,
+    (worker, metrics): (&Worker, &str),
     rounds: usize,
     per_round: usize,
 ) -> Vec<u64> {
@@ -362,7 +367,7 @@ async fn rounds_of_traffic(
         for i in 0..per_round {
             n += 1;
             let input = Input {
-                body: terminal(&format!("r{round}-{i}"), "llm.replies.load"),
+                body: terminal_on(&format!("r{round}-{i}"), "llm.replies.load"),
                 traceparent: Some(traceparent(&format!("{n:032x}"), "00f067aa0ba902b7", "01")),
             };
             publish(&test, &input).await;
@@ -378,10 +383,27 @@ async fn rounds_of_traffic(
         }
         rss.push(rss_kib(worker));
     }
-    // Nothing beyond one output each.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let extra = tokio::time::timeout(Duration::from_millis(100), replies.next()).await;
-    assert!(extra.is_err(), "no output beyond one per result");
+    // Nothing beyond one output each: the worker's counter says it has
+    // answered every result (an extra output would come before its count),
+    // and a fence sent through the server behind them comes next.
+    let answered = poll_until(Duration::from_secs(60), || async {
+        block_in_place(|| outputs_counted(metrics)) >= n
+    })
+    .await;
+    assert!(answered, "the worker counts {n} results answered");
+    let fence = format!("llm.replies.test-fence.{}", test.new_inbox());
+    test.publish(fence.clone(), "".into())
+        .await
+        .expect("publish a fence");
+    let next = tokio::time::timeout(Duration::from_secs(10), replies.next())
+        .await
+        .expect("the fence comes back")
+        .expect("the subscription is open");
+    assert_eq!(
+        next.subject.as_str(),
+        fence,
+        "no output beyond one per result"
+    );
     rss
 }
 
@@ -418,12 +440,12 @@ async fn collector_down_costs_no_output_and_no_memory_and_is_counted() {
             ("HANDOFF_OTEL__QUEUE_SPANS", "256"),
         ],
     );
-    let rss = rounds_of_traffic(&nats, &worker, ROUNDS, PER_ROUND).await;
+    let rss = rounds_of_traffic(&nats, (&worker, &metrics), ROUNDS, PER_ROUND).await;
     assert_flat(&rss);
     let failed = r#"handoff_otel_spans_dropped_total{reason="export_failed"}"#;
     let full = r#"handoff_otel_spans_dropped_total{reason="queue_full"}"#;
     let dropped = block_in_place(|| {
-        common::eventually(Duration::from_secs(20), || {
+        common::poll_until_blocking(Duration::from_secs(20), || {
             metric(&metrics, failed) + metric(&metrics, full) >= (ROUNDS * PER_ROUND) as f64
         });
         metric(&metrics, failed) + metric(&metrics, full)
@@ -452,7 +474,7 @@ async fn collector_hung_fills_the_bounded_queue_and_drops_the_rest() {
             ("HANDOFF_OTEL__EXPORT_TIMEOUT_MS", "60000"),
         ],
     );
-    let rss = rounds_of_traffic(&nats, &worker, ROUNDS, PER_ROUND).await;
+    let rss = rounds_of_traffic(&nats, (&worker, &metrics), ROUNDS, PER_ROUND).await;
     assert_flat(&rss);
     let full = metric(
         &metrics,

@@ -6,7 +6,8 @@ use crate::common::worker_support;
 
 use async_nats::HeaderMap;
 use bytes::Bytes;
-use common::{Etcd, Nats, Worker, http_get, prometheus_samples};
+use common::messages::header;
+use common::{Etcd, Nats, Worker, http_get, poll_until, prometheus_samples};
 use futures::StreamExt;
 use prefill_handoff::headers::names::HANDOFF_PAYLOAD_OMITTED as PAYLOAD_OMITTED;
 use prefill_handoff::wire::{Encoding, encode};
@@ -14,9 +15,9 @@ use rmpv::Value;
 use serde_json::json;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::task::block_in_place;
-use worker_support::{DEAD, InProcess, PREFILL, client, config, fixed_identity, header};
+use worker_support::{DEAD, InProcess, PREFILL, client, config, fixed_identity};
 
 const MIB: usize = 1024 * 1024;
 
@@ -210,7 +211,9 @@ async fn a_burst_of_2000_hostile_1mib_results_stays_under_256_mib_and_all_are_co
     let watcher = client(&nats.url()).await;
     let mut replies = watcher.subscribe("_INBOX.burst.>").await.unwrap();
     let mut dead = watcher.subscribe(DEAD).await.unwrap();
-    watcher.flush().await.unwrap();
+    // The server has the subscriptions before the worker answers (a flush
+    // only writes the socket).
+    worker_support::round_trip(&watcher).await;
     let bodies = Arc::new([hostile(false), hostile(true)]);
     let counts = Arc::new(Mutex::new(Tally::default()));
     let sink = Arc::clone(&counts);
@@ -291,17 +294,13 @@ async fn a_burst_of_2000_hostile_1mib_results_stays_under_256_mib_and_all_are_co
 
     // Every result ends as an output or a counted drop.
     let scrape = || prometheus_samples(&http_get(&metrics_addr, "/metrics").body);
-    let deadline = Instant::now() + Duration::from_secs(180);
-    loop {
+    poll_until(Duration::from_secs(180), || async {
         let drops = block_in_place(scrape)["handoff_nats_slow_consumer_drops_total"] as usize;
         let c = total();
-        let settled = c.malformed.len() + c.refused.len() + c.bare + c.bad_dead + drops >= N
-            && c.told.len() >= c.refused.len() + c.bare;
-        if settled || Instant::now() > deadline {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+        c.malformed.len() + c.refused.len() + c.bare + c.bad_dead + drops >= N
+            && c.told.len() >= c.refused.len() + c.bare
+    })
+    .await;
     // Long enough for a duplicate to show.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let samples = block_in_place(scrape);

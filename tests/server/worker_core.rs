@@ -6,12 +6,11 @@ use crate::common;
 use crate::common::worker_support;
 
 use common::Nats;
+use common::messages::{header, msgpack};
 use serde_json::json;
 use std::time::Duration;
 use worker_support::cases::{self, Case};
-use worker_support::{
-    Collector, DEAD, GEN, InProcess, PREFILL, client, config, fixed_identity, header, msgpack,
-};
+use worker_support::{Collector, DEAD, GEN, InProcess, PREFILL, client, config, fixed_identity};
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -29,7 +28,8 @@ async fn mixed_traffic_through_two_workers_gives_each_result_one_output() {
         all.extend(cases::mixed(&format!("r{round}")));
     }
     cases::publish(&test, &all).await;
-    let outputs = collector.wait_outputs(all.len(), WAIT).await;
+    let settled = || async { a.settled().await && b.settled().await };
+    let outputs = collector.wait_outputs(all.len(), WAIT, settled).await;
     let machine_ids = cases::check(&all, &outputs);
 
     assert!(
@@ -105,7 +105,9 @@ async fn hostile_reply_subjects_are_dead_lettered_and_never_published_to() {
     // The server's advisory about creating stream X may reach the collector
     // after it subscribed (seen: 30 "outputs" for 29 results): not an output.
     let advisory = |m: &async_nats::Message| m.subject.starts_with("$JS.EVENT.ADVISORY.");
-    let mut outputs = collector.wait_outputs(bodies.len(), WAIT).await;
+    let mut outputs = collector
+        .wait_outputs(bodies.len(), WAIT, || worker.settled())
+        .await;
     outputs.retain(|m| !advisory(m));
     for message in collector.all() {
         if advisory(&message) {
@@ -188,7 +190,7 @@ async fn trace_headers_are_copied_and_json_in_gives_json_out() {
         .unwrap();
     test.flush().await.unwrap();
 
-    let outputs = collector.wait_outputs(5, WAIT).await;
+    let outputs = collector.wait_outputs(5, WAIT, || worker.settled()).await;
     assert_eq!(outputs.len(), 5);
     for message in &outputs {
         let headers = message.headers.as_ref();
@@ -261,7 +263,7 @@ async fn a_fenced_worker_refuses_to_mint_but_hands_off_kept_ids() {
     test.flush().await.unwrap();
 
     // Three answers, and the KV release notice of the refused handoff.
-    let outputs = collector.wait_outputs(4, WAIT).await;
+    let outputs = collector.wait_outputs(4, WAIT, || worker.settled()).await;
     assert_eq!(outputs.len(), 4);
     for message in &outputs {
         let out: serde_json::Value = rmp_serde::from_slice(&message.payload).unwrap();
@@ -325,7 +327,7 @@ async fn an_oversized_tracestate_is_dropped_and_counted_and_the_result_gets_its_
         .expect("the input fits the server");
     test.flush().await.unwrap();
 
-    let outputs = collector.wait_outputs(1, WAIT).await;
+    let outputs = collector.wait_outputs(1, WAIT, || worker.settled()).await;
     assert_eq!(outputs.len(), 1);
     assert_eq!(outputs[0].subject.as_str(), GEN, "a decode job");
     let headers = outputs[0].headers.as_ref();
@@ -365,7 +367,7 @@ async fn an_output_larger_than_the_server_accepts_dead_letters_the_input() {
     test.publish(PREFILL, payload.clone().into()).await.unwrap();
     test.flush().await.unwrap();
 
-    let outputs = collector.wait_outputs(1, WAIT).await;
+    let outputs = collector.wait_outputs(1, WAIT, || worker.settled()).await;
     assert_eq!(outputs.len(), 1);
     assert_eq!(outputs[0].subject.as_str(), DEAD);
     assert_eq!(
@@ -414,7 +416,7 @@ async fn an_input_too_large_to_dead_letter_whole_is_dead_lettered_without_its_by
     }
     test.flush().await.unwrap();
 
-    let outputs = collector.wait_outputs(2, WAIT).await;
+    let outputs = collector.wait_outputs(2, WAIT, || worker.settled()).await;
     assert_eq!(outputs.len(), 2, "one output each: {outputs:?}");
     for out in &outputs {
         assert_eq!(out.subject.as_str(), DEAD);
@@ -454,7 +456,13 @@ async fn the_worker_reconnects_after_nats_restarts() {
         let collector = Collector::start(&test).await;
         test.publish(PREFILL, body("before").into()).await.unwrap();
         test.flush().await.unwrap();
-        assert_eq!(collector.wait_outputs(1, WAIT).await.len(), 1);
+        assert_eq!(
+            collector
+                .wait_outputs(1, WAIT, || worker.settled())
+                .await
+                .len(),
+            1
+        );
     }
 
     nats.kill();
@@ -515,14 +523,24 @@ async fn shutdown_finishes_every_accepted_result() {
     assert_eq!(report.counts.published, report.counts.received);
     assert_eq!(report.unfinished, 0);
     assert!(report.flushed);
-    let outputs = collector.wait_outputs(burst.len(), WAIT).await;
+    // The worker has stopped: nothing more is coming.
+    let outputs = collector
+        .wait_outputs(burst.len(), WAIT, || async { true })
+        .await;
     cases::check(&burst, &outputs);
-    // After the drain the worker takes nothing more.
+    // After the drain the worker takes nothing more: the late result is
+    // routed (the collector sees it behind its fence) and goes unanswered.
     let late = msgpack(
         &json!({"request_id": "late", "reply_to": "llm.replies.late", "frames": [{"finish_reason": "eos"}]}),
     );
-    test.publish(PREFILL, late.into()).await.unwrap();
-    test.flush().await.unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    test.publish(PREFILL, late.clone().into()).await.unwrap();
+    collector.fence().await;
+    assert!(
+        collector
+            .all()
+            .iter()
+            .any(|m| m.subject.as_str() == PREFILL && m.payload[..] == late[..]),
+        "the late result reached the server"
+    );
     assert_eq!(collector.outputs().len(), burst.len());
 }

@@ -6,6 +6,7 @@
 use crate::common;
 use crate::common::worker_support;
 
+use common::messages::msgpack;
 use common::{Etcd, Nats, Worker, free_port, http_get, prometheus_samples};
 use futures::StreamExt;
 use serde_json::json;
@@ -13,7 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::task::block_in_place;
-use worker_support::{GEN, PREFILL, msgpack};
+use worker_support::{GEN, PREFILL};
 
 const START: Duration = Duration::from_secs(30);
 const PASSWORD: &str = "Sw0rdf1shPassw0rd";
@@ -113,7 +114,7 @@ async fn credentials_in_the_url_authenticate() {
     let seen = outputs(&test).await;
     publish_two(&test, "auth").await;
     let answered = block_in_place(|| {
-        common::eventually(Duration::from_secs(20), || seen.lock().unwrap().len() >= 2)
+        common::poll_until_blocking(Duration::from_secs(20), || seen.lock().unwrap().len() >= 2)
     });
     assert!(
         answered,
@@ -151,7 +152,7 @@ async fn a_password_in_the_url_appears_nowhere_in_the_output_at_debug() {
     let seen = outputs(&test).await;
     publish_two(&test, "debug").await;
     let some = block_in_place(|| {
-        common::eventually(Duration::from_secs(20), || seen.lock().unwrap().len() >= 2)
+        common::poll_until_blocking(Duration::from_secs(20), || seen.lock().unwrap().len() >= 2)
     });
     assert!(some, "traffic flows");
     worker.sigterm();
@@ -254,7 +255,7 @@ async fn an_id_service_flood_never_makes_a_decode_job_identity_unavailable() {
         let _ = f.await;
     }
     let all_out = block_in_place(|| {
-        common::eventually(Duration::from_secs(30), || {
+        common::poll_until_blocking(Duration::from_secs(30), || {
             seen.lock().unwrap().len() >= sent
         })
     });

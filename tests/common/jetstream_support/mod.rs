@@ -2,8 +2,6 @@
 //! run in the test process (library level), a mixed traffic generator
 //! (`traffic.rs`), and ways to observe outputs and the queue (`observe.rs`).
 
-#![allow(dead_code)]
-
 mod observe;
 mod traffic;
 
@@ -55,6 +53,8 @@ pub fn fixed_identity(machine_id: u16) -> Identity {
 pub struct LibWorker {
     task: Option<JoinHandle<Result<(), StartError>>>,
     stop: Option<oneshot::Sender<()>>,
+    /// The worker's metrics.
+    pub metrics: Metrics,
 }
 
 impl LibWorker {
@@ -71,18 +71,26 @@ impl LibWorker {
             .expect("worker connects");
         let (stop, stopped) = oneshot::channel::<()>();
         let config = config.clone();
+        let metrics = Metrics::new();
+        let serving = metrics.clone();
         let task = tokio::spawn(async move {
             let shutdown = async {
                 let _ = stopped.await;
             };
-            durable::serve(client, &config, identity, Metrics::new(), None, shutdown)
+            durable::serve(client, &config, identity, serving, None, shutdown)
                 .await
                 .map(drop)
         });
         LibWorker {
             task: Some(task),
             stop: Some(stop),
+            metrics,
         }
+    }
+
+    /// The results it has answered (`handoff_outputs_total`, every outcome).
+    pub fn outputs_counted(&self) -> u64 {
+        crate::common::outputs_total(&self.metrics.encode())
     }
 
     /// Graceful stop: no new pulls, in-flight messages finished.

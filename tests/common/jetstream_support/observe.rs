@@ -2,14 +2,15 @@
 
 use super::traffic::{Expect, Input, mixed, publish_all, request_id_of};
 use super::{DEAD, GEN};
-use crate::common::Nats;
+use crate::common::fence::Fence;
+use crate::common::{Nats, poll_until};
 use async_nats::Client;
 use async_nats::HeaderMap;
 use async_nats::jetstream::{self, stream::Stream};
 use futures::StreamExt;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// One output seen on a core subscription.
 #[derive(Debug, Clone)]
@@ -25,33 +26,49 @@ pub struct Seen {
 #[derive(Clone)]
 pub struct Collector {
     seen: Arc<Mutex<Vec<Seen>>>,
+    fence: Fence,
 }
 
 impl Collector {
+    /// Subscribes on `client`; returns once the server has the subscription
+    /// (a fence came back through it).
     pub async fn start(client: &Client) -> Collector {
         let seen = Arc::new(Mutex::new(Vec::new()));
-        for (subject, kind) in [
-            (GEN, Expect::Gen),
-            ("llm.replies.>", Expect::Reply),
-            (DEAD, Expect::Dead),
-        ] {
-            let mut sub = client.subscribe(subject).await.expect("subscribe");
-            let seen = seen.clone();
-            tokio::spawn(async move {
-                while let Some(m) = sub.next().await {
-                    let request_id = request_id_of(&m.payload, m.headers.as_ref());
-                    seen.lock().unwrap().push(Seen {
-                        kind,
-                        subject: m.subject.to_string(),
-                        request_id,
-                        payload: m.payload.to_vec(),
-                        headers: m.headers.clone(),
-                    });
-                }
-            });
-        }
-        client.flush().await.expect("flush subscriptions");
-        Collector { seen }
+        // One subscription, so that a fence is seen after everything the
+        // server routed before it; the fences under it, on a subject no
+        // worker uses and no stream captures.
+        let mut sub = client.subscribe("llm.>").await.expect("subscribe");
+        let fence = Fence::new(client, "llm.test-fence");
+        let (sink, fenced) = (seen.clone(), fence.clone());
+        tokio::spawn(async move {
+            while let Some(m) = sub.next().await {
+                let kind = match m.subject.as_str() {
+                    GEN => Expect::Gen,
+                    DEAD => Expect::Dead,
+                    s if s.starts_with("llm.replies.") => Expect::Reply,
+                    s if fenced.came_back(s) => continue,
+                    // What the test publishes: results, cancels.
+                    _ => continue,
+                };
+                let request_id = request_id_of(&m.payload, m.headers.as_ref());
+                sink.lock().unwrap().push(Seen {
+                    kind,
+                    subject: m.subject.to_string(),
+                    request_id,
+                    payload: m.payload.to_vec(),
+                    headers: m.headers.clone(),
+                });
+            }
+        });
+        let collector = Collector { seen, fence };
+        collector.fence().await;
+        collector
+    }
+
+    /// Returns once this collector has recorded everything the server had
+    /// routed to it before the call ([`Fence`]).
+    pub async fn fence(&self) {
+        self.fence.pass().await;
     }
 
     pub fn len(&self) -> usize {
@@ -64,14 +81,7 @@ impl Collector {
 
     /// Waits until at least `n` outputs were seen; false on timeout.
     pub async fn wait_for(&self, n: usize, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
-        while Instant::now() < deadline {
-            if self.len() >= n {
-                return true;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        self.len() >= n
+        poll_until(timeout, || async { self.len() >= n }).await
     }
 
     /// Outputs per request ID and kind.
@@ -158,12 +168,15 @@ pub async fn stream_contents(js: &jetstream::Context, name: &str) -> Vec<Seen> {
     out
 }
 
+/// Where [`fence_outputs`] publishes into the capture stream.
+const OUTPUTS_FENCE: &str = "test.harness.outputs-fence";
+
 /// A stream that stores every reply and dead letter, so that outputs
 /// published while a test's own connection is down are still counted.
 pub async fn capture_outputs(js: &jetstream::Context) {
     js.create_stream(jetstream::stream::Config {
         name: "OUTPUTS".into(),
-        subjects: vec!["llm.replies.>".into(), DEAD.into()],
+        subjects: vec!["llm.replies.>".into(), DEAD.into(), OUTPUTS_FENCE.into()],
         storage: jetstream::stream::StorageType::File,
         ..Default::default()
     })
@@ -217,18 +230,6 @@ pub fn check_outputs(inputs: &[Input], seen: &[Seen]) -> Vec<(String, Expect, us
         .collect()
 }
 
-/// [`check_stored`], a few seconds after the work queue settled so that
-/// the last outputs have landed.
-pub async fn check_run(
-    js: &jetstream::Context,
-    inputs: &[Input],
-    live: Option<&Collector>,
-    what: &str,
-) -> Vec<(String, Expect, usize)> {
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    check_stored(js, inputs, live, what).await
-}
-
 /// A run's outputs ([`all_outputs`]: GEN holds each decode job once)
 /// checked against `inputs` ([`check_outputs`]); with `live`, the replies
 /// and dead letters only that collector saw count too
@@ -258,7 +259,7 @@ pub async fn check_stored(
 /// The nats-server restart under load, whoever the workers are: 10,000
 /// mixed results published, the server restarted gracefully once a fifth
 /// of them are answered; then everything is delivered and acked within
-/// `consumed_within`, every result has its output ([`check_run`], the live
+/// `consumed_within`, every result has its output ([`check_stored`], the live
 /// outputs counted too), and the work queue drains (acked messages the
 /// restarted server kept are swept by the idle workers).
 pub async fn restart_mid_run(
@@ -278,7 +279,7 @@ pub async fn restart_mid_run(
         "not everything was delivered and acked after the restart: {}",
         queue_state(js).await
     );
-    check_run(js, &inputs, Some(collector), "after a nats-server restart").await;
+    check_stored(js, &inputs, Some(collector), "after a nats-server restart").await;
     let left = prefill_left(js).await;
     if left > 0 {
         println!("{left} acked messages kept by the restarted server; waiting for the sweep");
@@ -303,37 +304,48 @@ pub async fn consumer_counters(js: &jetstream::Context) -> (usize, usize, u64) {
     (info.num_ack_pending, info.num_redelivered, info.num_pending)
 }
 
+/// Waits until `answered` (the workers' output counters, summed) accounts
+/// for every delivery the consumer has made: with the work queue drained, a
+/// redelivery of a result already acked has then been answered too, so a
+/// duplicate would be among the outputs. For traffic whose every delivery
+/// gets an output (no deferrals).
+pub async fn wait_every_delivery_answered(
+    js: &jetstream::Context,
+    timeout: Duration,
+    answered: impl Fn() -> u64,
+) -> bool {
+    poll_until(timeout, || async { answered() >= deliveries(js).await }).await
+}
+
 /// Waits until the shared consumer has redelivered at least `at_least`
 /// messages (an event to wait for instead of a fixed sleep).
 pub async fn wait_redelivered(js: &jetstream::Context, at_least: usize, timeout: Duration) -> bool {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if consumer_counters(js).await.1 >= at_least {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    false
+    poll_until(timeout, || async {
+        consumer_counters(js).await.1 >= at_least
+    })
+    .await
 }
 
-/// Waits until the work queue is empty and nothing is pending an ack.
+/// Waits until the work queue is empty and nothing is pending an ack
+/// ([`drained`]).
 pub async fn wait_drained(js: &jetstream::Context, timeout: Duration) -> bool {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if let Ok(stream) = js.get_stream("LLM_PREFILL").await
-            && let (Ok(info), Ok(c)) = (
-                stream.get_info().await,
-                stream.consumer_info("handoff").await,
-            )
-            && info.state.messages == 0
-            && c.num_ack_pending == 0
-            && c.num_pending == 0
-        {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    poll_until(timeout, || drained(js)).await
+}
+
+/// True when the server's counters say the work queue is done: the prefill
+/// stream is empty, and its consumer has nothing pending and nothing
+/// waiting for an ack.
+pub async fn drained(js: &jetstream::Context) -> bool {
+    if let Ok(stream) = js.get_stream("LLM_PREFILL").await
+        && let (Ok(info), Ok(c)) = (
+            stream.get_info().await,
+            stream.consumer_info("handoff").await,
+        )
+    {
+        info.state.messages == 0 && c.num_ack_pending == 0 && c.num_pending == 0
+    } else {
+        false
     }
-    false
 }
 
 /// How many deliveries the shared consumer has made (redeliveries included).
@@ -362,18 +374,16 @@ pub async fn queue_state(js: &jetstream::Context) -> String {
 
 /// Waits until the consumer has delivered and settled everything.
 pub async fn wait_consumed(js: &jetstream::Context, timeout: Duration) -> bool {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
+    poll_until(timeout, || async {
         if let Ok(stream) = js.get_stream("LLM_PREFILL").await
             && let Ok(c) = stream.consumer_info("handoff").await
-            && c.num_ack_pending == 0
-            && c.num_pending == 0
         {
-            return true;
+            c.num_ack_pending == 0 && c.num_pending == 0
+        } else {
+            false
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    false
+    })
+    .await
 }
 
 /// `stored` (from [`all_outputs`]) plus the replies and dead letters only
@@ -394,11 +404,24 @@ pub fn with_live_outputs(mut stored: Vec<Seen>, collector: &Collector) -> Vec<Se
     stored
 }
 
+/// Returns once the capture stream has stored every output the server had
+/// routed before the call: the stream stores what it captures in the order
+/// the server routed it, and this fence's ack comes after it is stored.
+pub async fn fence_outputs(js: &jetstream::Context) {
+    js.publish(OUTPUTS_FENCE, "".into())
+        .await
+        .expect("publish the capture stream's fence")
+        .await
+        .expect("the capture stream stores its fence");
+}
+
 /// Every output of a run: the replies and dead letters captured in the
-/// `OUTPUTS` stream plus one [`Seen`] per decode job stored in the GEN
+/// `OUTPUTS` stream (behind a [`fence_outputs`], so every one routed before
+/// the call is in) plus one [`Seen`] per decode job stored in the GEN
 /// stream. Asserts that the GEN stream holds each decode job once (the
 /// `Nats-Msg-Id` duplicate window at work).
 pub async fn all_outputs(js: &jetstream::Context) -> Vec<Seen> {
+    fence_outputs(js).await;
     let gen_ids = gen_stream_request_ids(js).await;
     let mut unique = gen_ids.clone();
     unique.sort();
@@ -409,6 +432,7 @@ pub async fn all_outputs(js: &jetstream::Context) -> Vec<Seen> {
         "GEN stream holds each decode job once"
     );
     let mut outputs = stream_contents(js, "OUTPUTS").await;
+    outputs.retain(|s| s.subject != OUTPUTS_FENCE);
     outputs.extend(gen_ids.into_iter().map(|request_id| Seen {
         kind: Expect::Gen,
         subject: GEN.into(),

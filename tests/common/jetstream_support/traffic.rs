@@ -1,6 +1,7 @@
 //! Prefill results to publish, and reading request IDs back from outputs.
 
 use super::PREFILL;
+use crate::common::messages;
 use async_nats::{HeaderMap, jetstream};
 use prefill_handoff::wire::{self, Encoding};
 use serde_json::{Value as Json, json};
@@ -143,18 +144,15 @@ pub fn needs_mint(request_id: &str) -> Input {
     }
 }
 
-/// A terminal result: needs no ID.
-pub fn terminal(request_id: &str) -> Input {
-    let value = json!({
-        "request_id": request_id,
-        "reply_to": format!("llm.replies.{request_id}"),
-        "frames": [frame(json!("eos"), None)],
-    });
-    Input {
-        payload: encode(&value, false),
-        request_id: request_id.into(),
-        json: false,
-        expect: Expect::Reply,
+impl Input {
+    /// A terminal result ([`messages::terminal`]): needs no ID.
+    pub fn terminal(request_id: &str) -> Input {
+        Input {
+            payload: encode(&messages::terminal(request_id), false),
+            request_id: request_id.into(),
+            json: false,
+            expect: Expect::Reply,
+        }
     }
 }
 

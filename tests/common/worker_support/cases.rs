@@ -1,7 +1,8 @@
 //! A catalogue of prefill results, one per rule of contract 4.2, each with the
 //! output contract 4.3 requires, and a checker that matches outputs to inputs.
 
-use super::{DEAD, GEN, PREFILL, decode_output, header, msgpack};
+use super::{DEAD, GEN, PREFILL};
+use crate::common::messages::{decode_output, header, msgpack};
 use async_nats::Message;
 use prefill_handoff::ids::IdLayout;
 use serde_json::{Value, json};

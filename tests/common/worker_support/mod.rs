@@ -2,11 +2,11 @@
 //! a collector that sees every message on the server, and a catalogue of
 //! prefill results with the output the contract requires for each.
 
-#![allow(dead_code)]
-
 pub mod cases;
 
-use async_nats::{Client, HeaderMap, Message};
+use crate::common::fence::Fence;
+use crate::common::{http_get, outputs_total, poll_until};
+use async_nats::{Client, Message};
 use futures::StreamExt;
 use prefill_handoff::config::{Config, MissingDisaggRequestId};
 use prefill_handoff::identity::Identity;
@@ -15,7 +15,7 @@ use prefill_handoff::metrics::{Metrics, Readiness};
 use prefill_handoff::pipeline::serve;
 use prefill_handoff::pipeline::{Report, Stats};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -46,7 +46,9 @@ pub fn fixed_identity(machine_id: u16) -> Identity {
 pub struct InProcess {
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<Report>,
-    pub stats: Arc<Stats>,
+    stats: Arc<Stats>,
+    /// The worker's connection, for round trips behind what it published.
+    client: Client,
     /// The worker's metrics.
     pub metrics: Metrics,
 }
@@ -76,8 +78,23 @@ impl InProcess {
             stop: Some(stop),
             task,
             stats,
+            client,
             metrics,
         }
+    }
+
+    /// True when the worker's counters say nothing more is coming: every
+    /// result it has taken is settled (its output published, or its failure
+    /// or deferral counted), and the server has everything the worker
+    /// published (a round trip on its connection, with the counters
+    /// unchanged across it).
+    pub async fn settled(&self) -> bool {
+        let before = self.stats.counts();
+        if before.received != before.published + before.failed + before.deferred {
+            return false;
+        }
+        round_trip(&self.client).await;
+        self.stats.counts() == before
     }
 
     /// Asks the worker to shut down and waits for its report.
@@ -114,83 +131,104 @@ pub async fn client(nats_url: &str) -> Client {
 /// the socket; a message to the client's own inbox comes back only after the
 /// server has handled everything sent before it.
 pub async fn round_trip(client: &Client) {
-    let inbox = client.new_inbox();
-    let mut echo = client.subscribe(inbox.clone()).await.expect("subscribe");
-    client.publish(inbox, "".into()).await.expect("publish");
+    let subject = format!("{HARNESS}.round-trip.{}", client.new_inbox());
+    let mut echo = client.subscribe(subject.clone()).await.expect("subscribe");
+    client.publish(subject, "".into()).await.expect("publish");
     tokio::time::timeout(Duration::from_secs(10), echo.next())
         .await
         .expect("the server echoes within 10 s")
         .expect("the subscription is open");
 }
 
+/// The subjects of the harness's round trips, which a collector leaves out.
+const HARNESS: &str = "test.harness";
+
 /// Every message the server routes to a `>` subscription (and to `$JS.>`
 /// and `$SYS.>`, which `>` may not cover), recorded in arrival order.
 pub struct Collector {
     seen: Arc<Mutex<Vec<Message>>>,
+    fence: Fence,
     _task: JoinHandle<()>,
 }
 
 impl Collector {
+    /// Subscribes on `client`; returns once the server has the
+    /// subscriptions (a fence came back through them).
     pub async fn start(client: &Client) -> Collector {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let mut subs = futures::stream::SelectAll::new();
         for subject in [">", "$JS.>", "$SYS.>", "$KV.>"] {
             subs.push(client.subscribe(subject).await.expect("subscribe"));
         }
-        client.flush().await.expect("flush");
         let sink = Arc::clone(&seen);
+        let fence = Fence::new(client, "test.harness.fence");
+        let fenced = fence.clone();
         let task = tokio::spawn(async move {
             while let Some(message) = subs.next().await {
-                sink.lock().unwrap().push(message);
+                if !fenced.came_back(message.subject.as_str()) {
+                    sink.lock().unwrap().push(message);
+                }
             }
         });
-        Collector { seen, _task: task }
+        let collector = Collector {
+            seen,
+            fence,
+            _task: task,
+        };
+        collector.fence().await;
+        collector
     }
 
-    /// Every message seen so far, except those on the prefill subject and
-    /// the worker's drain fence (an empty message to its own inbox).
+    /// Returns once this collector has recorded everything the server had
+    /// routed to it before the call ([`Fence`], through the `>`
+    /// subscription).
+    pub async fn fence(&self) {
+        self.fence.pass().await;
+    }
+
+    /// Every message seen so far, except those on the prefill subject, the
+    /// worker's drain fence (an empty message to its own inbox) and the
+    /// harness's own.
     pub fn outputs(&self) -> Vec<Message> {
+        self.all()
+            .into_iter()
+            .filter(|m| m.subject.as_str() != PREFILL)
+            .filter(|m| !(m.subject.starts_with("_INBOX.") && m.payload.is_empty()))
+            .collect()
+    }
+
+    /// Every message seen so far but the harness's round trips.
+    pub fn all(&self) -> Vec<Message> {
         self.seen
             .lock()
             .unwrap()
             .iter()
-            .filter(|m| m.subject.as_str() != PREFILL)
-            .filter(|m| !(m.subject.starts_with("_INBOX.") && m.payload.is_empty()))
+            .filter(|m| !m.subject.starts_with(HARNESS))
             .cloned()
             .collect()
     }
 
-    pub fn all(&self) -> Vec<Message> {
-        self.seen.lock().unwrap().clone()
-    }
-
-    /// Waits until at least `n` outputs were seen, then a little longer so
-    /// that duplicates would show; returns them.
-    pub async fn wait_outputs(&self, n: usize, timeout: Duration) -> Vec<Message> {
-        let deadline = Instant::now() + timeout;
-        while self.outputs().len() < n && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        tokio::time::sleep(Duration::from_millis(300)).await;
+    /// Waits until at least `n` outputs were seen and `settled` says, from
+    /// the workers' counters, that nothing more is coming; then fences, so
+    /// that everything the workers published is here, duplicates included.
+    /// Returns the outputs (fewer than `n` after `timeout`).
+    pub async fn wait_outputs<F: Future<Output = bool>>(
+        &self,
+        n: usize,
+        timeout: Duration,
+        settled: impl Fn() -> F,
+    ) -> Vec<Message> {
+        poll_until(timeout, || async {
+            self.outputs().len() >= n && settled().await
+        })
+        .await;
+        self.fence().await;
         self.outputs()
     }
 }
 
-/// A header's value, by exact name.
-pub fn header<'a>(headers: Option<&'a HeaderMap>, name: &str) -> Option<&'a str> {
-    headers?.get(name).map(|v| v.as_str())
-}
-
-/// MessagePack (named fields) of a JSON value.
-pub fn msgpack(value: &serde_json::Value) -> Vec<u8> {
-    rmp_serde::to_vec_named(value).expect("encode msgpack")
-}
-
-/// A MessagePack or JSON output, as a JSON value.
-pub fn decode_output(message: &Message) -> serde_json::Value {
-    if header(message.headers.as_ref(), "Content-Type") == Some("application/json") {
-        serde_json::from_slice(&message.payload).expect("JSON output")
-    } else {
-        rmp_serde::from_slice(&message.payload).expect("MessagePack output")
-    }
+/// The results a worker process has answered, by its metrics at
+/// `metrics_addr` (`handoff_outputs_total`, every outcome). Blocking.
+pub fn outputs_counted(metrics_addr: &str) -> u64 {
+    outputs_total(&http_get(metrics_addr, "/metrics").body)
 }

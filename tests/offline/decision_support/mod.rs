@@ -5,8 +5,6 @@
 //! deterministic ID source, so tests can name the minted ID exactly; tests
 //! that need the real one use `Identity::fixed` or a fenced `Identity::new`.
 
-#![allow(dead_code)]
-
 pub mod invariants;
 
 use prefill_handoff::config::{Config, MissingDisaggRequestId};
@@ -188,17 +186,27 @@ pub fn decide_bytes(
     nats_reply: Option<&str>,
 ) -> Decision {
     let input = Input {
+        nats_reply,
+        ..input(payload, encoding)
+    };
+    decide(input, rules, &mut TestIds::holding_slot())
+}
+
+/// A result's input on [`SOURCE`] at time 0: no NATS reply subject, no
+/// deadline or KV expiry header, nothing cancelled. Tests set what they vary
+/// with struct update syntax (`Input { now_ms: NOW, ..input(p, e) }`).
+pub fn input(payload: &[u8], encoding: Encoding) -> Input<'_> {
+    Input {
         payload,
         encoding,
         subject: SOURCE,
-        nats_reply,
+        nats_reply: None,
         deadline_header: None,
         kv_expires_header: None,
         now_ms: 0,
         published_ms: 0,
         cancels: prefill_handoff::decision::NO_CANCELS,
-    };
-    decide(input, rules, &mut TestIds::holding_slot())
+    }
 }
 
 /// The published body as a value tree.

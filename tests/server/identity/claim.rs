@@ -2,7 +2,7 @@
 //! workers at once; the revoke on shutdown.
 
 use super::support::*;
-use crate::common::Etcd;
+use crate::common::{Etcd, poll_until};
 use prefill_handoff::identity::registry::probe_order;
 use prefill_handoff::identity::{Lease, LeaseError};
 use prefill_handoff::ids::MachineId;
@@ -297,7 +297,7 @@ async fn a_claim_whose_first_floor_write_fails_revokes_its_lease_and_retries() {
     ]);
     as_root(&["lease", "revoke", &hex(old_lease)]);
     assert!(
-        until(WAIT, || async { identity.is_fenced() }).await,
+        poll_until(WAIT, || async { identity.is_fenced() }).await,
         "the revoked lease fences"
     );
     // Claims keep failing at the floor write, with backoff up to 5 s. Each
@@ -331,7 +331,7 @@ async fn a_claim_whose_first_floor_write_fails_revokes_its_lease_and_retries() {
         "/llm/handoff/id-floors/",
     ]);
     assert!(
-        until(WAIT, || async { !identity.is_fenced() }).await,
+        poll_until(WAIT, || async { !identity.is_fenced() }).await,
         "recovery retries and succeeds once the floor can be written"
     );
     assert_eq!(lease.recoveries().get(), 1);

@@ -9,7 +9,7 @@
 //! both workers onto the same slot.
 
 use super::support::*;
-use crate::common::Etcd;
+use crate::common::{Etcd, poll_until};
 use prefill_handoff::clock;
 use prefill_handoff::config::Config;
 use prefill_handoff::identity::{Identity, Lease};
@@ -84,7 +84,7 @@ async fn after_a_graceful_stop_a_holder_whose_clock_is_behind_starts_right_above
     // now, not for a fixed time.
     let (_, first) = get(&mut c, &floor_key(SLOT)).await.expect("a floor");
     let first: u64 = first.parse().expect("decimal ms");
-    let past = until(WAIT, || async {
+    let past = poll_until(WAIT, || async {
         clock::since_epoch_ms(DEFAULT_EPOCH_UNIX_MS) > first
     })
     .await;

@@ -6,8 +6,8 @@
 //! another worker took its old slot meanwhile.
 
 use super::support::*;
-use crate::common::Etcd;
 use crate::common::fault_proxy::{Fault, FaultProxy};
+use crate::common::{Etcd, poll_until};
 use prefill_handoff::config::{Config, EtcdConfig};
 use prefill_handoff::identity::{Identity, Lease};
 use std::collections::HashSet;
@@ -69,7 +69,7 @@ async fn etcd_black_holed_past_the_ttl_fences_then_a_new_lease_and_slot_mint_no_
     let minted_in_cut = mint_until_refused(&identity, &mut minted).await;
     eprintln!("minted {minted_in_cut} IDs into the cut before refusing");
     // And it says so (the `fenced` gauge, readiness), past the TTL at most.
-    let fenced = until(WAIT, || async { identity.is_fenced() }).await;
+    let fenced = poll_until(WAIT, || async { identity.is_fenced() }).await;
     assert!(
         fenced,
         "refusing to mint but not fenced: {:?}",
@@ -80,7 +80,7 @@ async fn etcd_black_holed_past_the_ttl_fences_then_a_new_lease_and_slot_mint_no_
     // another worker, on a link that works, takes the freed slot: every
     // other slot is taken while it claims.
     let mut c = client(&etcd).await;
-    let expired = until(WAIT, || {
+    let expired = poll_until(WAIT, || {
         let mut c = c.clone();
         async move { get(&mut c, &slot_key(old_slot.get())).await.is_none() }
     })
@@ -97,7 +97,7 @@ async fn etcd_black_holed_past_the_ttl_fences_then_a_new_lease_and_slot_mint_no_
     assert!(identity.mint_many(1).is_err(), "{:?}", identity.state());
 
     proxy.set(Fault::Pass);
-    let recovered = until(WAIT, || async {
+    let recovered = poll_until(WAIT, || async {
         let s = identity.state();
         !s.fenced && s.lease_id.is_some_and(|l| l != old_lease)
     })

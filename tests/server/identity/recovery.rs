@@ -2,7 +2,7 @@
 //! key, etcd down past the TTL, a short etcd outage; shutdown on a dead etcd.
 
 use super::support::*;
-use crate::common::Etcd;
+use crate::common::{Etcd, poll_until};
 use etcd_client::PutOptions;
 use std::time::Duration;
 
@@ -16,7 +16,7 @@ async fn a_revoked_lease_is_replaced_by_a_new_lease_and_slot() {
 
     etcd.etcdctl(&["lease", "revoke", &hex(old_lease)])
         .expect("etcdctl lease revoke");
-    let recovered = until(Duration::from_secs(TTL) + WAIT, || async {
+    let recovered = poll_until(Duration::from_secs(TTL) + WAIT, || async {
         let s = identity.state();
         !s.fenced && s.lease_id.is_some_and(|l| l != old_lease)
     })
@@ -71,7 +71,7 @@ async fn a_rewritten_slot_key_fences_at_once_and_recovery_waits_for_a_free_slot(
     .await
     .expect("overwrite the slot");
     assert!(
-        until(WAIT, || async { identity.is_fenced() }).await,
+        poll_until(WAIT, || async { identity.is_fenced() }).await,
         "a rewritten slot key must fence"
     );
     assert!(identity.mint_many(1).is_err(), "fenced: minting refused");
@@ -91,7 +91,7 @@ async fn a_rewritten_slot_key_fences_at_once_and_recovery_waits_for_a_free_slot(
     );
 
     c.lease_revoke(intruder).await.expect("free every slot");
-    let recovered = until(WAIT, || async { !identity.is_fenced() }).await;
+    let recovered = poll_until(WAIT, || async { !identity.is_fenced() }).await;
     assert!(
         recovered,
         "recovers once slots free: {:?}",
@@ -146,7 +146,7 @@ async fn etcd_down_longer_than_the_reservation_refuses_only_past_it_and_resumes_
     assert!(identity.mint_many(1).is_err());
 
     etcd.restart();
-    let resumed = until(WAIT, || async { identity.mint_many(1).is_ok() }).await;
+    let resumed = poll_until(WAIT, || async { identity.mint_many(1).is_ok() }).await;
     assert!(resumed, "minting resumes: {:?}", identity.state());
     for _ in 0..100 {
         let (ids, _) = identity.mint_many(1).expect("mint after etcd returned");
@@ -191,7 +191,7 @@ async fn a_short_etcd_outage_keeps_the_slot_and_the_slot_watch_comes_back() {
     // the round's keepalive), not for a fixed time.
     let before = floor_ms(&etcd, machine_id.get()).await.expect("a floor");
     etcd.restart();
-    let renewed = until(WAIT, || async {
+    let renewed = poll_until(WAIT, || async {
         floor_ms(&etcd, machine_id.get())
             .await
             .is_some_and(|ms| ms > before)
@@ -214,13 +214,13 @@ async fn a_short_etcd_outage_keeps_the_slot_and_the_slot_watch_comes_back() {
     .await
     .expect("overwrite the slot");
     assert!(
-        until(WAIT, || async {
+        poll_until(WAIT, || async {
             identity.state().lease_id != Some(lease_id) || identity.is_fenced()
         })
         .await,
         "a rewritten slot key must end the old slot"
     );
-    let recovered = until(WAIT, || async { !identity.is_fenced() }).await;
+    let recovered = poll_until(WAIT, || async { !identity.is_fenced() }).await;
     assert!(recovered, "{:?}", identity.state());
     let (new_lease, new_slot) = held(&identity);
     assert_ne!(new_lease, lease_id);

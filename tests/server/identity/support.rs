@@ -1,14 +1,11 @@
 //! Helpers shared by the identity tests: a config pointing at the harness's
 //! etcd, an etcd client for the test's own reads and writes, and waiting.
 
-#![allow(dead_code)]
-
 use crate::common::Etcd;
 use etcd_client::{Client, GetOptions, PutOptions, Txn, TxnOp};
 use prefill_handoff::config::{Config, EtcdConfig};
 use prefill_handoff::identity::{Identity, IdentityState, Lease, Registration};
 use prefill_handoff::ids::{IdLayout, MachineId};
-use std::future::Future;
 use std::time::Duration;
 
 pub const TTL: u64 = 3;
@@ -116,23 +113,6 @@ pub async fn count_prefix(client: &mut Client, prefix: &str) -> usize {
         .await
         .expect("count")
         .count() as usize
-}
-
-/// Polls `check` every 20 ms until it holds or `timeout` passes.
-pub async fn until<F: Future<Output = bool>>(
-    timeout: Duration,
-    mut check: impl FnMut() -> F,
-) -> bool {
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        if check().await {
-            return true;
-        }
-        if tokio::time::Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 pub fn held(identity: &Identity) -> (i64, MachineId) {
