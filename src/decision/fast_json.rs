@@ -15,7 +15,7 @@
 //! which describes the problem.
 
 use super::header_values::content_type;
-use super::known::{Key, Set, set};
+use super::known::{ENGINE_READS, Key};
 use super::{
     DeadLetterCode, Decision, ErrorCode, IdSource, Input, Outcome, Rules, dead_letter, fast,
     unwritable,
@@ -34,19 +34,6 @@ const NESTED: u8 = 3;
 /// `request`: copied whole by `fast`, but checked to be a map.
 const REQUEST: u8 = 4;
 
-/// The params the engine checks read (`handoff::check_params`).
-const ENGINE: Set = set(&[
-    "ctx_request_id",
-    "request_type",
-    "disagg_request_id",
-    "bootstrap_host",
-    "bootstrap_port",
-    "bootstrap_room",
-    "remote_engine_id",
-    "remote_block_ids",
-    "remote_port",
-]);
-
 /// What `fast` reads of a result: the envelope, the first frame's reason
 /// and error, the params the engine checks read. A value it reads that
 /// came carried would make it decline (an ext value is no string, number,
@@ -59,7 +46,7 @@ fn plan(level: u8, key: &str) -> Field {
         (TOP, Key::Request) => Field::Object(REQUEST),
         (FRAME, Key::DisaggregatedParams) => Field::Object(PARAMS),
         (PARAMS, Key::KvTransferParams) => Field::Object(NESTED),
-        (PARAMS | NESTED, key) if key.is_in(ENGINE) => Field::Read,
+        (PARAMS | NESTED, key) if key.is_in(ENGINE_READS) => Field::Read,
         _ => Field::Copied,
     }
 }

@@ -118,6 +118,20 @@ const VLLM_KEYS: [&str; 3] = ["do_remote_prefill", "remote_engine_id", "remote_b
 pub(super) const TRTLLM: Set = set(&TRTLLM_KEYS);
 /// vLLM's params keys.
 pub(super) const VLLM: Set = set(&VLLM_KEYS);
+/// The params keys whose values the engines' checks read
+/// (`handoff::check_params`): a JSON result's are converted, not carried as
+/// text (`fast_json`).
+pub(super) const ENGINE_READS: Set = set(&[
+    "ctx_request_id",
+    "request_type",
+    "disagg_request_id",
+    "bootstrap_host",
+    "bootstrap_port",
+    "bootstrap_room",
+    "remote_engine_id",
+    "remote_block_ids",
+    "remote_port",
+]);
 /// Top-level keys not passed on into a decode job: the job's own and the
 /// input's envelope.
 pub(super) const NOT_PASSED_ON: Set =
