@@ -250,7 +250,7 @@ impl<'de> Visitor<'de> for Convert<'_> {
                 }
                 Field::Copied => {
                     let raw: &RawValue = entries.next_value()?;
-                    carry(self.out, raw.get().as_bytes(), self.depth + 1)
+                    carry(self.out, raw.get(), self.depth + 1)
                         .ok_or_else(|| A::Error::custom("declined"))?;
                 }
             }
@@ -261,23 +261,82 @@ impl<'de> Visitor<'de> for Convert<'_> {
     }
 }
 
-/// Appends JSON text as a [`CARRIED`] ext value, unless it might break a
-/// rule the value-tree path checks inside values: nesting past
-/// [`MAX_DEPTH`] (it has more brackets than levels left), or a surrogate
-/// escape (serde_json checks their pairing only in a string it reads).
-fn carry(out: &mut Vec<u8>, text: &[u8], depth: usize) -> Option<()> {
-    let opens = text.iter().filter(|b| matches!(b, b'[' | b'{')).count();
-    (depth + opens <= MAX_DEPTH).then_some(())?;
-    let surrogate = memchr::memmem::find_iter(text, b"\\u").any(|i| {
-        matches!(
-            text.get(i + 2..i + 4),
-            Some([b'd' | b'D', b'8'..=b'9' | b'a'..=b'f' | b'A'..=b'F'])
-        )
-    });
-    (!surrogate).then_some(())?;
+/// Appends JSON text as a [`CARRIED`] ext value, once serde_json has read
+/// every number and string in it as the value-tree path would (a value it
+/// skips is checked less: an exponent out of range, a lone surrogate
+/// escape) within the nesting left at `depth`; `None` otherwise.
+fn carry(out: &mut Vec<u8>, text: &str, depth: usize) -> Option<()> {
+    let mut reader = serde_json::Deserializer::from_str(text);
+    Check { depth }.deserialize(&mut reader).ok()?;
     let _ = rmp::encode::write_ext_meta(out, u32::try_from(text.len()).ok()?, CARRIED);
-    out.extend_from_slice(text);
+    out.extend_from_slice(text.as_bytes());
     Some(())
+}
+
+/// Reads a JSON value whole and keeps nothing: [`carry`]'s check.
+struct Check {
+    /// The containers around the value.
+    depth: usize,
+}
+
+impl<'de> DeserializeSeed<'de> for Check {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Check {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_unit<E>(self) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut items: A) -> Result<(), A::Error> {
+        if self.depth >= MAX_DEPTH {
+            return Err(A::Error::custom("too deep"));
+        }
+        let depth = self.depth + 1;
+        while items.next_element_seed(Check { depth })?.is_some() {}
+        Ok(())
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut entries: A) -> Result<(), A::Error> {
+        if self.depth >= MAX_DEPTH {
+            return Err(A::Error::custom("too deep"));
+        }
+        let depth = self.depth + 1;
+        while entries.next_key_seed(Key)?.is_some() {
+            entries.next_value_seed(Check { depth })?;
+        }
+        Ok(())
+    }
 }
 
 /// An object's key, borrowed from the body unless it holds escapes.
