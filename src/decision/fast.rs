@@ -928,6 +928,8 @@ mod tests {
         assert!(fields(&[ab, cb, zb]).unique());
         assert!(!fields(&[ab, cb, zb, cb]).unique());
         assert!(!fields(&[ab, b"\xa1x", ab]).unique());
+        // A name has a bucket of its own.
+        assert!(!fields(&[b"\xa6frames", ab, b"\xa6frames"]).unique());
         // Sixteen distinct keys, then each of them again at the end.
         let names: Vec<Vec<u8>> = (0..WIDE)
             .map(|i| [&[0xa3u8][..], format!("k{i:02}").as_bytes()].concat())

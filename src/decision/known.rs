@@ -8,7 +8,6 @@ use crate::wire::messages::DECODE_JOB_KEYS;
 /// What a map key is: a name the decision reads, or a member of one of the
 /// key sets below, or [`Key::Other`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
 pub(super) enum Key {
     RequestId,
     ReplyTo,
@@ -93,13 +92,13 @@ impl Key {
         1 << self as u32
     }
 
-    /// Whether this key is in `set` ([`Key::Other`] is in none).
+    /// Whether this key is in `set`.
     pub(super) const fn is_in(self, set: Set) -> bool {
         set & self.bit() != 0
     }
 }
 
-/// A set of [`Key`]s, one bit each.
+/// A set of [`Key`]s, one bit each ([`Key::Other`]'s in none of those below).
 pub(super) type Set = u32;
 
 /// TensorRT-LLM's `DisaggregatedParams` fields that mark its shape;
@@ -149,8 +148,7 @@ pub(super) const fn set(names: &[&str]) -> Set {
     set
 }
 
-/// `$name` as a MessagePack fixstr, built at compile time: the decision
-/// writes its own keys as constants.
+/// `$name` as a MessagePack fixstr, built at compile time: a key the decision writes.
 macro_rules! fixstr {
     ($name:expr) => {{
         const SPAN: [u8; $name.len() + 1] = $crate::decision::known::encode_fixstr($name);
