@@ -11,7 +11,6 @@ pub mod messages;
 pub mod msgpack;
 pub mod peek;
 pub mod scan;
-pub mod shallow;
 pub mod transcode;
 
 pub use count::more_values_than;

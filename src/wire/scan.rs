@@ -89,13 +89,14 @@ fn skip(b: &[u8], pos: usize, depth: usize) -> Option<usize> {
             Class::FixMap => (p + 1, usize::from(marker & 0x0f) * 2),
             Class::FixArray => (p + 1, usize::from(marker & 0x0f)),
             Class::Array16 => (p + 3, array16(b, p + 1)?),
-            Class::Bin8 | Class::Bin16 | Class::Other => match step(b, p + 1, marker)? {
-                Step::Scalar(end) => {
-                    p = end;
+            Class::Bin8 | Class::Bin16 | Class::Other => {
+                let head = canonical(b, p)?;
+                let Some(values) = head.values() else {
+                    p = head.next;
                     continue;
-                }
-                Step::Open { first, values } => (first, values),
-            },
+                };
+                (head.next, values)
+            }
         };
         // A container: its values are owed too.
         if opened >= budget {
@@ -161,7 +162,7 @@ fn uint_run(b: &[u8], mut p: usize, left: &mut usize) -> usize {
 }
 
 /// A marker's class, for [`skip`]'s one jump: the common ones get an arm
-/// of their own, the rest go through [`step`].
+/// of their own, the rest go through [`canonical`].
 #[derive(Clone, Copy)]
 enum Class {
     One,
@@ -176,7 +177,7 @@ enum Class {
     /// A string of 32 to 255 bytes (a model name, a request ID).
     Str8,
     /// Binary data of up to 255 bytes, and of up to 65,535 (an opaque
-    /// state): answered by [`value_end`] without [`step`].
+    /// state): answered by [`value_end`] without [`canonical`].
     Bin8,
     Bin16,
     /// An array of 16 to 65,535 items (a prompt's token IDs).
@@ -208,86 +209,254 @@ static CLASS: [Class; 256] = {
     class
 };
 
-/// What a marker starts: a scalar (where it ends) or a container (where its
-/// first value starts and how many values it holds, keys counted).
-enum Step {
-    Scalar(usize),
-    Open { first: usize, values: usize },
+/// One value's header, read in any valid encoding: what the value is and
+/// where what follows its header starts (the next value, or a container's
+/// first).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Head<'a> {
+    pub kind: Kind<'a>,
+    pub next: usize,
 }
 
-/// The value whose marker is just before `p`, when it is in its shortest
-/// encoding; the one statement of the format's rules for both walks.
-#[inline(always)]
-fn step(b: &[u8], p: usize, marker: u8) -> Option<Step> {
-    let end = match marker {
-        0x00..=0x7f | 0xe0..=0xff | 0xc0 | 0xc2 | 0xc3 => p,
-        0x80..=0x8f => {
-            let values = usize::from(marker & 0x0f) * 2;
-            return Some(Step::Open { first: p, values });
+/// What a value is. Integers as they were written: an unsigned marker reads
+/// as `Uint`, a signed one as `Int` (rmpv makes the same integer of both).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Kind<'a> {
+    Nil,
+    Bool(bool),
+    Uint(u64),
+    Int(i64),
+    F32(f32),
+    F64(f64),
+    /// A string's bytes (not necessarily UTF-8).
+    Str(&'a [u8]),
+    Bin(&'a [u8]),
+    Ext(i8, &'a [u8]),
+    /// An array of this many items, which follow the header.
+    Array(usize),
+    /// A map of this many entries, keys and values alternating after the
+    /// header.
+    Map(usize),
+}
+
+/// Why no value can be read at a place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// `0xc1`, the one marker MessagePack never uses. rmpv reads it as nil,
+    /// which would turn a corrupt byte into a missing field.
+    Undefined,
+    /// The value's header or data runs past the end.
+    Truncated,
+}
+
+impl Head<'_> {
+    /// How many values follow the header inside the value (keys counted);
+    /// `None` for a scalar.
+    #[inline(always)]
+    fn values(&self) -> Option<usize> {
+        match self.kind {
+            Kind::Array(n) => Some(n),
+            Kind::Map(n) => Some(n.saturating_mul(2)),
+            _ => None,
         }
-        0x90..=0x9f => {
-            let values = usize::from(marker & 0x0f);
-            return Some(Step::Open { first: p, values });
+    }
+}
+
+/// The header of the value at `pos`: the one statement of MessagePack's
+/// markers and lengths, for every reader of the crate (the tree reader, the
+/// counting and top-level walks, and through [`canonical`] the in-place
+/// walks).
+#[inline]
+pub fn head(b: &[u8], pos: usize) -> Result<Head<'_>, Fault> {
+    use Fault::Truncated;
+    let marker = *b.get(pos).ok_or(Truncated)?;
+    let p = pos + 1;
+    // The number in the `width` bytes at `at`, and the `n` bytes at `at`.
+    let num = |at: usize, width: usize| -> Result<u64, Fault> {
+        let raw = b.get(at..at + width).ok_or(Truncated)?;
+        Ok(raw.iter().fold(0u64, |n, x| (n << 8) | u64::from(*x)))
+    };
+    let len = |at: usize, width: usize| usize::try_from(num(at, width)?).map_err(|_| Truncated);
+    let data = |at: usize, n: usize| {
+        let end = at.checked_add(n).ok_or(Truncated)?;
+        b.get(at..end).ok_or(Truncated)
+    };
+    let (kind, next) = match marker {
+        0x00..=0x7f => (Kind::Uint(u64::from(marker)), p),
+        0xe0..=0xff => (Kind::Int(i64::from(marker as i8)), p),
+        0x80..=0x8f => (Kind::Map(usize::from(marker & 0x0f)), p),
+        0x90..=0x9f => (Kind::Array(usize::from(marker & 0x0f)), p),
+        0xa0..=0xbf => {
+            let s = data(p, usize::from(marker & 0x1f))?;
+            (Kind::Str(s), p + s.len())
         }
-        0xa0..=0xbf => body(b, p, usize::from(marker & 0x1f))?,
-        0xc1 => return None,
+        0xc0 => (Kind::Nil, p),
+        0xc1 => return Err(Fault::Undefined),
+        0xc2 | 0xc3 => (Kind::Bool(marker == 0xc3), p),
         0xc4..=0xc6 => {
             let width = 1 << (marker - 0xc4);
-            let n = be(b, p, width)?;
-            // bin8 for up to 255 bytes, bin16 above, bin32 above 65535.
-            (!fits_narrower(n, width)).then_some(())?;
-            body(b, p + width, n)?
+            let s = data(p + width, len(p, width)?)?;
+            (Kind::Bin(s), p + width + s.len())
         }
         0xc7..=0xc9 => {
             let width = 1 << (marker - 0xc7);
-            let n = be(b, p, width)?;
-            let fixed = matches!(n, 1 | 2 | 4 | 8 | 16);
-            (!fixed && !fits_narrower(n, width)).then_some(())?;
-            body(b, p + width, n + 1)?
+            let n = len(p, width)?;
+            let tag = *b.get(p + width).ok_or(Truncated)? as i8;
+            let s = data(p + width + 1, n)?;
+            (Kind::Ext(tag, s), p + width + 1 + n)
         }
-        0xca => body(b, p, 4)?,
-        0xcb => body(b, p, 8)?,
-        0xcc..=0xd3 => int(b, p, marker)?,
-        0xd4..=0xd8 => body(b, p, 1 + (1 << (marker - 0xd4)))?,
+        0xca => (Kind::F32(f32::from_bits(num(p, 4)? as u32)), p + 4),
+        0xcb => (Kind::F64(f64::from_bits(num(p, 8)?)), p + 8),
+        0xcc..=0xcf => {
+            let width = 1 << (marker - 0xcc);
+            (Kind::Uint(num(p, width)?), p + width)
+        }
+        0xd0..=0xd3 => {
+            let width = 1 << (marker - 0xd0);
+            // Sign-extended from the top bit of its width.
+            let shift = 64 - 8 * width as u32;
+            let n = ((num(p, width)? << shift) as i64) >> shift;
+            (Kind::Int(n), p + width)
+        }
+        0xd4..=0xd8 => {
+            let tag = *b.get(p).ok_or(Truncated)? as i8;
+            let s = data(p + 1, 1 << (marker - 0xd4))?;
+            (Kind::Ext(tag, s), p + 1 + s.len())
+        }
         0xd9..=0xdb => {
             let width = 1 << (marker - 0xd9);
-            let n = be(b, p, width)?;
-            (n >= 32 && !fits_narrower(n, width)).then_some(())?;
-            body(b, p + width, n)?
+            let s = data(p + width, len(p, width)?)?;
+            (Kind::Str(s), p + width + s.len())
         }
         0xdc..=0xdf => {
-            let width = 2 << ((marker - 0xdc) & 1);
-            let n = be(b, p, width)?;
-            let least = if width == 2 { 16 } else { 0x1_0000 };
-            (n >= least).then_some(())?;
-            let per = if marker >= 0xde { 2 } else { 1 };
-            let values = n.checked_mul(per)?;
-            return Some(Step::Open {
-                first: p + width,
-                values,
-            });
+            let width = 2 << (marker & 1);
+            let n = len(p, width)?;
+            let kind = if marker >= 0xde {
+                Kind::Map(n)
+            } else {
+                Kind::Array(n)
+            };
+            (kind, p + width)
         }
     };
-    Some(Step::Scalar(end))
+    Ok(Head { kind, next })
+}
+
+/// The marker of a value's shortest encoding, the one
+/// [`super::msgpack::write`] gives it: a fix form when one holds the value,
+/// else the narrowest width; a non-negative integer as unsigned.
+fn shortest(kind: &Kind<'_>) -> u8 {
+    // The marker for a length or number `n` whose 8-bit form is `w8`, with
+    // the 16- and 32-bit forms after it.
+    let sized = |n: u64, w8: u8| match n {
+        0..0x100 => w8,
+        0x100..0x1_0000 => w8 + 1,
+        _ => w8 + 2,
+    };
+    let container = |n: usize, fix: u8, w16: u8| match n {
+        0..16 => fix | n as u8,
+        16..0x1_0000 => w16,
+        _ => w16 + 1,
+    };
+    match *kind {
+        Kind::Nil => 0xc0,
+        Kind::Bool(b) => 0xc2 | u8::from(b),
+        Kind::Int(n @ 0..) => shortest(&Kind::Uint(n as u64)),
+        Kind::Uint(n @ 0..0x80) => n as u8,
+        Kind::Uint(n) if n > u64::from(u32::MAX) => 0xcf,
+        Kind::Uint(n) => sized(n, 0xcc),
+        Kind::Int(n @ -32..) => n as u8,
+        Kind::Int(n) => match n {
+            -0x80.. => 0xd0,
+            -0x8000.. => 0xd1,
+            -0x8000_0000.. => 0xd2,
+            _ => 0xd3,
+        },
+        Kind::F32(_) => 0xca,
+        Kind::F64(_) => 0xcb,
+        Kind::Str(s) if s.len() < 32 => 0xa0 | s.len() as u8,
+        Kind::Str(s) => sized(s.len() as u64, 0xd9),
+        Kind::Bin(s) => sized(s.len() as u64, 0xc4),
+        Kind::Ext(_, d) => match d.len() {
+            1 => 0xd4,
+            2 => 0xd5,
+            4 => 0xd6,
+            8 => 0xd7,
+            16 => 0xd8,
+            n => sized(n as u64, 0xc7),
+        },
+        Kind::Array(n) => container(n, 0x90, 0xdc),
+        Kind::Map(n) => container(n, 0x80, 0xde),
+    }
+}
+
+/// The value at `pos` when it is in its shortest encoding: [`head`] and
+/// the rule [`validate`] adds to it.
+#[inline(always)]
+fn canonical(b: &[u8], pos: usize) -> Option<Head<'_>> {
+    let head = head(b, pos).ok()?;
+    (b.get(pos) == Some(&shortest(&head.kind))).then_some(head)
+}
+
+/// Whether a container may open inside `depth` containers: the nesting
+/// bound ([`MAX_DEPTH`]) for every walk that tracks depth.
+#[inline(always)]
+pub fn may_open(depth: usize) -> bool {
+    depth < MAX_DEPTH
 }
 
 /// [`skip`] for a value with many containers: each walked by a call of its
-/// own, which knows its depth and refuses one at [`MAX_DEPTH`].
+/// own, which knows its depth.
 fn skip_nested(b: &[u8], pos: usize, depth: usize) -> Option<usize> {
-    let marker = *b.get(pos)?;
-    match step(b, pos + 1, marker)? {
-        Step::Scalar(end) => Some(end),
-        Step::Open { first, values } => {
-            if depth >= MAX_DEPTH {
-                return None;
+    let head = canonical(b, pos)?;
+    let Some(values) = head.values() else {
+        return Some(head.next);
+    };
+    may_open(depth).then_some(())?;
+    let mut p = head.next;
+    for _ in 0..values {
+        p = skip_nested(b, p, depth + 1)?;
+    }
+    Some(p)
+}
+
+/// Why [`any_end`] stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// More values than the budget.
+    Over,
+    /// An undefined marker, a length past the end, or nesting past
+    /// [`MAX_DEPTH`].
+    Invalid,
+}
+
+/// The end of the value at `pos` in any valid encoding, canonical or not,
+/// which sits in `depth` containers. Every value (scalar, container, key,
+/// item) is counted off `budget`, and the walk stops at the first one past
+/// it. For bodies the in-place path does not take: counting their values
+/// before a tree is built, finding their top-level entries.
+pub fn any_end(b: &[u8], pos: usize, depth: usize, budget: &mut usize) -> Result<usize, Stop> {
+    *budget = budget.checked_sub(1).ok_or(Stop::Over)?;
+    let head = head(b, pos).map_err(|_| Stop::Invalid)?;
+    let Some(values) = head.values() else {
+        return Ok(head.next);
+    };
+    if !may_open(depth) {
+        return Err(Stop::Invalid);
+    }
+    let mut p = head.next;
+    for _ in 0..values {
+        // One-byte values (all of a hostile array of `nil`) without a call:
+        // this loop is most of what refusing such a body costs.
+        match b.get(p).map(|m| CLASS[usize::from(*m)]) {
+            Some(Class::One) => {
+                *budget = budget.checked_sub(1).ok_or(Stop::Over)?;
+                p += 1;
             }
-            let mut p = first;
-            for _ in 0..values {
-                p = skip_nested(b, p, depth + 1)?;
-            }
-            Some(p)
+            _ => p = any_end(b, p, depth + 1, budget)?,
         }
     }
+    Ok(p)
 }
 
 /// The end of a sized integer whose marker (0xcc to 0xd3) is just before
@@ -313,7 +482,7 @@ fn int(b: &[u8], p: usize, marker: u8) -> Option<usize> {
 }
 
 /// The end of a str8 whose marker is just before `p`, when it is the
-/// shortest form (32 bytes or more): [`step`]'s rule for `0xd9`, without
+/// shortest form (32 bytes or more): [`canonical`]'s rule for `0xd9`, without
 /// its match.
 #[inline(always)]
 fn str8(b: &[u8], p: usize) -> Option<usize> {
@@ -323,7 +492,7 @@ fn str8(b: &[u8], p: usize) -> Option<usize> {
 }
 
 /// The item count of an array16 whose marker is just before `p`, when it
-/// is the shortest form (16 items or more): [`step`]'s rule for `0xdc`.
+/// is the shortest form (16 items or more): [`canonical`]'s rule for `0xdc`.
 #[inline(always)]
 fn array16(b: &[u8], p: usize) -> Option<usize> {
     let n = be_at::<2>(b, p)? as usize;
@@ -335,27 +504,6 @@ fn array16(b: &[u8], p: usize) -> Option<usize> {
 fn be_at<const N: usize>(b: &[u8], p: usize) -> Option<u64> {
     let raw = b.get(p..)?.first_chunk::<N>()?;
     Some(raw.iter().fold(0u64, |n, x| (n << 8) | u64::from(*x)))
-}
-
-/// Whether a length `n` written in `width` bytes would fit the next narrower
-/// form (never, for width 1): then the shortest encoding is not this one.
-fn fits_narrower(n: usize, width: usize) -> bool {
-    width > 1 && n as u64 <= bound(width / 2)
-}
-
-/// The largest unsigned number `width` bytes hold.
-fn bound(width: usize) -> u64 {
-    if width >= 8 {
-        u64::MAX
-    } else {
-        (1u64 << (8 * width)) - 1
-    }
-}
-
-/// A big-endian unsigned number of `width` bytes at `p`.
-fn be(b: &[u8], p: usize, width: usize) -> Option<usize> {
-    let raw = b.get(p..p.checked_add(width)?)?;
-    Some(raw.iter().fold(0usize, |n, x| (n << 8) | usize::from(*x)))
 }
 
 fn body(b: &[u8], p: usize, n: usize) -> Option<usize> {
@@ -410,18 +558,19 @@ pub fn value_end(bytes: &[u8], pos: usize, depth: usize) -> Option<usize> {
             (n > 0xff).then_some(())?;
             body(bytes, pos + 3, n)
         }
-        Class::Other => other_end(bytes, pos, depth, marker),
+        Class::Other => other_end(bytes, pos, depth),
     }
 }
 
 /// [`value_end`] for the other markers: a scalar (a sized integer, a longer
-/// string, binary data) read by [`step`] alone, without [`skip`]'s loop,
+/// string, binary data) read by [`canonical`] alone, without [`skip`]'s loop,
 /// whose set-up would cost more than the scalar itself.
 #[inline(never)]
-fn other_end(bytes: &[u8], pos: usize, depth: usize, marker: u8) -> Option<usize> {
-    match step(bytes, pos + 1, marker)? {
-        Step::Scalar(end) => Some(end),
-        Step::Open { .. } => skip(bytes, pos, depth),
+fn other_end(bytes: &[u8], pos: usize, depth: usize) -> Option<usize> {
+    let head = canonical(bytes, pos)?;
+    match head.values() {
+        None => Some(head.next),
+        Some(_) => skip(bytes, pos, depth),
     }
 }
 
@@ -444,10 +593,10 @@ fn container_header(raw: &[u8], fix: u8, wide: u8) -> Option<(usize, usize)> {
     if marker & 0xf0 == fix {
         Some((usize::from(marker & 0x0f), 1))
     } else if marker == wide {
-        let n = be(raw, 1, 2)?;
+        let n = be_at::<2>(raw, 1)? as usize;
         (n >= 16).then_some((n, 3))
     } else if marker == wide + 1 {
-        let n = be(raw, 1, 4)?;
+        let n = be_at::<4>(raw, 1)? as usize;
         (n > 0xffff).then_some((n, 5))
     } else {
         None
@@ -735,7 +884,7 @@ mod tests {
     #[test]
     fn the_flat_walk_and_the_nested_walk_agree_on_any_bytes() {
         // The flat walk's class table and its container count against the
-        // recursive walk that states the rules once (`step`): same end, or
+        // recursive walk on the rules as stated once (`canonical`): same end, or
         // both refuse, for short random byte strings drawn mostly from
         // markers, at depths around the bound.
         const MARKERS: [u8; 27] = [
@@ -765,17 +914,17 @@ mod tests {
                 "value_end {bytes:x?} at depth {depth}"
             );
         }
-        // Every marker's class is what `step` makes of it.
+        // Every marker's class is what `head` makes of it.
         for m in 0..=255u8 {
             let mut bytes = [0x01; 40];
             bytes[0] = m;
-            let is_scalar_of = |width: usize| matches!(step(&bytes, 1, m), Some(Step::Scalar(end)) if end == 1 + width);
+            let read = head(&bytes, 0);
+            let is_scalar_of =
+                |width: usize| matches!(read, Ok(h) if h.values().is_none() && h.next == 1 + width);
             let ok = match CLASS[usize::from(m)] {
                 Class::One => is_scalar_of(0),
                 Class::FixStr => is_scalar_of(usize::from(m & 0x1f)),
-                Class::FixMap | Class::FixArray => {
-                    matches!(step(&bytes, 1, m), Some(Step::Open { .. }))
-                }
+                Class::FixMap | Class::FixArray => matches!(read, Ok(h) if h.values().is_some()),
                 Class::U8 | Class::U16 | Class::U32 => (0xcc..=0xce).contains(&m),
                 Class::F64 => m == 0xcb && is_scalar_of(8),
                 Class::Str8 => m == 0xd9,
