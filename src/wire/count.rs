@@ -14,8 +14,8 @@ use std::fmt;
 
 /// Whether `bytes` holds more than `limit` values (every scalar, array, map,
 /// key and item counts one). Stops counting at `limit + 1`. A body that is
-/// not valid (or nests deeper than [`super::MAX_DEPTH`]) before that point answers
-/// `false`: reading it as a tree fails within `limit` values too.
+/// not valid (or nests deeper than [`super::MAX_DEPTH`]) before that point
+/// answers `false`: reading it as a tree fails within `limit` values too.
 pub fn more_values_than(bytes: &[u8], encoding: Encoding, limit: usize) -> bool {
     // Every value takes at least one byte in either encoding (a JSON
     // string, key or not, takes two), so a body of at most `limit` bytes
@@ -118,7 +118,8 @@ impl<'de> Visitor<'de> for Counter<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::{MAX_DEPTH, decode, encode, msgpack};
+    use crate::wire::scan::tests::any_value;
+    use crate::wire::{MAX_DEPTH, decode, encode};
     use proptest::prelude::*;
     use rmpv::Value;
 
@@ -197,103 +198,7 @@ mod tests {
         assert!(more_values_than(b"[null, null, nul", Encoding::Json, 2));
     }
 
-    /// Where the reference reader ([`msgpack::read`]) ends the value at the
-    /// start of `bytes`, read inside one container as `any_end` reads
-    /// it: the one prefix it reads whole (a valid value has one length).
-    fn reference_end(bytes: &[u8]) -> Option<usize> {
-        (1..=bytes.len()).find(|&end| {
-            let mut inside = vec![0x91];
-            inside.extend_from_slice(&bytes[..end]);
-            msgpack::read(&inside).is_ok()
-        })
-    }
-
-    /// Any value tree, scalars of every kind and width, strings and binary
-    /// data either side of the 8-bit lengths.
-    fn any_value() -> impl Strategy<Value = Value> {
-        let leaf = prop_oneof![
-            Just(Value::Nil),
-            any::<bool>().prop_map(Value::Boolean),
-            any::<i64>().prop_map(Value::from),
-            any::<u64>().prop_map(Value::from),
-            any::<f32>().prop_map(Value::F32),
-            any::<f64>().prop_map(Value::F64),
-            (0usize..300).prop_map(|n| Value::from("x".repeat(n))),
-            proptest::collection::vec(any::<u8>(), 0..300).prop_map(Value::Binary),
-            (any::<i8>(), proptest::collection::vec(any::<u8>(), 0..20))
-                .prop_map(|(tag, data)| Value::Ext(tag, data)),
-        ];
-        leaf.prop_recursive(4, 48, 6, |inner| {
-            prop_oneof![
-                proptest::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
-                proptest::collection::vec((inner.clone(), inner), 0..4).prop_map(Value::Map),
-            ]
-        })
-    }
-
-    /// Bytes that are mostly MessagePack markers and small lengths (so that
-    /// headers are often satisfiable), or a valid encoding cut short or
-    /// with one byte changed.
-    fn bodies() -> impl Strategy<Value = Vec<u8>> {
-        let markers: Vec<u8> = [
-            0x00, 0x05, 0x7f, 0x80, 0x81, 0x82, 0x8f, 0x90, 0x91, 0x92, 0x9f,
-        ]
-        .into_iter()
-        .chain([0xa0, 0xa1, 0xa3, 0xbf, 0xe0, 0xff])
-        .chain(0xc0..=0xdf)
-        .collect();
-        let byte = prop_oneof![
-            3 => proptest::sample::select(markers),
-            2 => 0u8..4,
-            1 => any::<u8>(),
-        ];
-        prop_oneof![
-            proptest::collection::vec(byte, 0..48),
-            (
-                any_value(),
-                any::<prop::sample::Index>(),
-                any::<u8>(),
-                0u8..3
-            )
-                .prop_map(|(v, at, with, how)| {
-                    let mut bytes = encode(&v, Encoding::MsgPack);
-                    if !bytes.is_empty() {
-                        let at = at.index(bytes.len());
-                        match how {
-                            0 => bytes.truncate(at),
-                            1 => bytes[at] = with,
-                            _ => {}
-                        }
-                    }
-                    bytes
-                },),
-        ]
-    }
-
     proptest! {
-        /// [`scan::any_end`], the walk that counts values and finds the
-        /// top-level entries of bodies read in no other way, ends a value
-        /// exactly where the reference reader does, and refuses what it
-        /// refuses: undefined markers, lengths past the end, nesting past
-        /// [`MAX_DEPTH`]; after other bytes and under containers up to the
-        /// bound.
-        #[test]
-        fn any_end_ends_a_value_where_the_reader_does(
-            before in proptest::collection::vec(any::<u8>(), 0..3),
-            levels in proptest::sample::select(vec![0, 0, 1, MAX_DEPTH - 2, MAX_DEPTH - 1, MAX_DEPTH]),
-            body in bodies(),
-        ) {
-            let mut bytes = before.clone();
-            bytes.extend(std::iter::repeat_n(0x91, levels));
-            bytes.extend_from_slice(&body);
-            let pos = before.len();
-            prop_assert_eq!(
-                scan::any_end(&bytes, pos, 1, &mut { usize::MAX }).ok(),
-                reference_end(&bytes[pos..]).map(|end| pos + end),
-                "{:x?} from {}", bytes, pos
-            );
-        }
-
         /// On a readable body the count is the tree's, at every limit.
         #[test]
         fn the_count_is_the_trees(value in any_value()) {

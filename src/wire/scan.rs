@@ -1,5 +1,13 @@
 //! Zero-copy reading of MessagePack: values as byte spans of the input.
 //!
+//! [`head`] is the one statement of the format (markers, lengths, the
+//! undefined marker `0xc1`, truncation) and [`may_open`] of the nesting
+//! bound; every MessagePack reader of the crate goes through them: the tree
+//! reader (`msgpack::read`), [`any_end`] for bodies in any encoding (counted
+//! before a tree is built, or read only at their top level), and the
+//! canonical walks below. The walks' hot arms restate a few of the rules
+//! for speed; the tests hold them to [`head`].
+//!
 //! [`validate`] walks a body once and accepts it only when [`super::decode`]
 //! would read it without error (same refusals: undefined marker `0xc1`,
 //! lengths past the end, nesting deeper than [`MAX_DEPTH`], trailing bytes)
@@ -459,10 +467,9 @@ pub fn any_end(b: &[u8], pos: usize, depth: usize, budget: &mut usize) -> Result
     Ok(p)
 }
 
-/// The end of a sized integer whose marker (0xcc to 0xd3) is just before
-/// `p`, when it is in its shortest form: an unsigned form only for a number
-/// too large for the next narrower one (or for a positive fixint), a signed
-/// form only for a negative number too small for the next narrower one.
+/// The end of an unsigned integer whose marker (0xcc to 0xce) is just
+/// before `p`, when it is in its shortest form: [`shortest`]'s rule, a
+/// number too large for the next narrower form.
 #[inline(always)]
 fn int(b: &[u8], p: usize, marker: u8) -> Option<usize> {
     // One arm per width (token IDs are mostly 0xcd and 0xce), not a width
@@ -470,13 +477,7 @@ fn int(b: &[u8], p: usize, marker: u8) -> Option<usize> {
     let (width, canonical) = match marker {
         0xcc => (1, *b.get(p)? >= 0x80),
         0xcd => (2, be_at::<2>(b, p)? >> 8 != 0),
-        0xce => (4, be_at::<4>(b, p)? >> 16 != 0),
-        0xcf => (8, be_at::<8>(b, p)? >> 32 != 0),
-        // Signed: negative, and not the sign extension of a narrower number.
-        0xd0 => (1, (*b.get(p)? as i8) < -32),
-        0xd1 => (2, (be_at::<2>(b, p)? as i16) < i16::from(i8::MIN)),
-        0xd2 => (4, (be_at::<4>(b, p)? as i32) < i32::from(i16::MIN)),
-        _ => (8, (be_at::<8>(b, p)? as i64) < i64::from(i32::MIN)),
+        _ => (4, be_at::<4>(b, p)? >> 16 != 0),
     };
     canonical.then_some(p + width)
 }
@@ -509,24 +510,6 @@ fn be_at<const N: usize>(b: &[u8], p: usize) -> Option<u64> {
 fn body(b: &[u8], p: usize, n: usize) -> Option<usize> {
     let end = p.checked_add(n)?;
     (end <= b.len()).then_some(end)
-}
-
-/// Validates a body that must be one map (as [`validate`] does) and hands
-/// each entry's key and value spans to `each`, in order; `None` when the body
-/// is not valid, not a map, or `each` declines. Returns the entry count.
-pub fn validate_entries<'a>(
-    bytes: &'a [u8],
-    mut each: impl FnMut(&'a [u8], &'a [u8]) -> Option<()>,
-) -> Option<usize> {
-    let (n, start) = container_header(bytes, 0x80, 0xde)?;
-    let mut p = start;
-    for _ in 0..n {
-        let key_end = skip(bytes, p, 1)?;
-        let end = skip(bytes, key_end, 1)?;
-        each(bytes.get(p..key_end)?, bytes.get(key_end..end)?)?;
-        p = end;
-    }
-    (p == bytes.len()).then_some(n)
 }
 
 /// The end of the canonically encoded value starting at `pos`, which sits in
@@ -680,9 +663,10 @@ fn container_spans(raw: &[u8], fix: u8, wide: u8, per: usize) -> Option<(usize, 
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
-    use crate::wire::{Encoding, decode, encode};
+    use crate::wire::{Encoding, decode, encode, msgpack};
+    use proptest::prelude::*;
     use rmpv::Value;
 
     #[test]
@@ -729,30 +713,6 @@ mod tests {
                 ok,
                 "{bytes:x?}"
             );
-        }
-    }
-
-    #[test]
-    fn validated_bodies_reencode_to_themselves() {
-        let values = [
-            Value::from(-33),
-            Value::from(-129),
-            Value::from(-40000),
-            Value::from(i64::MIN),
-            Value::from(u64::MAX),
-            Value::from(70000),
-            Value::from("x".repeat(40)),
-            Value::from("x".repeat(300)),
-            Value::Binary(vec![1; 300]),
-            Value::Ext(3, vec![0; 3]),
-            Value::Ext(3, vec![0; 16]),
-            Value::Array((0..20).map(Value::from).collect()),
-            Value::F32(1.5),
-        ];
-        for v in values {
-            let bytes = encode(&v, Encoding::MsgPack);
-            assert!(validate(&bytes), "{v:?}");
-            assert_eq!(decode(&bytes, Encoding::MsgPack).unwrap(), v);
         }
     }
 
@@ -871,50 +831,8 @@ mod tests {
         assert_eq!(skip(&[0x01], 0, MAX_DEPTH + 3), Some(1));
     }
 
-    /// Deterministic pseudo-random numbers from `seed` (xorshift64).
-    fn xorshift(mut x: u64) -> impl FnMut() -> u64 {
-        move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        }
-    }
-
     #[test]
-    fn the_flat_walk_and_the_nested_walk_agree_on_any_bytes() {
-        // The flat walk's class table and its container count against the
-        // recursive walk on the rules as stated once (`canonical`): same end, or
-        // both refuse, for short random byte strings drawn mostly from
-        // markers, at depths around the bound.
-        const MARKERS: [u8; 27] = [
-            0x01, 0x7f, 0x80, 0x81, 0x82, 0x90, 0x91, 0x92, 0xa0, 0xa1, 0xc0, 0xc1, 0xc4, 0xc5,
-            0xcb, 0xcc, 0xcd, 0xce, 0xcf, 0xd0, 0xd9, 0xdc, 0xdd, 0xde, 0xe0, 0xff, 0x00,
-        ];
-        let mut next = xorshift(0x9E37_79B9_7F4A_7C15);
-        for _ in 0..200_000 {
-            let len = (next() % 24) as usize;
-            let bytes: Vec<u8> = (0..len)
-                .map(|_| match next() % 4 {
-                    0 => next() as u8,
-                    _ => MARKERS[(next() % MARKERS.len() as u64) as usize],
-                })
-                .collect();
-            let depth = [0, 1, MAX_DEPTH - 2, MAX_DEPTH - 1, MAX_DEPTH][(next() % 5) as usize];
-            let nested = skip_nested(&bytes, 0, depth);
-            assert_eq!(
-                skip(&bytes, 0, depth),
-                nested,
-                "{bytes:x?} at depth {depth}"
-            );
-            // The piecewise reader's arms too.
-            assert_eq!(
-                value_end(&bytes, 0, depth),
-                nested,
-                "value_end {bytes:x?} at depth {depth}"
-            );
-        }
-        // Every marker's class is what `head` makes of it.
+    fn every_markers_class_is_what_head_makes_of_it() {
         for m in 0..=255u8 {
             let mut bytes = [0x01; 40];
             bytes[0] = m;
@@ -980,53 +898,6 @@ mod tests {
     }
 
     #[test]
-    fn runs_of_wider_integers_are_walked_like_any_other_values() {
-        // Arrays of two- and four-byte integers (token IDs), each in its
-        // shortest form or not, with another value at one place, cut at
-        // every length: the run agrees with the value-at-a-time walk, and
-        // what it accepts the reader reads.
-        let forms: [&[u8]; 8] = [
-            &[0xcd, 0x01, 0x00],             // 256: shortest
-            &[0xcd, 0x00, 0xff],             // 255: not shortest
-            &[0xce, 0x00, 0x01, 0x00, 0x00], // 65,536: shortest
-            &[0xce, 0x00, 0x00, 0xff, 0xff], // 65,535: not shortest
-            &[0xce, 0x01, 0x00, 0x00, 0x00],
-            &[0x05],
-            &[0xc0],
-            &[0xcc, 0x80],
-        ];
-        let mut next = xorshift(0x2545_F491_4F6C_DD1D);
-        for _ in 0..20_000 {
-            let n = (next() % 12) as usize;
-            let mut bytes = vec![0x90 | n as u8];
-            for _ in 0..n {
-                // Mostly shortest forms, as a prompt's token IDs are.
-                let form = match next() % 8 {
-                    0..=3 => forms[0],
-                    4 | 5 => forms[2],
-                    _ => forms[(next() % forms.len() as u64) as usize],
-                };
-                bytes.extend_from_slice(form);
-            }
-            // Sometimes more values after the array: the run ends with it.
-            if next().is_multiple_of(2) {
-                bytes.extend_from_slice(forms[0]);
-            }
-            for cut in 0..=bytes.len() {
-                let bytes = &bytes[..cut];
-                let flat = skip(bytes, 0, 0);
-                assert_eq!(flat, skip_nested(bytes, 0, 0), "{bytes:x?}");
-                if let Some(end) = flat {
-                    assert!(
-                        decode(&bytes[..end], Encoding::MsgPack).is_ok(),
-                        "{bytes:x?}"
-                    );
-                }
-            }
-        }
-    }
-
-    #[test]
     fn depth_is_bounded_as_the_reader_bounds_it() {
         for levels in [MAX_DEPTH - 1, MAX_DEPTH, MAX_DEPTH + 1] {
             let mut nested = vec![0x91; levels];
@@ -1034,6 +905,148 @@ mod tests {
             let readable = decode(&nested, Encoding::MsgPack).is_ok();
             assert_eq!(readable, levels <= MAX_DEPTH);
             assert_eq!(validate(&nested), readable, "{levels} levels");
+        }
+    }
+
+    /// Where the reference reader ([`msgpack::read`]) ends the value at the
+    /// start of `bytes`, read inside one container as `any_end` reads
+    /// it: the one prefix it reads whole (a valid value has one length).
+    fn reference_end(bytes: &[u8]) -> Option<usize> {
+        (1..=bytes.len()).find(|&end| {
+            let mut inside = vec![0x91];
+            inside.extend_from_slice(&bytes[..end]);
+            msgpack::read(&inside).is_ok()
+        })
+    }
+
+    /// Any value tree, scalars of every kind and width, strings and binary
+    /// data either side of the 8-bit lengths.
+    pub(in crate::wire) fn any_value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Nil),
+            any::<bool>().prop_map(Value::Boolean),
+            any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            any::<f32>().prop_map(Value::F32),
+            any::<f64>().prop_map(Value::F64),
+            (0usize..300).prop_map(|n| Value::from("x".repeat(n))),
+            proptest::collection::vec(any::<u8>(), 0..300).prop_map(Value::Binary),
+            (any::<i8>(), proptest::collection::vec(any::<u8>(), 0..20))
+                .prop_map(|(tag, data)| Value::Ext(tag, data)),
+        ];
+        leaf.prop_recursive(4, 48, 6, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                proptest::collection::vec((inner.clone(), inner), 0..4).prop_map(Value::Map),
+            ]
+        })
+    }
+
+    /// Bytes that are mostly MessagePack markers and small lengths (so that
+    /// headers are often satisfiable), or a valid encoding cut short or
+    /// with one byte changed.
+    fn bodies() -> impl Strategy<Value = Vec<u8>> {
+        let markers: Vec<u8> = [
+            0x00, 0x05, 0x7f, 0x80, 0x81, 0x82, 0x8f, 0x90, 0x91, 0x92, 0x9f,
+        ]
+        .into_iter()
+        .chain([0xa0, 0xa1, 0xa3, 0xbf, 0xe0, 0xff])
+        .chain(0xc0..=0xdf)
+        .collect();
+        let byte = prop_oneof![
+            3 => proptest::sample::select(markers),
+            2 => 0u8..4,
+            1 => any::<u8>(),
+        ];
+        // Token IDs as a prompt carries them, in their shortest forms or
+        // not, with other values among them: the runs `skip` walks a word
+        // at a time.
+        let token: Vec<&[u8]> = vec![
+            &[0xcd, 0x01, 0x00],
+            &[0xcd, 0x00, 0xff],
+            &[0xce, 0x00, 0x01, 0x00, 0x00],
+            &[0xce, 0x00, 0x00, 0xff, 0xff],
+            &[0x05],
+            &[0xc0],
+            &[0xcc, 0x80],
+            &[0xcc, 0x05],
+        ];
+        let tokens = proptest::collection::vec(proptest::sample::select(token), 0..40);
+        prop_oneof![
+            proptest::collection::vec(byte, 0..48),
+            (tokens, any::<prop::sample::Index>()).prop_map(|(tokens, cut)| {
+                let n = tokens.len();
+                let mut bytes = match n {
+                    0..16 => vec![0x90 | n as u8],
+                    _ => vec![0xdc, 0, n as u8],
+                };
+                bytes.extend(tokens.concat());
+                bytes.truncate(cut.index(bytes.len() + 1));
+                bytes
+            }),
+            (
+                any_value(),
+                any::<prop::sample::Index>(),
+                any::<u8>(),
+                0u8..3
+            )
+                .prop_map(|(v, at, with, how)| {
+                    let mut bytes = encode(&v, Encoding::MsgPack);
+                    if !bytes.is_empty() {
+                        let at = at.index(bytes.len());
+                        match how {
+                            0 => bytes.truncate(at),
+                            1 => bytes[at] = with,
+                            _ => {}
+                        }
+                    }
+                    bytes
+                },),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2048))]
+
+        /// A body validates exactly when writing what the reader reads of
+        /// it gives it back, and the flat walk, the piecewise reader and
+        /// the nested walk end a value at the same place, at depths around
+        /// the bound.
+        #[test]
+        fn a_body_is_canonical_exactly_when_the_writer_gives_it_back(
+            body in bodies(),
+            depth in proptest::sample::select(vec![0, 1, MAX_DEPTH - 2, MAX_DEPTH - 1, MAX_DEPTH]),
+        ) {
+            let rewritten = msgpack::read(&body).ok().map(|v| encode(&v, Encoding::MsgPack));
+            prop_assert_eq!(validate(&body), rewritten.as_deref() == Some(&body[..]), "{:x?}", body);
+            let nested = skip_nested(&body, 0, depth);
+            prop_assert_eq!(skip(&body, 0, depth), nested, "{:x?} at depth {}", body, depth);
+            prop_assert_eq!(value_end(&body, 0, depth), nested, "{:x?} at depth {}", body, depth);
+        }
+    }
+
+    proptest! {
+        /// [`any_end`], the walk that counts values and finds the
+        /// top-level entries of bodies read in no other way, ends a value
+        /// exactly where the reference reader does, and refuses what it
+        /// refuses: undefined markers, lengths past the end, nesting past
+        /// [`MAX_DEPTH`]; after other bytes and under containers up to the
+        /// bound.
+        #[test]
+        fn any_end_ends_a_value_where_the_reader_does(
+            before in proptest::collection::vec(any::<u8>(), 0..3),
+            levels in proptest::sample::select(vec![0, 0, 1, MAX_DEPTH - 2, MAX_DEPTH - 1, MAX_DEPTH]),
+            body in bodies(),
+        ) {
+            let mut bytes = before.clone();
+            bytes.extend(std::iter::repeat_n(0x91, levels));
+            bytes.extend_from_slice(&body);
+            let pos = before.len();
+            prop_assert_eq!(
+                any_end(&bytes, pos, 1, &mut { usize::MAX }).ok(),
+                reference_end(&bytes[pos..]).map(|end| pos + end),
+                "{:x?} from {}", bytes, pos
+            );
         }
     }
 }
