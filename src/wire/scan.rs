@@ -665,7 +665,7 @@ fn container_spans(raw: &[u8], fix: u8, wide: u8, per: usize) -> Option<(usize, 
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
-    use crate::wire::{Encoding, decode, encode, msgpack};
+    use crate::wire::{Encoding, decode, encode};
     use proptest::prelude::*;
     use rmpv::Value;
 
@@ -908,14 +908,14 @@ pub(super) mod tests {
         }
     }
 
-    /// Where the reference reader ([`msgpack::read`]) ends the value at the
+    /// Where the reference reader ([`decode`]) ends the value at the
     /// start of `bytes`, read inside one container as `any_end` reads
     /// it: the one prefix it reads whole (a valid value has one length).
     fn reference_end(bytes: &[u8]) -> Option<usize> {
         (1..=bytes.len()).find(|&end| {
             let mut inside = vec![0x91];
             inside.extend_from_slice(&bytes[..end]);
-            msgpack::read(&inside).is_ok()
+            decode(&inside, Encoding::MsgPack).is_ok()
         })
     }
 
@@ -1017,7 +1017,7 @@ pub(super) mod tests {
             body in bodies(),
             depth in proptest::sample::select(vec![0, 1, MAX_DEPTH - 2, MAX_DEPTH - 1, MAX_DEPTH]),
         ) {
-            let rewritten = msgpack::read(&body).ok().map(|v| encode(&v, Encoding::MsgPack));
+            let rewritten = decode(&body, Encoding::MsgPack).ok().map(|v| encode(&v, Encoding::MsgPack));
             prop_assert_eq!(validate(&body), rewritten.as_deref() == Some(&body[..]), "{:x?}", body);
             let nested = skip_nested(&body, 0, depth);
             prop_assert_eq!(skip(&body, 0, depth), nested, "{:x?} at depth {}", body, depth);
