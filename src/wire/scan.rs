@@ -279,10 +279,17 @@ pub fn head(b: &[u8], pos: usize) -> Result<Head<'_>, Fault> {
     use Fault::Truncated;
     let marker = *b.get(pos).ok_or(Truncated)?;
     let p = pos + 1;
-    // The number in the `width` bytes at `at`, and the `n` bytes at `at`.
-    let num = |at: usize, width: usize| -> Result<u64, Fault> {
-        let raw = b.get(at..at + width).ok_or(Truncated)?;
-        Ok(raw.iter().fold(0u64, |n, x| (n << 8) | u64::from(*x)))
+    // The number in the `width` bytes at `at` (one arm per width: a loop
+    // over a width known only at run time costs twice as much, see `int`),
+    // and the `n` bytes at `at`.
+    let num = |at: usize, width: usize| {
+        match width {
+            1 => be_at::<1>(b, at),
+            2 => be_at::<2>(b, at),
+            4 => be_at::<4>(b, at),
+            _ => be_at::<8>(b, at),
+        }
+        .ok_or(Truncated)
     };
     let len = |at: usize, width: usize| usize::try_from(num(at, width)?).map_err(|_| Truncated);
     let data = |at: usize, n: usize| {
