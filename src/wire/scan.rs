@@ -279,19 +279,8 @@ pub fn head(b: &[u8], pos: usize) -> Result<Head<'_>, Fault> {
     use Fault::Truncated;
     let marker = *b.get(pos).ok_or(Truncated)?;
     let p = pos + 1;
-    // The number in the `width` bytes at `at` (one arm per width: a loop
-    // over a width known only at run time costs twice as much, see `int`),
-    // and the `n` bytes at `at`.
-    let num = |at: usize, width: usize| {
-        match width {
-            1 => be_at::<1>(b, at),
-            2 => be_at::<2>(b, at),
-            4 => be_at::<4>(b, at),
-            _ => be_at::<8>(b, at),
-        }
-        .ok_or(Truncated)
-    };
-    let len = |at: usize, width: usize| usize::try_from(num(at, width)?).map_err(|_| Truncated);
+    let len =
+        |at: usize, width: usize| usize::try_from(number(b, at, width)?).map_err(|_| Truncated);
     let data = |at: usize, n: usize| {
         let end = at.checked_add(n).ok_or(Truncated)?;
         b.get(at..end).ok_or(Truncated)
@@ -320,17 +309,17 @@ pub fn head(b: &[u8], pos: usize) -> Result<Head<'_>, Fault> {
             let s = data(p + width + 1, n)?;
             (Kind::Ext(tag, s), p + width + 1 + n)
         }
-        0xca => (Kind::F32(f32::from_bits(num(p, 4)? as u32)), p + 4),
-        0xcb => (Kind::F64(f64::from_bits(num(p, 8)?)), p + 8),
+        0xca => (Kind::F32(f32::from_bits(number(b, p, 4)? as u32)), p + 4),
+        0xcb => (Kind::F64(f64::from_bits(number(b, p, 8)?)), p + 8),
         0xcc..=0xcf => {
             let width = 1 << (marker - 0xcc);
-            (Kind::Uint(num(p, width)?), p + width)
+            (Kind::Uint(number(b, p, width)?), p + width)
         }
         0xd0..=0xd3 => {
             let width = 1 << (marker - 0xd0);
             // Sign-extended from the top bit of its width.
             let shift = 64 - 8 * width as u32;
-            let n = ((num(p, width)? << shift) as i64) >> shift;
+            let n = ((number(b, p, width)? << shift) as i64) >> shift;
             (Kind::Int(n), p + width)
         }
         0xd4..=0xd8 => {
@@ -355,6 +344,20 @@ pub fn head(b: &[u8], pos: usize) -> Result<Head<'_>, Fault> {
         }
     };
     Ok(Head { kind, next })
+}
+
+/// The number in the `width` (1, 2, 4 or 8) bytes at `at`: one arm per
+/// width, as [`int`] reads them (a loop over a width known only at run time
+/// costs twice as much).
+#[inline(always)]
+fn number(b: &[u8], at: usize, width: usize) -> Result<u64, Fault> {
+    match width {
+        1 => be_at::<1>(b, at),
+        2 => be_at::<2>(b, at),
+        4 => be_at::<4>(b, at),
+        _ => be_at::<8>(b, at),
+    }
+    .ok_or(Fault::Truncated)
 }
 
 /// The marker of a value's shortest encoding, the one
