@@ -21,6 +21,8 @@ use std::sync::LazyLock;
 /// - what the reader accepts nests at most [`MAX_DEPTH`] deep, and writing
 ///   it gives bytes the reader reads back to the same bytes, in the
 ///   scanner's canonical form;
+/// - the walk over any encoding ([`scan::any_end`]) ends one value at the
+///   body's end exactly when the reader reads it;
 /// - the scanner accepts only what the reader accepts, and for what it
 ///   accepts, decoding and encoding again gives the input byte for byte
 ///   (the promise the in-place decision splices outputs on);
@@ -31,15 +33,17 @@ pub fn wire_msgpack(data: &[u8]) {
     let _ = (scan::str_bytes(data), scan::uint(data), scan::is_nil(data));
     let _ = scan::entries(data).map(|(_, spans)| spans.count());
     let _ = scan::items(data).map(|(_, spans)| spans.count());
-    let _ = scan::validate_entries(data, |_, _| Some(()));
+    let walked = scan::any_end(data, 0, 0, &mut { usize::MAX }) == Ok(data.len());
 
     let value = match wire::decode(data, Encoding::MsgPack) {
         Ok(value) => value,
         Err(_) => {
             assert!(!canonical, "the scanner accepted bytes the reader refuses");
+            assert!(!walked, "the walk ended a value the reader refuses");
             return;
         }
     };
+    assert!(walked, "the walk did not end the value the reader read");
     assert!(
         wire::depth(&value) <= MAX_DEPTH,
         "read past the depth limit"

@@ -9,11 +9,10 @@
 //! beyond are refused as `malformed` — to the requester when the top level
 //! names a usable reply subject, else as a dead letter.
 
-use super::request::{self, MAX_REQUEST_ID_BYTES};
+use super::request;
 use super::tree::Reply;
 use super::{DeadLetterCode, Decision, ErrorCode, Input, Rules, dead_letter};
-use crate::wire::{map, shallow};
-use rmpv::Value;
+use crate::wire::peek;
 
 /// The most values (scalars, keys, arrays and maps) a result may hold when
 /// it is read as a value tree: a few MiB at most (the value tree's size per
@@ -29,27 +28,15 @@ pub(super) fn refuse(input: Input<'_>, rules: &Rules) -> Decision {
         "the message holds more than {MAX_TREE_VALUES} values (arrays, maps, keys and scalars); \
          a result of that complexity is accepted only with a decode or terminal outcome, as canonical MessagePack or as JSON"
     );
-    let Some(top) = shallow::top_level(input.payload, input.encoding, &["reply_to", "request_id"])
-    else {
+    let top = peek::top_level(input.payload, input.encoding);
+    if !top.whole {
         return dead_letter(input, rules, DeadLetterCode::Malformed, why);
-    };
-    let subject = match request::reply_subject(&top, input, rules) {
+    }
+    let subject = match request::reply_subject(&top.entries, input, rules) {
         Ok(subject) => subject,
         Err((code, reason)) => return dead_letter(input, rules, code, format!("{reason}; {why}")),
     };
-    let request_id = match map::get(&top, "request_id") {
-        Some(Value::String(s)) => s
-            .as_str()
-            .filter(|id| (1..=MAX_REQUEST_ID_BYTES).contains(&id.len()))
-            .map(str::to_string),
-        _ => None,
-    }
-    .filter(|_| {
-        top.iter()
-            .filter(|(k, _)| k.as_str() == Some("request_id"))
-            .count()
-            == 1
-    });
+    let request_id = top.request_id();
     let reply = Reply {
         encoding: input.encoding,
         subject,

@@ -168,7 +168,7 @@ impl Pipeline {
         let content_type = headers::first(delivery.headers.as_ref(), CONTENT_TYPE);
         let encoding = Encoding::from_content_type(content_type);
         let peeked = peek::peek(&delivery.payload, encoding);
-        let subject = match (peeked.reply_to, &delivery.reply) {
+        let subject = match (peeked.reply_to(), &delivery.reply) {
             (ReplyTo::Found(subject), _) => subject,
             (ReplyTo::NotSeen, Some(reply)) if self.rules.use_nats_reply => reply.to_string(),
             _ => return,
@@ -179,7 +179,8 @@ impl Pipeline {
         }
         let code = ErrorCode::OverBudget;
         let message = format!("{why}; retry with backoff");
-        let body = messages::error_response(peeked.request_id.as_deref(), code.as_str(), &message);
+        let body =
+            messages::error_response(peeked.request_id().as_deref(), code.as_str(), &message);
         let headers = headers::outgoing(decision::content_type(encoding), trace);
         let payload = Bytes::from(wire::encode(&body, encoding));
         let sent = self

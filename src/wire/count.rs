@@ -7,15 +7,15 @@
 //! "Figures behind choices in the code"). The decision asks
 //! [`more_values_than`] before it builds one (see `decision::decide`).
 
-use super::{Encoding, MAX_DEPTH};
+use super::{Encoding, scan};
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use std::cell::Cell;
 use std::fmt;
 
 /// Whether `bytes` holds more than `limit` values (every scalar, array, map,
 /// key and item counts one). Stops counting at `limit + 1`. A body that is
-/// not valid (or nests deeper than [`MAX_DEPTH`]) before that point answers
-/// `false`: reading it as a tree fails within `limit` values too.
+/// not valid (or nests deeper than [`super::MAX_DEPTH`]) before that point
+/// answers `false`: reading it as a tree fails within `limit` values too.
 pub fn more_values_than(bytes: &[u8], encoding: Encoding, limit: usize) -> bool {
     // Every value takes at least one byte in either encoding (a JSON
     // string, key or not, takes two), so a body of at most `limit` bytes
@@ -27,12 +27,8 @@ pub fn more_values_than(bytes: &[u8], encoding: Encoding, limit: usize) -> bool 
     }
     match encoding {
         Encoding::MsgPack => {
-            let mut walk = Walk {
-                bytes,
-                pos: 0,
-                left: limit,
-            };
-            walk.value(0) == Err(Stop::Over)
+            let mut left = limit;
+            scan::any_end(bytes, 0, 0, &mut left) == Err(scan::Stop::Over)
         }
         Encoding::Json => {
             let left = Cell::new(limit);
@@ -42,107 +38,6 @@ pub fn more_values_than(bytes: &[u8], encoding: Encoding, limit: usize) -> bool 
                 Err(e) => e.to_string().starts_with(OVER),
             }
         }
-    }
-}
-
-/// The end of the MessagePack value starting at `pos` (any valid encoding,
-/// inside one container), without reading it.
-pub(super) fn skip_msgpack(bytes: &[u8], pos: usize) -> Option<usize> {
-    let mut walk = Walk {
-        bytes,
-        pos,
-        left: usize::MAX,
-    };
-    walk.value(1).ok()?;
-    Some(walk.pos)
-}
-
-#[derive(Debug, PartialEq, Eq)]
-enum Stop {
-    Over,
-    Invalid,
-}
-
-/// A MessagePack value walker over any valid encoding (canonical or not).
-struct Walk<'a> {
-    bytes: &'a [u8],
-    pos: usize,
-    left: usize,
-}
-
-impl Walk<'_> {
-    fn skip(&mut self, n: usize) -> Result<(), Stop> {
-        self.pos = self
-            .pos
-            .checked_add(n)
-            .filter(|end| *end <= self.bytes.len())
-            .ok_or(Stop::Invalid)?;
-        Ok(())
-    }
-
-    fn be(&mut self, width: usize) -> Result<usize, Stop> {
-        let start = self.pos;
-        self.skip(width)?;
-        Ok(self.bytes[start..self.pos]
-            .iter()
-            .fold(0usize, |n, b| (n << 8) | usize::from(*b)))
-    }
-
-    fn value(&mut self, depth: usize) -> Result<(), Stop> {
-        self.left = self.left.checked_sub(1).ok_or(Stop::Over)?;
-        let marker = *self.bytes.get(self.pos).ok_or(Stop::Invalid)?;
-        self.pos += 1;
-        match marker {
-            0x00..=0x7f | 0xe0..=0xff | 0xc0 | 0xc2 | 0xc3 => Ok(()),
-            0x80..=0x8f => self.container(usize::from(marker & 0x0f) * 2, depth),
-            0x90..=0x9f => self.container(usize::from(marker & 0x0f), depth),
-            0xa0..=0xbf => self.skip(usize::from(marker & 0x1f)),
-            0xc1 => Err(Stop::Invalid),
-            0xc4..=0xc6 => {
-                let n = self.be(1 << (marker - 0xc4))?;
-                self.skip(n)
-            }
-            0xc7..=0xc9 => {
-                let n = self.be(1 << (marker - 0xc7))?;
-                self.skip(n.checked_add(1).ok_or(Stop::Invalid)?)
-            }
-            0xca | 0xce | 0xd2 => self.skip(4),
-            0xcb | 0xcf | 0xd3 => self.skip(8),
-            0xcc | 0xd0 => self.skip(1),
-            0xcd | 0xd1 => self.skip(2),
-            0xd4..=0xd8 => self.skip(1 + (1 << (marker - 0xd4))),
-            0xd9..=0xdb => {
-                let n = self.be(1 << (marker - 0xd9))?;
-                self.skip(n)
-            }
-            0xdc | 0xdd => {
-                let n = self.be(2 << (marker - 0xdc))?;
-                self.container(n, depth)
-            }
-            0xde | 0xdf => {
-                let n = self.be(2 << (marker - 0xde))?;
-                self.container(n.checked_mul(2).ok_or(Stop::Invalid)?, depth)
-            }
-        }
-    }
-
-    /// `values` values inside a container that sits in `depth` containers.
-    fn container(&mut self, values: usize, depth: usize) -> Result<(), Stop> {
-        if depth >= MAX_DEPTH {
-            return Err(Stop::Invalid);
-        }
-        for _ in 0..values {
-            // One-byte values (all of a hostile array of `nil`) without a
-            // call: this loop is most of the refusal path's time.
-            match self.bytes.get(self.pos) {
-                Some(0x00..=0x7f | 0xe0..=0xff | 0xc0 | 0xc2 | 0xc3) => {
-                    self.left = self.left.checked_sub(1).ok_or(Stop::Over)?;
-                    self.pos += 1;
-                }
-                _ => self.value(depth + 1)?,
-            }
-        }
-        Ok(())
     }
 }
 
@@ -223,7 +118,8 @@ impl<'de> Visitor<'de> for Counter<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::{decode, encode, msgpack};
+    use crate::wire::scan::tests::any_value;
+    use crate::wire::{MAX_DEPTH, decode, encode};
     use proptest::prelude::*;
     use rmpv::Value;
 
@@ -302,102 +198,7 @@ mod tests {
         assert!(more_values_than(b"[null, null, nul", Encoding::Json, 2));
     }
 
-    /// Where the reference reader ([`msgpack::read`]) ends the value at the
-    /// start of `bytes`, read inside one container as `skip_msgpack` reads
-    /// it: the one prefix it reads whole (a valid value has one length).
-    fn reference_end(bytes: &[u8]) -> Option<usize> {
-        (1..=bytes.len()).find(|&end| {
-            let mut inside = vec![0x91];
-            inside.extend_from_slice(&bytes[..end]);
-            msgpack::read(&inside).is_ok()
-        })
-    }
-
-    /// Any value tree, scalars of every kind and width, strings and binary
-    /// data either side of the 8-bit lengths.
-    fn any_value() -> impl Strategy<Value = Value> {
-        let leaf = prop_oneof![
-            Just(Value::Nil),
-            any::<bool>().prop_map(Value::Boolean),
-            any::<i64>().prop_map(Value::from),
-            any::<u64>().prop_map(Value::from),
-            any::<f32>().prop_map(Value::F32),
-            any::<f64>().prop_map(Value::F64),
-            (0usize..300).prop_map(|n| Value::from("x".repeat(n))),
-            proptest::collection::vec(any::<u8>(), 0..300).prop_map(Value::Binary),
-            (any::<i8>(), proptest::collection::vec(any::<u8>(), 0..20))
-                .prop_map(|(tag, data)| Value::Ext(tag, data)),
-        ];
-        leaf.prop_recursive(4, 48, 6, |inner| {
-            prop_oneof![
-                proptest::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
-                proptest::collection::vec((inner.clone(), inner), 0..4).prop_map(Value::Map),
-            ]
-        })
-    }
-
-    /// Bytes that are mostly MessagePack markers and small lengths (so that
-    /// headers are often satisfiable), or a valid encoding cut short or
-    /// with one byte changed.
-    fn bodies() -> impl Strategy<Value = Vec<u8>> {
-        let markers: Vec<u8> = [
-            0x00, 0x05, 0x7f, 0x80, 0x81, 0x82, 0x8f, 0x90, 0x91, 0x92, 0x9f,
-        ]
-        .into_iter()
-        .chain([0xa0, 0xa1, 0xa3, 0xbf, 0xe0, 0xff])
-        .chain(0xc0..=0xdf)
-        .collect();
-        let byte = prop_oneof![
-            3 => proptest::sample::select(markers),
-            2 => 0u8..4,
-            1 => any::<u8>(),
-        ];
-        prop_oneof![
-            proptest::collection::vec(byte, 0..48),
-            (
-                any_value(),
-                any::<prop::sample::Index>(),
-                any::<u8>(),
-                0u8..3
-            )
-                .prop_map(|(v, at, with, how)| {
-                    let mut bytes = encode(&v, Encoding::MsgPack);
-                    if !bytes.is_empty() {
-                        let at = at.index(bytes.len());
-                        match how {
-                            0 => bytes.truncate(at),
-                            1 => bytes[at] = with,
-                            _ => {}
-                        }
-                    }
-                    bytes
-                },),
-        ]
-    }
-
     proptest! {
-        /// `skip_msgpack`, the walker `shallow` reads top-level fields with,
-        /// ends a value exactly where the reference reader does, and refuses
-        /// what it refuses: undefined markers, lengths past the end, nesting
-        /// past [`MAX_DEPTH`]; after other bytes and under containers up to
-        /// the bound.
-        #[test]
-        fn skip_msgpack_ends_a_value_where_the_reader_does(
-            before in proptest::collection::vec(any::<u8>(), 0..3),
-            levels in proptest::sample::select(vec![0, 0, 1, MAX_DEPTH - 2, MAX_DEPTH - 1, MAX_DEPTH]),
-            body in bodies(),
-        ) {
-            let mut bytes = before.clone();
-            bytes.extend(std::iter::repeat_n(0x91, levels));
-            bytes.extend_from_slice(&body);
-            let pos = before.len();
-            prop_assert_eq!(
-                skip_msgpack(&bytes, pos),
-                reference_end(&bytes[pos..]).map(|end| pos + end),
-                "{:x?} from {}", bytes, pos
-            );
-        }
-
         /// On a readable body the count is the tree's, at every limit.
         #[test]
         fn the_count_is_the_trees(value in any_value()) {

@@ -11,7 +11,6 @@ pub mod messages;
 pub mod msgpack;
 pub mod peek;
 pub mod scan;
-pub mod shallow;
 
 pub use count::more_values_than;
 pub use json::{CARRIED, Field, Plan, json_to_msgpack, msgpack_to_json};

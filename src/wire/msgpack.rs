@@ -4,18 +4,20 @@
 //! could turn a field into a null (and a `ctx_request_id` into "missing")
 //! instead of making the message malformed; it counts depth in its own units;
 //! and it reads through `io::Read`, growing every array one push at a time.
-//! [`read`] works on the slice in one pass: it refuses every undefined
-//! marker, every length that runs past the end, nesting deeper than
-//! [`MAX_DEPTH`] containers and trailing bytes, naming the offset of the
-//! fault, and sizes each array and map from its header (bounded, so that a
-//! lying header cannot reserve memory the body does not back).
+//! [`read`] builds the tree on [`scan::head`], the crate's one statement of
+//! the format: it refuses every undefined marker, every length that runs
+//! past the end, nesting deeper than [`super::MAX_DEPTH`] containers and
+//! trailing bytes, naming the offset of the fault, and sizes each array and
+//! map from its header (bounded, so that a lying header cannot reserve
+//! memory the body does not back).
 //!
 //! Writing: rmpv writes a string that is not valid UTF-8 as binary, which
 //! changes its type for the decode worker. [`write`] writes it as a string
 //! with its bytes unchanged; everything else is written as rmpv would, in the
 //! shortest encoding.
 
-use super::{MAX_DEPTH, WireError};
+use super::WireError;
+use super::scan::{self, Fault, Kind};
 use rmp::encode;
 use rmpv::Value;
 
@@ -24,147 +26,73 @@ const MAX_RESERVE: usize = 1024;
 
 /// Reads exactly one MessagePack value from `bytes`.
 pub fn read(bytes: &[u8]) -> Result<Value, WireError> {
-    let mut reader = Reader { bytes, pos: 0 };
-    let value = reader.value(0)?;
-    if reader.pos < bytes.len() {
-        return Err(WireError::TrailingBytes(bytes.len() - reader.pos));
+    let mut pos = 0;
+    let value = value(bytes, &mut pos, 0)?;
+    if pos < bytes.len() {
+        return Err(WireError::TrailingBytes(bytes.len() - pos));
     }
     Ok(value)
 }
 
-struct Reader<'a> {
-    bytes: &'a [u8],
-    pos: usize,
-}
-
-impl<'a> Reader<'a> {
-    /// The next `n` bytes; `at` is where the value being read started.
-    fn take(&mut self, n: usize, at: usize) -> Result<&'a [u8], WireError> {
-        let end = self
-            .pos
-            .checked_add(n)
-            .filter(|end| *end <= self.bytes.len())
-            .ok_or_else(|| truncated(at))?;
-        let out = &self.bytes[self.pos..end];
-        self.pos = end;
-        Ok(out)
-    }
-
-    fn array<const N: usize>(&mut self, at: usize) -> Result<[u8; N], WireError> {
-        let mut out = [0u8; N];
-        out.copy_from_slice(self.take(N, at)?);
-        Ok(out)
-    }
-
-    /// A big-endian length of `width` bytes (1, 2 or 4).
-    fn len(&mut self, width: usize, at: usize) -> Result<usize, WireError> {
-        Ok(self
-            .take(width, at)?
-            .iter()
-            .fold(0usize, |n, b| (n << 8) | usize::from(*b)))
-    }
-
-    /// One value; `depth` is the number of containers it sits in.
-    fn value(&mut self, depth: usize) -> Result<Value, WireError> {
-        let at = self.pos;
-        let marker = self.take(1, at)?[0];
-        Ok(match marker {
-            0x00..=0x7f => Value::from(marker),
-            0xe0..=0xff => Value::from(marker as i8),
-            0x80..=0x8f => self.map(usize::from(marker & 0x0f), depth, at)?,
-            0x90..=0x9f => self.items(usize::from(marker & 0x0f), depth, at)?,
-            0xa0..=0xbf => self.string(usize::from(marker & 0x1f), at)?,
-            0xc0 => Value::Nil,
-            0xc1 => {
-                return Err(WireError::MsgPack(format!(
-                    "byte {at} is 0xc1, a marker MessagePack never uses"
-                )));
-            }
-            0xc2 => Value::Boolean(false),
-            0xc3 => Value::Boolean(true),
-            0xc4..=0xc6 => {
-                let n = self.len(1 << (marker - 0xc4), at)?;
-                Value::Binary(self.take(n, at)?.to_vec())
-            }
-            0xc7..=0xc9 => {
-                let n = self.len(1 << (marker - 0xc7), at)?;
-                self.ext(n, at)?
-            }
-            0xca => Value::F32(f32::from_be_bytes(self.array(at)?)),
-            0xcb => Value::F64(f64::from_be_bytes(self.array(at)?)),
-            0xcc => Value::from(self.take(1, at)?[0]),
-            0xcd => Value::from(u16::from_be_bytes(self.array(at)?)),
-            0xce => Value::from(u32::from_be_bytes(self.array(at)?)),
-            0xcf => Value::from(u64::from_be_bytes(self.array(at)?)),
-            0xd0 => Value::from(self.take(1, at)?[0] as i8),
-            0xd1 => Value::from(i16::from_be_bytes(self.array(at)?)),
-            0xd2 => Value::from(i32::from_be_bytes(self.array(at)?)),
-            0xd3 => Value::from(i64::from_be_bytes(self.array(at)?)),
-            0xd4..=0xd8 => self.ext(1 << (marker - 0xd4), at)?,
-            0xd9..=0xdb => {
-                let n = self.len(1 << (marker - 0xd9), at)?;
-                self.string(n, at)?
-            }
-            0xdc | 0xdd => {
-                let n = self.len(2 << (marker - 0xdc), at)?;
-                self.items(n, depth, at)?
-            }
-            0xde | 0xdf => {
-                let n = self.len(2 << (marker - 0xde), at)?;
-                self.map(n, depth, at)?
-            }
-        })
-    }
-
-    fn string(&mut self, n: usize, at: usize) -> Result<Value, WireError> {
-        let raw = self.take(n, at)?;
-        Ok(match std::str::from_utf8(raw) {
+/// The value at `pos`, which sits in `depth` containers; `pos` moves past it.
+fn value(bytes: &[u8], pos: &mut usize, depth: usize) -> Result<Value, WireError> {
+    let at = *pos;
+    let head = scan::head(bytes, at).map_err(|fault| match fault {
+        Fault::Undefined => WireError::MsgPack(format!(
+            "byte {at} is 0xc1, a marker MessagePack never uses"
+        )),
+        Fault::Truncated => truncated(at),
+    })?;
+    *pos = head.next;
+    Ok(match head.kind {
+        Kind::Nil => Value::Nil,
+        Kind::Bool(b) => Value::Boolean(b),
+        Kind::Uint(n) => Value::from(n),
+        Kind::Int(n) => Value::from(n),
+        Kind::F32(f) => Value::F32(f),
+        Kind::F64(f) => Value::F64(f),
+        Kind::Str(raw) => match std::str::from_utf8(raw) {
             Ok(s) => Value::from(s),
             Err(_) => invalid_utf8_string(raw),
-        })
-    }
-
-    fn ext(&mut self, n: usize, at: usize) -> Result<Value, WireError> {
-        let tag = self.take(1, at)?[0] as i8;
-        Ok(Value::Ext(tag, self.take(n, at)?.to_vec()))
-    }
-
-    /// Room for `n` items, each at least `min_bytes` long, without trusting
-    /// `n` further than the bytes left can back it.
-    fn reserve(&self, n: usize, min_bytes: usize, at: usize) -> Result<usize, WireError> {
-        let left = self.bytes.len() - self.pos;
-        if n > left / min_bytes {
-            return Err(truncated(at));
+        },
+        Kind::Bin(raw) => Value::Binary(raw.to_vec()),
+        Kind::Ext(tag, raw) => Value::Ext(tag, raw.to_vec()),
+        Kind::Array(n) => {
+            let mut items = Vec::with_capacity(room(bytes, *pos, n, 1, depth, at)?);
+            for _ in 0..n {
+                items.push(value(bytes, pos, depth + 1)?);
+            }
+            Value::Array(items)
         }
-        Ok(n.min(MAX_RESERVE))
-    }
-
-    fn enter(depth: usize) -> Result<usize, WireError> {
-        if depth >= MAX_DEPTH {
-            return Err(WireError::TooDeep);
+        Kind::Map(n) => {
+            let mut entries = Vec::with_capacity(room(bytes, *pos, n, 2, depth, at)?);
+            for _ in 0..n {
+                let key = value(bytes, pos, depth + 1)?;
+                entries.push((key, value(bytes, pos, depth + 1)?));
+            }
+            Value::Map(entries)
         }
-        Ok(depth + 1)
-    }
+    })
+}
 
-    fn items(&mut self, n: usize, depth: usize, at: usize) -> Result<Value, WireError> {
-        let inner = Self::enter(depth)?;
-        let mut items = Vec::with_capacity(self.reserve(n, 1, at)?);
-        for _ in 0..n {
-            items.push(self.value(inner)?);
-        }
-        Ok(Value::Array(items))
+/// Room for a container of `n` items, each at least `min_bytes` long, that
+/// sits in `depth` containers and starts at `at`, without trusting `n`
+/// further than the bytes left after `pos` can back it.
+fn room(
+    bytes: &[u8],
+    pos: usize,
+    n: usize,
+    min_bytes: usize,
+    depth: usize,
+    at: usize,
+) -> Result<usize, WireError> {
+    if !scan::may_open(depth) {
+        return Err(WireError::TooDeep);
     }
-
-    fn map(&mut self, n: usize, depth: usize, at: usize) -> Result<Value, WireError> {
-        let inner = Self::enter(depth)?;
-        let mut entries = Vec::with_capacity(self.reserve(n, 2, at)?);
-        for _ in 0..n {
-            let key = self.value(inner)?;
-            let value = self.value(inner)?;
-            entries.push((key, value));
-        }
-        Ok(Value::Map(entries))
+    if n > bytes.len().saturating_sub(pos) / min_bytes {
+        return Err(truncated(at));
     }
+    Ok(n.min(MAX_RESERVE))
 }
 
 /// A string value holding bytes that are not UTF-8. rmpv has no public

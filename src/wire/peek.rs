@@ -1,33 +1,45 @@
-//! Reading `reply_to` and `request_id` from the first few KiB of a body that
-//! is not going to be decided (the byte budget refused it), to tell its
-//! client so. Never reads past [`PEEK_BYTES`]: a refusal costs the same
-//! whatever the body's size.
+//! Reading a body's top-level `reply_to` and `request_id` without reading
+//! the rest, to answer the client of a body that is not going to be decided:
+//! one the byte budget refused ([`peek`], which reads only its first
+//! [`PEEK_BYTES`], so a refusal costs the same whatever the body's size), or
+//! one too complex to read as a value tree ([`top_level`] on the whole body,
+//! see `decision::complex`).
 //!
-//! MessagePack is read with the in-place scanner ([`super::scan`]), JSON with
-//! serde_json on the prefix; either stops at the first value cut off by the
-//! prefix's end, keeping what it read before.
+//! MessagePack in any valid encoding is walked with [`scan::any_end`], JSON
+//! read with serde_json. Either stops at the first entry that does not read
+//! (cut off by the prefix's end, or invalid), keeping those before it.
 
 use super::messages::MAX_REQUEST_ID_BYTES;
-use super::{Encoding, scan};
-use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
+use super::{Encoding, msgpack, scan};
+use rmpv::Value;
+use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use std::fmt;
 
-/// How much of a body is looked at.
+/// How much of a body [`peek`] looks at.
 pub const PEEK_BYTES: usize = 4096;
 
-/// What the first [`PEEK_BYTES`] of a body say about where its answer goes.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Peeked {
-    pub reply_to: ReplyTo,
-    /// A string `request_id` of 1..=256 bytes, when read before the cut.
-    pub request_id: Option<String>,
+/// The top-level keys kept.
+const KEYS: [&str; 2] = ["reply_to", "request_id"];
+
+/// How many entries under one key are kept: two are enough to tell that a
+/// key is duplicated, which makes it unusable.
+const KEEP_PER_KEY: usize = 2;
+
+/// The top-level `reply_to` and `request_id` entries of a body, as far as
+/// they were read.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Top {
+    /// The kept entries in order, at most two per key: scalars as they are,
+    /// an array or map as an empty one of its kind (its contents unread).
+    pub entries: Vec<(Value, Value)>,
+    /// Whether the body is one map, read to its end.
+    pub whole: bool,
 }
 
-/// The body's `reply_to`, as far as the prefix shows it.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// The body's `reply_to`, as far as it was read.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReplyTo {
     /// Not among the top-level entries read (it may come later).
-    #[default]
     NotSeen,
     /// A string, given once so far.
     Found(String),
@@ -36,84 +48,165 @@ pub enum ReplyTo {
     Unusable,
 }
 
-/// Peeks at `body`'s top-level `reply_to` and `request_id`.
-pub fn peek(body: &[u8], encoding: Encoding) -> Peeked {
-    let prefix = &body[..body.len().min(PEEK_BYTES)];
-    let mut out = Peeked::default();
+/// The top-level entries of the first [`PEEK_BYTES`] of `body`.
+pub fn peek(body: &[u8], encoding: Encoding) -> Top {
+    top_level(&body[..body.len().min(PEEK_BYTES)], encoding)
+}
+
+/// The top-level entries of `bytes`.
+pub fn top_level(bytes: &[u8], encoding: Encoding) -> Top {
+    let mut top = Top::default();
     match encoding {
-        Encoding::MsgPack => peek_msgpack(prefix, &mut out),
+        Encoding::MsgPack => top.whole = msgpack_top(bytes, &mut top.entries).is_some(),
         Encoding::Json => {
             // An error is where the prefix ends (or the body goes wrong):
-            // what was read before it stays in `out`.
-            let mut de = serde_json::Deserializer::from_slice(prefix);
-            let _ = de.deserialize_map(Top { out: &mut out });
+            // what was read before it stays in `top`.
+            let mut de = serde_json::Deserializer::from_slice(bytes);
+            let read = de.deserialize_map(JsonTop {
+                out: &mut top.entries,
+            });
+            top.whole = read.is_ok() && de.end().is_ok();
         }
     }
-    out
+    top
 }
 
-fn peek_msgpack(prefix: &[u8], out: &mut Peeked) {
-    let Some((_, mut spans)) = scan::entries(prefix) else {
-        return;
-    };
-    // `Spans` yields `None` at the first key or value cut off by the prefix.
-    while let (Some(key), Some(value)) = (spans.next(), spans.next()) {
-        let text = scan::str_bytes(value).and_then(|v| std::str::from_utf8(v).ok());
-        match scan::str_bytes(key) {
-            Some(b"reply_to") => out.saw_reply_to(text),
-            Some(b"request_id") => out.saw_request_id(text),
-            _ => {}
-        }
+impl Top {
+    fn given(&self, key: &str) -> impl Iterator<Item = &Value> {
+        let key = Some(key);
+        self.entries
+            .iter()
+            .filter(move |(k, _)| k.as_str() == key)
+            .map(|(_, v)| v)
     }
-}
 
-impl Peeked {
-    fn saw_reply_to(&mut self, value: Option<&str>) {
-        self.reply_to = match (&self.reply_to, value) {
-            (ReplyTo::NotSeen, Some(subject)) => ReplyTo::Found(subject.to_string()),
+    pub fn reply_to(&self) -> ReplyTo {
+        let mut given = self.given("reply_to");
+        match (given.next(), given.next()) {
+            (None, _) => ReplyTo::NotSeen,
+            (Some(Value::String(s)), None) => s
+                .as_str()
+                .map_or(ReplyTo::Unusable, |s| ReplyTo::Found(s.into())),
             _ => ReplyTo::Unusable,
-        };
+        }
     }
 
-    fn saw_request_id(&mut self, value: Option<&str>) {
-        // A second one makes the result malformed: no ID to echo.
-        let usable = value.filter(|v| !v.is_empty() && v.len() <= MAX_REQUEST_ID_BYTES);
-        self.request_id = match self.request_id {
-            None => usable.map(str::to_string),
-            Some(_) => None,
-        };
+    /// The `request_id` to echo: given once, as a UTF-8 string of 1 to
+    /// [`MAX_REQUEST_ID_BYTES`] bytes (of two, which is meant cannot be
+    /// known).
+    pub fn request_id(&self) -> Option<String> {
+        let mut given = self.given("request_id");
+        match (given.next(), given.next()) {
+            (Some(Value::String(s)), None) => s
+                .as_str()
+                .filter(|id| (1..=MAX_REQUEST_ID_BYTES).contains(&id.len()))
+                .map(str::to_string),
+            _ => None,
+        }
     }
 }
 
-/// The top-level map of a JSON body, read entry by entry into `out`.
-struct Top<'a> {
-    out: &'a mut Peeked,
+fn keep(out: &[(Value, Value)], key: &str) -> bool {
+    KEYS.contains(&key)
+        && out.iter().filter(|(k, _)| k.as_str() == Some(key)).count() < KEEP_PER_KEY
 }
 
-impl<'de> Visitor<'de> for Top<'_> {
+/// Reads the top-level map's entries into `out`; `Some` when the body is
+/// one map, read to its end.
+fn msgpack_top(bytes: &[u8], out: &mut Vec<(Value, Value)>) -> Option<()> {
+    let head = scan::head(bytes, 0).ok()?;
+    let scan::Kind::Map(n) = head.kind else {
+        return None;
+    };
+    let mut pos = head.next;
+    for _ in 0..n {
+        let mut budget = usize::MAX;
+        let key_end = scan::any_end(bytes, pos, 1, &mut budget).ok()?;
+        let end = scan::any_end(bytes, key_end, 1, &mut budget).ok()?;
+        let key = scan::str_bytes(bytes.get(pos..key_end)?).map(std::str::from_utf8);
+        if let Some(Ok(name)) = key
+            && keep(out, name)
+        {
+            let value = match scan::head(bytes, key_end).ok()?.kind {
+                scan::Kind::Map(_) => Value::Map(Vec::new()),
+                scan::Kind::Array(_) => Value::Array(Vec::new()),
+                _ => msgpack::read(bytes.get(key_end..end)?).ok()?,
+            };
+            out.push((Value::from(name), value));
+        }
+        pos = end;
+    }
+    (pos == bytes.len()).then_some(())
+}
+
+/// The top-level JSON map, keeping the wanted entries in `out` as they are
+/// read.
+struct JsonTop<'a> {
+    out: &'a mut Vec<(Value, Value)>,
+}
+
+impl<'de> Visitor<'de> for JsonTop<'_> {
     type Value = ();
 
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("a map")
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-        while let Some(key) = map.next_key::<String>()? {
-            match key.as_str() {
-                "reply_to" | "request_id" => {
-                    let value = map.next_value::<serde_json::Value>()?;
-                    if key == "reply_to" {
-                        self.out.saw_reply_to(value.as_str());
-                    } else {
-                        self.out.saw_request_id(value.as_str());
-                    }
-                }
-                _ => {
-                    map.next_value::<IgnoredAny>()?;
-                }
+        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+            if keep(self.out, &key) {
+                let value = map.next_value_seed(Shallow)?;
+                self.out.push((Value::from(key.as_ref()), value));
+            } else {
+                map.next_value::<IgnoredAny>()?;
             }
         }
         Ok(())
+    }
+}
+
+/// A JSON value as a scalar, or an empty array or map in place of a full one.
+struct Shallow;
+
+impl<'de> DeserializeSeed<'de> for Shallow {
+    type Value = Value;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Shallow {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_bool<E: de::Error>(self, b: bool) -> Result<Value, E> {
+        Ok(Value::Boolean(b))
+    }
+    fn visit_i64<E: de::Error>(self, n: i64) -> Result<Value, E> {
+        Ok(Value::from(n))
+    }
+    fn visit_u64<E: de::Error>(self, n: u64) -> Result<Value, E> {
+        Ok(Value::from(n))
+    }
+    fn visit_f64<E: de::Error>(self, f: f64) -> Result<Value, E> {
+        Ok(Value::F64(f))
+    }
+    fn visit_str<E: de::Error>(self, s: &str) -> Result<Value, E> {
+        Ok(Value::from(s))
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Value, E> {
+        Ok(Value::Nil)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(Value::Array(Vec::new()))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        Ok(Value::Map(Vec::new()))
     }
 }
 
@@ -121,7 +214,6 @@ impl<'de> Visitor<'de> for Top<'_> {
 mod tests {
     use super::*;
     use crate::wire::encode;
-    use rmpv::Value;
 
     fn body(pairs: &[(&str, Value)], filler: usize) -> Value {
         let mut entries: Vec<(Value, Value)> = pairs
@@ -132,8 +224,30 @@ mod tests {
         Value::Map(entries)
     }
 
-    fn both(value: &Value) -> [Peeked; 2] {
+    fn both(value: &Value) -> [Top; 2] {
         [Encoding::MsgPack, Encoding::Json].map(|e| peek(&encode(value, e), e))
+    }
+
+    #[test]
+    fn keeps_wanted_scalars_and_empties_containers() {
+        let body = Value::Map(vec![
+            (Value::from("frames"), Value::Array(vec![Value::Nil; 100])),
+            (Value::from("reply_to"), Value::from("_INBOX.a")),
+            (Value::from("request_id"), Value::Array(vec![Value::Nil; 3])),
+            (Value::from("reply_to"), Value::from("_INBOX.b")),
+            (Value::from("reply_to"), Value::from("_INBOX.c")),
+        ]);
+        let entries = vec![
+            (Value::from("reply_to"), Value::from("_INBOX.a")),
+            (Value::from("request_id"), Value::Array(Vec::new())),
+            (Value::from("reply_to"), Value::from("_INBOX.b")),
+        ];
+        for encoding in [Encoding::MsgPack, Encoding::Json] {
+            let bytes = encode(&body, encoding);
+            let top = top_level(&bytes, encoding);
+            assert_eq!(top.entries, entries, "{encoding:?}");
+            assert!(top.whole, "{encoding:?}");
+        }
     }
 
     #[test]
@@ -145,9 +259,10 @@ mod tests {
             ],
             1 << 20,
         );
-        for peeked in both(&value) {
-            assert_eq!(peeked.reply_to, ReplyTo::Found("_INBOX.a".into()));
-            assert_eq!(peeked.request_id.as_deref(), Some("r1"));
+        for top in both(&value) {
+            assert_eq!(top.reply_to(), ReplyTo::Found("_INBOX.a".into()));
+            assert_eq!(top.request_id().as_deref(), Some("r1"));
+            assert!(!top.whole, "only a prefix was read");
         }
     }
 
@@ -157,8 +272,8 @@ mod tests {
         if let Value::Map(entries) = &mut value {
             entries.push((Value::from("reply_to"), Value::from("_INBOX.late")));
         }
-        for peeked in both(&value) {
-            assert_eq!(peeked.reply_to, ReplyTo::NotSeen);
+        for top in both(&value) {
+            assert_eq!(top.reply_to(), ReplyTo::NotSeen);
         }
     }
 
@@ -170,8 +285,8 @@ mod tests {
         ]);
         let number = body(&[("reply_to", Value::from(7))], 10);
         for value in [twice, number] {
-            for peeked in both(&value) {
-                assert_eq!(peeked.reply_to, ReplyTo::Unusable, "{value}");
+            for top in both(&value) {
+                assert_eq!(top.reply_to(), ReplyTo::Unusable, "{value}");
             }
         }
     }
@@ -184,26 +299,30 @@ mod tests {
             b"[1,2]",
             b"{\"reply_to\": ",
             b"\x91\xa1x",
+            b"\x81\xa1a",
         ] {
             for encoding in [Encoding::MsgPack, Encoding::Json] {
-                assert_eq!(peek(bytes, encoding).reply_to, ReplyTo::NotSeen);
+                let top = top_level(bytes, encoding);
+                assert_eq!(top.reply_to(), ReplyTo::NotSeen);
+                assert!(!top.whole);
             }
         }
     }
 
     #[test]
-    fn an_overlong_request_id_is_not_echoed() {
+    fn a_request_id_is_echoed_only_when_given_once_and_usable() {
         let long = "r".repeat(MAX_REQUEST_ID_BYTES + 1);
-        let value = body(
-            &[
-                ("request_id", Value::from(long)),
-                ("reply_to", Value::from("_INBOX.a")),
-            ],
-            10,
-        );
-        for peeked in both(&value) {
-            assert_eq!(peeked.request_id, None);
-            assert_eq!(peeked.reply_to, ReplyTo::Found("_INBOX.a".into()));
+        let twice = [
+            ("request_id", Value::from("r1")),
+            ("request_id", Value::from("r2")),
+        ];
+        for pairs in [&[("request_id", Value::from(long))][..], &twice] {
+            let mut pairs = pairs.to_vec();
+            pairs.push(("reply_to", Value::from("_INBOX.a")));
+            for top in both(&body(&pairs, 10)) {
+                assert_eq!(top.request_id(), None);
+                assert_eq!(top.reply_to(), ReplyTo::Found("_INBOX.a".into()));
+            }
         }
     }
 }

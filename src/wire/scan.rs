@@ -1,5 +1,13 @@
 //! Zero-copy reading of MessagePack: values as byte spans of the input.
 //!
+//! [`head`] is the one statement of the format (markers, lengths, the
+//! undefined marker `0xc1`, truncation) and [`may_open`] of the nesting
+//! bound; every MessagePack reader of the crate goes through them: the tree
+//! reader (`msgpack::read`), [`any_end`] for bodies in any encoding (counted
+//! before a tree is built, or read only at their top level), and the
+//! canonical walks below. The walks' hot arms restate a few of the rules
+//! for speed; the tests hold them to [`head`].
+//!
 //! [`validate`] walks a body once and accepts it only when [`super::decode`]
 //! would read it without error (same refusals: undefined marker `0xc1`,
 //! lengths past the end, nesting deeper than [`MAX_DEPTH`], trailing bytes)
@@ -89,13 +97,14 @@ fn skip(b: &[u8], pos: usize, depth: usize) -> Option<usize> {
             Class::FixMap => (p + 1, usize::from(marker & 0x0f) * 2),
             Class::FixArray => (p + 1, usize::from(marker & 0x0f)),
             Class::Array16 => (p + 3, array16(b, p + 1)?),
-            Class::Bin8 | Class::Bin16 | Class::Other => match step(b, p + 1, marker)? {
-                Step::Scalar(end) => {
-                    p = end;
+            Class::Bin8 | Class::Bin16 | Class::Other => {
+                let head = canonical(b, p)?;
+                let Some(values) = head.values() else {
+                    p = head.next;
                     continue;
-                }
-                Step::Open { first, values } => (first, values),
-            },
+                };
+                (head.next, values)
+            }
         };
         // A container: its values are owed too.
         if opened >= budget {
@@ -161,7 +170,7 @@ fn uint_run(b: &[u8], mut p: usize, left: &mut usize) -> usize {
 }
 
 /// A marker's class, for [`skip`]'s one jump: the common ones get an arm
-/// of their own, the rest go through [`step`].
+/// of their own, the rest go through [`canonical`].
 #[derive(Clone, Copy)]
 enum Class {
     One,
@@ -176,7 +185,7 @@ enum Class {
     /// A string of 32 to 255 bytes (a model name, a request ID).
     Str8,
     /// Binary data of up to 255 bytes, and of up to 65,535 (an opaque
-    /// state): answered by [`value_end`] without [`step`].
+    /// state): answered by [`value_end`] without [`canonical`].
     Bin8,
     Bin16,
     /// An array of 16 to 65,535 items (a prompt's token IDs).
@@ -208,92 +217,269 @@ static CLASS: [Class; 256] = {
     class
 };
 
-/// What a marker starts: a scalar (where it ends) or a container (where its
-/// first value starts and how many values it holds, keys counted).
-enum Step {
-    Scalar(usize),
-    Open { first: usize, values: usize },
+/// One value's header, read in any valid encoding: what the value is and
+/// where what follows its header starts (the next value, or a container's
+/// first).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Head<'a> {
+    pub kind: Kind<'a>,
+    pub next: usize,
 }
 
-/// The value whose marker is just before `p`, when it is in its shortest
-/// encoding; the one statement of the format's rules for both walks.
-#[inline(always)]
-fn step(b: &[u8], p: usize, marker: u8) -> Option<Step> {
-    let end = match marker {
-        0x00..=0x7f | 0xe0..=0xff | 0xc0 | 0xc2 | 0xc3 => p,
-        0x80..=0x8f => {
-            let values = usize::from(marker & 0x0f) * 2;
-            return Some(Step::Open { first: p, values });
-        }
-        0x90..=0x9f => {
-            let values = usize::from(marker & 0x0f);
-            return Some(Step::Open { first: p, values });
-        }
-        0xa0..=0xbf => body(b, p, usize::from(marker & 0x1f))?,
-        0xc1 => return None,
-        0xc4..=0xc6 => {
-            let width = 1 << (marker - 0xc4);
-            let n = be(b, p, width)?;
-            // bin8 for up to 255 bytes, bin16 above, bin32 above 65535.
-            (!fits_narrower(n, width)).then_some(())?;
-            body(b, p + width, n)?
-        }
-        0xc7..=0xc9 => {
-            let width = 1 << (marker - 0xc7);
-            let n = be(b, p, width)?;
-            let fixed = matches!(n, 1 | 2 | 4 | 8 | 16);
-            (!fixed && !fits_narrower(n, width)).then_some(())?;
-            body(b, p + width, n + 1)?
-        }
-        0xca => body(b, p, 4)?,
-        0xcb => body(b, p, 8)?,
-        0xcc..=0xd3 => int(b, p, marker)?,
-        0xd4..=0xd8 => body(b, p, 1 + (1 << (marker - 0xd4)))?,
-        0xd9..=0xdb => {
-            let width = 1 << (marker - 0xd9);
-            let n = be(b, p, width)?;
-            (n >= 32 && !fits_narrower(n, width)).then_some(())?;
-            body(b, p + width, n)?
-        }
-        0xdc..=0xdf => {
-            let width = 2 << ((marker - 0xdc) & 1);
-            let n = be(b, p, width)?;
-            let least = if width == 2 { 16 } else { 0x1_0000 };
-            (n >= least).then_some(())?;
-            let per = if marker >= 0xde { 2 } else { 1 };
-            let values = n.checked_mul(per)?;
-            return Some(Step::Open {
-                first: p + width,
-                values,
-            });
-        }
-    };
-    Some(Step::Scalar(end))
+/// What a value is. Integers as they were written: an unsigned marker reads
+/// as `Uint`, a signed one as `Int` (rmpv makes the same integer of both).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Kind<'a> {
+    Nil,
+    Bool(bool),
+    Uint(u64),
+    Int(i64),
+    F32(f32),
+    F64(f64),
+    /// A string's bytes (not necessarily UTF-8).
+    Str(&'a [u8]),
+    Bin(&'a [u8]),
+    Ext(i8, &'a [u8]),
+    /// An array of this many items, which follow the header.
+    Array(usize),
+    /// A map of this many entries, keys and values alternating after the
+    /// header.
+    Map(usize),
 }
 
-/// [`skip`] for a value with many containers: each walked by a call of its
-/// own, which knows its depth and refuses one at [`MAX_DEPTH`].
-fn skip_nested(b: &[u8], pos: usize, depth: usize) -> Option<usize> {
-    let marker = *b.get(pos)?;
-    match step(b, pos + 1, marker)? {
-        Step::Scalar(end) => Some(end),
-        Step::Open { first, values } => {
-            if depth >= MAX_DEPTH {
-                return None;
-            }
-            let mut p = first;
-            for _ in 0..values {
-                p = skip_nested(b, p, depth + 1)?;
-            }
-            Some(p)
+/// Why no value can be read at a place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// `0xc1`, the one marker MessagePack never uses. rmpv reads it as nil,
+    /// which would turn a corrupt byte into a missing field.
+    Undefined,
+    /// The value's header or data runs past the end.
+    Truncated,
+}
+
+impl Head<'_> {
+    /// How many values follow the header inside the value (keys counted);
+    /// `None` for a scalar.
+    #[inline(always)]
+    fn values(&self) -> Option<usize> {
+        match self.kind {
+            Kind::Array(n) => Some(n),
+            Kind::Map(n) => Some(n.saturating_mul(2)),
+            _ => None,
         }
     }
 }
 
-/// The end of a sized integer whose marker (0xcc to 0xd3) is just before
-/// `p`, when it is in its shortest form: an unsigned form only for a number
-/// too large for the next narrower one (or for a positive fixint), a signed
-/// form only for a negative number too small for the next narrower one.
+/// The header of the value at `pos`: the one statement of MessagePack's
+/// markers and lengths, for every reader of the crate (the tree reader, the
+/// counting and top-level walks, and through [`canonical`] the in-place
+/// walks).
+#[inline]
+pub fn head(b: &[u8], pos: usize) -> Result<Head<'_>, Fault> {
+    use Fault::Truncated;
+    let marker = *b.get(pos).ok_or(Truncated)?;
+    let p = pos + 1;
+    let len =
+        |at: usize, width: usize| usize::try_from(number(b, at, width)?).map_err(|_| Truncated);
+    let data = |at: usize, n: usize| {
+        let end = at.checked_add(n).ok_or(Truncated)?;
+        b.get(at..end).ok_or(Truncated)
+    };
+    let (kind, next) = match marker {
+        0x00..=0x7f => (Kind::Uint(u64::from(marker)), p),
+        0xe0..=0xff => (Kind::Int(i64::from(marker as i8)), p),
+        0x80..=0x8f => (Kind::Map(usize::from(marker & 0x0f)), p),
+        0x90..=0x9f => (Kind::Array(usize::from(marker & 0x0f)), p),
+        0xa0..=0xbf => {
+            let s = data(p, usize::from(marker & 0x1f))?;
+            (Kind::Str(s), p + s.len())
+        }
+        0xc0 => (Kind::Nil, p),
+        0xc1 => return Err(Fault::Undefined),
+        0xc2 | 0xc3 => (Kind::Bool(marker == 0xc3), p),
+        0xc4..=0xc6 => {
+            let width = 1 << (marker - 0xc4);
+            let s = data(p + width, len(p, width)?)?;
+            (Kind::Bin(s), p + width + s.len())
+        }
+        0xc7..=0xc9 => {
+            let width = 1 << (marker - 0xc7);
+            let n = len(p, width)?;
+            let tag = *b.get(p + width).ok_or(Truncated)? as i8;
+            let s = data(p + width + 1, n)?;
+            (Kind::Ext(tag, s), p + width + 1 + n)
+        }
+        0xca => (Kind::F32(f32::from_bits(number(b, p, 4)? as u32)), p + 4),
+        0xcb => (Kind::F64(f64::from_bits(number(b, p, 8)?)), p + 8),
+        0xcc..=0xcf => {
+            let width = 1 << (marker - 0xcc);
+            (Kind::Uint(number(b, p, width)?), p + width)
+        }
+        0xd0..=0xd3 => {
+            let width = 1 << (marker - 0xd0);
+            // Sign-extended from the top bit of its width.
+            let shift = 64 - 8 * width as u32;
+            let n = ((number(b, p, width)? << shift) as i64) >> shift;
+            (Kind::Int(n), p + width)
+        }
+        0xd4..=0xd8 => {
+            let tag = *b.get(p).ok_or(Truncated)? as i8;
+            let s = data(p + 1, 1 << (marker - 0xd4))?;
+            (Kind::Ext(tag, s), p + 1 + s.len())
+        }
+        0xd9..=0xdb => {
+            let width = 1 << (marker - 0xd9);
+            let s = data(p + width, len(p, width)?)?;
+            (Kind::Str(s), p + width + s.len())
+        }
+        0xdc..=0xdf => {
+            let width = 2 << (marker & 1);
+            let n = len(p, width)?;
+            let kind = if marker >= 0xde {
+                Kind::Map(n)
+            } else {
+                Kind::Array(n)
+            };
+            (kind, p + width)
+        }
+    };
+    Ok(Head { kind, next })
+}
+
+/// The number in the `width` (1, 2, 4 or 8) bytes at `at`: one arm per
+/// width, as [`int`] reads them (a loop over a width known only at run time
+/// costs twice as much).
+#[inline(always)]
+fn number(b: &[u8], at: usize, width: usize) -> Result<u64, Fault> {
+    match width {
+        1 => be_at::<1>(b, at),
+        2 => be_at::<2>(b, at),
+        4 => be_at::<4>(b, at),
+        _ => be_at::<8>(b, at),
+    }
+    .ok_or(Fault::Truncated)
+}
+
+/// The marker of a value's shortest encoding, the one
+/// [`super::msgpack::write`] gives it: a fix form when one holds the value,
+/// else the narrowest width; a non-negative integer as unsigned.
+fn shortest(kind: &Kind<'_>) -> u8 {
+    // The marker for a length or number `n` whose 8-bit form is `w8`, with
+    // the 16- and 32-bit forms after it.
+    let sized = |n: u64, w8: u8| match n {
+        0..0x100 => w8,
+        0x100..0x1_0000 => w8 + 1,
+        _ => w8 + 2,
+    };
+    let container = |n: usize, fix: u8, w16: u8| match n {
+        0..16 => fix | n as u8,
+        16..0x1_0000 => w16,
+        _ => w16 + 1,
+    };
+    match *kind {
+        Kind::Nil => 0xc0,
+        Kind::Bool(b) => 0xc2 | u8::from(b),
+        Kind::Int(n @ 0..) => shortest(&Kind::Uint(n as u64)),
+        Kind::Uint(n @ 0..0x80) => n as u8,
+        Kind::Uint(n) if n > u64::from(u32::MAX) => 0xcf,
+        Kind::Uint(n) => sized(n, 0xcc),
+        Kind::Int(n @ -32..) => n as u8,
+        Kind::Int(n) => match n {
+            -0x80.. => 0xd0,
+            -0x8000.. => 0xd1,
+            -0x8000_0000.. => 0xd2,
+            _ => 0xd3,
+        },
+        Kind::F32(_) => 0xca,
+        Kind::F64(_) => 0xcb,
+        Kind::Str(s) if s.len() < 32 => 0xa0 | s.len() as u8,
+        Kind::Str(s) => sized(s.len() as u64, 0xd9),
+        Kind::Bin(s) => sized(s.len() as u64, 0xc4),
+        Kind::Ext(_, d) => match d.len() {
+            1 => 0xd4,
+            2 => 0xd5,
+            4 => 0xd6,
+            8 => 0xd7,
+            16 => 0xd8,
+            n => sized(n as u64, 0xc7),
+        },
+        Kind::Array(n) => container(n, 0x90, 0xdc),
+        Kind::Map(n) => container(n, 0x80, 0xde),
+    }
+}
+
+/// The value at `pos` when it is in its shortest encoding: [`head`] and
+/// the rule [`validate`] adds to it.
+#[inline(always)]
+fn canonical(b: &[u8], pos: usize) -> Option<Head<'_>> {
+    let head = head(b, pos).ok()?;
+    (b.get(pos) == Some(&shortest(&head.kind))).then_some(head)
+}
+
+/// Whether a container may open inside `depth` containers: the nesting
+/// bound ([`MAX_DEPTH`]) for every walk that tracks depth.
+#[inline(always)]
+pub fn may_open(depth: usize) -> bool {
+    depth < MAX_DEPTH
+}
+
+/// [`skip`] for a value with many containers: each walked by a call of its
+/// own, which knows its depth.
+fn skip_nested(b: &[u8], pos: usize, depth: usize) -> Option<usize> {
+    let head = canonical(b, pos)?;
+    let Some(values) = head.values() else {
+        return Some(head.next);
+    };
+    may_open(depth).then_some(())?;
+    let mut p = head.next;
+    for _ in 0..values {
+        p = skip_nested(b, p, depth + 1)?;
+    }
+    Some(p)
+}
+
+/// Why [`any_end`] stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// More values than the budget.
+    Over,
+    /// An undefined marker, a length past the end, or nesting past
+    /// [`MAX_DEPTH`].
+    Invalid,
+}
+
+/// The end of the value at `pos` in any valid encoding, canonical or not,
+/// which sits in `depth` containers. Every value (scalar, container, key,
+/// item) is counted off `budget`, and the walk stops at the first one past
+/// it. For bodies the in-place path does not take: counting their values
+/// before a tree is built, finding their top-level entries.
+pub fn any_end(b: &[u8], pos: usize, depth: usize, budget: &mut usize) -> Result<usize, Stop> {
+    *budget = budget.checked_sub(1).ok_or(Stop::Over)?;
+    let head = head(b, pos).map_err(|_| Stop::Invalid)?;
+    let Some(values) = head.values() else {
+        return Ok(head.next);
+    };
+    if !may_open(depth) {
+        return Err(Stop::Invalid);
+    }
+    let mut p = head.next;
+    for _ in 0..values {
+        // One-byte values (all of a hostile array of `nil`) without a call:
+        // this loop is most of what refusing such a body costs.
+        match b.get(p).map(|m| CLASS[usize::from(*m)]) {
+            Some(Class::One) => {
+                *budget = budget.checked_sub(1).ok_or(Stop::Over)?;
+                p += 1;
+            }
+            _ => p = any_end(b, p, depth + 1, budget)?,
+        }
+    }
+    Ok(p)
+}
+
+/// The end of an unsigned integer whose marker (0xcc to 0xce) is just
+/// before `p`, when it is in its shortest form: [`shortest`]'s rule, a
+/// number too large for the next narrower form.
 #[inline(always)]
 fn int(b: &[u8], p: usize, marker: u8) -> Option<usize> {
     // One arm per width (token IDs are mostly 0xcd and 0xce), not a width
@@ -301,19 +487,13 @@ fn int(b: &[u8], p: usize, marker: u8) -> Option<usize> {
     let (width, canonical) = match marker {
         0xcc => (1, *b.get(p)? >= 0x80),
         0xcd => (2, be_at::<2>(b, p)? >> 8 != 0),
-        0xce => (4, be_at::<4>(b, p)? >> 16 != 0),
-        0xcf => (8, be_at::<8>(b, p)? >> 32 != 0),
-        // Signed: negative, and not the sign extension of a narrower number.
-        0xd0 => (1, (*b.get(p)? as i8) < -32),
-        0xd1 => (2, (be_at::<2>(b, p)? as i16) < i16::from(i8::MIN)),
-        0xd2 => (4, (be_at::<4>(b, p)? as i32) < i32::from(i16::MIN)),
-        _ => (8, (be_at::<8>(b, p)? as i64) < i64::from(i32::MIN)),
+        _ => (4, be_at::<4>(b, p)? >> 16 != 0),
     };
     canonical.then_some(p + width)
 }
 
 /// The end of a str8 whose marker is just before `p`, when it is the
-/// shortest form (32 bytes or more): [`step`]'s rule for `0xd9`, without
+/// shortest form (32 bytes or more): [`canonical`]'s rule for `0xd9`, without
 /// its match.
 #[inline(always)]
 fn str8(b: &[u8], p: usize) -> Option<usize> {
@@ -323,7 +503,7 @@ fn str8(b: &[u8], p: usize) -> Option<usize> {
 }
 
 /// The item count of an array16 whose marker is just before `p`, when it
-/// is the shortest form (16 items or more): [`step`]'s rule for `0xdc`.
+/// is the shortest form (16 items or more): [`canonical`]'s rule for `0xdc`.
 #[inline(always)]
 fn array16(b: &[u8], p: usize) -> Option<usize> {
     let n = be_at::<2>(b, p)? as usize;
@@ -337,48 +517,9 @@ fn be_at<const N: usize>(b: &[u8], p: usize) -> Option<u64> {
     Some(raw.iter().fold(0u64, |n, x| (n << 8) | u64::from(*x)))
 }
 
-/// Whether a length `n` written in `width` bytes would fit the next narrower
-/// form (never, for width 1): then the shortest encoding is not this one.
-fn fits_narrower(n: usize, width: usize) -> bool {
-    width > 1 && n as u64 <= bound(width / 2)
-}
-
-/// The largest unsigned number `width` bytes hold.
-fn bound(width: usize) -> u64 {
-    if width >= 8 {
-        u64::MAX
-    } else {
-        (1u64 << (8 * width)) - 1
-    }
-}
-
-/// A big-endian unsigned number of `width` bytes at `p`.
-fn be(b: &[u8], p: usize, width: usize) -> Option<usize> {
-    let raw = b.get(p..p.checked_add(width)?)?;
-    Some(raw.iter().fold(0usize, |n, x| (n << 8) | usize::from(*x)))
-}
-
 fn body(b: &[u8], p: usize, n: usize) -> Option<usize> {
     let end = p.checked_add(n)?;
     (end <= b.len()).then_some(end)
-}
-
-/// Validates a body that must be one map (as [`validate`] does) and hands
-/// each entry's key and value spans to `each`, in order; `None` when the body
-/// is not valid, not a map, or `each` declines. Returns the entry count.
-pub fn validate_entries<'a>(
-    bytes: &'a [u8],
-    mut each: impl FnMut(&'a [u8], &'a [u8]) -> Option<()>,
-) -> Option<usize> {
-    let (n, start) = container_header(bytes, 0x80, 0xde)?;
-    let mut p = start;
-    for _ in 0..n {
-        let key_end = skip(bytes, p, 1)?;
-        let end = skip(bytes, key_end, 1)?;
-        each(bytes.get(p..key_end)?, bytes.get(key_end..end)?)?;
-        p = end;
-    }
-    (p == bytes.len()).then_some(n)
 }
 
 /// The end of the canonically encoded value starting at `pos`, which sits in
@@ -410,18 +551,19 @@ pub fn value_end(bytes: &[u8], pos: usize, depth: usize) -> Option<usize> {
             (n > 0xff).then_some(())?;
             body(bytes, pos + 3, n)
         }
-        Class::Other => other_end(bytes, pos, depth, marker),
+        Class::Other => other_end(bytes, pos, depth),
     }
 }
 
 /// [`value_end`] for the other markers: a scalar (a sized integer, a longer
-/// string, binary data) read by [`step`] alone, without [`skip`]'s loop,
+/// string, binary data) read by [`canonical`] alone, without [`skip`]'s loop,
 /// whose set-up would cost more than the scalar itself.
 #[inline(never)]
-fn other_end(bytes: &[u8], pos: usize, depth: usize, marker: u8) -> Option<usize> {
-    match step(bytes, pos + 1, marker)? {
-        Step::Scalar(end) => Some(end),
-        Step::Open { .. } => skip(bytes, pos, depth),
+fn other_end(bytes: &[u8], pos: usize, depth: usize) -> Option<usize> {
+    let head = canonical(bytes, pos)?;
+    match head.values() {
+        None => Some(head.next),
+        Some(_) => skip(bytes, pos, depth),
     }
 }
 
@@ -444,10 +586,10 @@ fn container_header(raw: &[u8], fix: u8, wide: u8) -> Option<(usize, usize)> {
     if marker & 0xf0 == fix {
         Some((usize::from(marker & 0x0f), 1))
     } else if marker == wide {
-        let n = be(raw, 1, 2)?;
+        let n = be_at::<2>(raw, 1)? as usize;
         (n >= 16).then_some((n, 3))
     } else if marker == wide + 1 {
-        let n = be(raw, 1, 4)?;
+        let n = be_at::<4>(raw, 1)? as usize;
         (n > 0xffff).then_some((n, 5))
     } else {
         None
@@ -531,9 +673,10 @@ fn container_spans(raw: &[u8], fix: u8, wide: u8, per: usize) -> Option<(usize, 
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::wire::{Encoding, decode, encode};
+    use proptest::prelude::*;
     use rmpv::Value;
 
     #[test]
@@ -580,30 +723,6 @@ mod tests {
                 ok,
                 "{bytes:x?}"
             );
-        }
-    }
-
-    #[test]
-    fn validated_bodies_reencode_to_themselves() {
-        let values = [
-            Value::from(-33),
-            Value::from(-129),
-            Value::from(-40000),
-            Value::from(i64::MIN),
-            Value::from(u64::MAX),
-            Value::from(70000),
-            Value::from("x".repeat(40)),
-            Value::from("x".repeat(300)),
-            Value::Binary(vec![1; 300]),
-            Value::Ext(3, vec![0; 3]),
-            Value::Ext(3, vec![0; 16]),
-            Value::Array((0..20).map(Value::from).collect()),
-            Value::F32(1.5),
-        ];
-        for v in values {
-            let bytes = encode(&v, Encoding::MsgPack);
-            assert!(validate(&bytes), "{v:?}");
-            assert_eq!(decode(&bytes, Encoding::MsgPack).unwrap(), v);
         }
     }
 
@@ -665,37 +784,6 @@ mod tests {
     }
 
     #[test]
-    fn an_array_of_small_integers_is_counted_item_by_item() {
-        for n in 0..40usize {
-            // n positive fixints: valid exactly when the header says n.
-            let ints: Vec<u8> = (0..n).map(|i| (i * 5 % 128) as u8).collect();
-            for claimed in n.saturating_sub(1)..=n + 1 {
-                let mut bytes = vec![0xdc, 0, claimed as u8];
-                if claimed < 16 {
-                    bytes = vec![0x90 | claimed as u8];
-                }
-                bytes.extend_from_slice(&ints);
-                assert_eq!(
-                    validate(&bytes),
-                    claimed == n,
-                    "{n} ints, {claimed} claimed"
-                );
-            }
-            // A non-canonical integer after them is still refused, and a
-            // canonical one accepted.
-            for (marker, ok) in [(0x05, false), (0x80, true)] {
-                let mut bytes = vec![0xdc, 0, (n + 1) as u8];
-                if n + 1 < 16 {
-                    bytes = vec![0x90 | (n + 1) as u8];
-                }
-                bytes.extend_from_slice(&ints);
-                bytes.extend_from_slice(&[0xcc, marker]);
-                assert_eq!(validate(&bytes), ok, "{n} ints then 0xcc {marker:#x}");
-            }
-        }
-    }
-
-    #[test]
     fn more_containers_than_the_depth_bound_are_walked_by_depth() {
         // 100 sibling arrays, each around one integer: more containers than
         // MAX_DEPTH, none deep.
@@ -722,60 +810,18 @@ mod tests {
         assert_eq!(skip(&[0x01], 0, MAX_DEPTH + 3), Some(1));
     }
 
-    /// Deterministic pseudo-random numbers from `seed` (xorshift64).
-    fn xorshift(mut x: u64) -> impl FnMut() -> u64 {
-        move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        }
-    }
-
     #[test]
-    fn the_flat_walk_and_the_nested_walk_agree_on_any_bytes() {
-        // The flat walk's class table and its container count against the
-        // recursive walk that states the rules once (`step`): same end, or
-        // both refuse, for short random byte strings drawn mostly from
-        // markers, at depths around the bound.
-        const MARKERS: [u8; 27] = [
-            0x01, 0x7f, 0x80, 0x81, 0x82, 0x90, 0x91, 0x92, 0xa0, 0xa1, 0xc0, 0xc1, 0xc4, 0xc5,
-            0xcb, 0xcc, 0xcd, 0xce, 0xcf, 0xd0, 0xd9, 0xdc, 0xdd, 0xde, 0xe0, 0xff, 0x00,
-        ];
-        let mut next = xorshift(0x9E37_79B9_7F4A_7C15);
-        for _ in 0..200_000 {
-            let len = (next() % 24) as usize;
-            let bytes: Vec<u8> = (0..len)
-                .map(|_| match next() % 4 {
-                    0 => next() as u8,
-                    _ => MARKERS[(next() % MARKERS.len() as u64) as usize],
-                })
-                .collect();
-            let depth = [0, 1, MAX_DEPTH - 2, MAX_DEPTH - 1, MAX_DEPTH][(next() % 5) as usize];
-            let nested = skip_nested(&bytes, 0, depth);
-            assert_eq!(
-                skip(&bytes, 0, depth),
-                nested,
-                "{bytes:x?} at depth {depth}"
-            );
-            // The piecewise reader's arms too.
-            assert_eq!(
-                value_end(&bytes, 0, depth),
-                nested,
-                "value_end {bytes:x?} at depth {depth}"
-            );
-        }
-        // Every marker's class is what `step` makes of it.
+    fn every_markers_class_is_what_head_makes_of_it() {
         for m in 0..=255u8 {
             let mut bytes = [0x01; 40];
             bytes[0] = m;
-            let is_scalar_of = |width: usize| matches!(step(&bytes, 1, m), Some(Step::Scalar(end)) if end == 1 + width);
+            let read = head(&bytes, 0);
+            let is_scalar_of =
+                |width: usize| matches!(read, Ok(h) if h.values().is_none() && h.next == 1 + width);
             let ok = match CLASS[usize::from(m)] {
                 Class::One => is_scalar_of(0),
                 Class::FixStr => is_scalar_of(usize::from(m & 0x1f)),
-                Class::FixMap | Class::FixArray => {
-                    matches!(step(&bytes, 1, m), Some(Step::Open { .. }))
-                }
+                Class::FixMap | Class::FixArray => matches!(read, Ok(h) if h.values().is_some()),
                 Class::U8 | Class::U16 | Class::U32 => (0xcc..=0xce).contains(&m),
                 Class::F64 => m == 0xcb && is_scalar_of(8),
                 Class::Str8 => m == 0xd9,
@@ -792,92 +838,6 @@ mod tests {
     }
 
     #[test]
-    fn runs_of_small_integers_are_walked_like_any_other_values() {
-        // Arrays of n small integers with one other byte at each place (a
-        // wider integer's marker, a value needing a byte more, a negative
-        // fixint, nil), ending early or not: the 8-at-a-time walk agrees
-        // with the value-at-a-time one and with the reader.
-        for n in 0..40usize {
-            let mut array = vec![0xdc, 0, n as u8];
-            array.extend((0..n).map(|i| (i * 37 % 128) as u8));
-            for at in 0..=n {
-                for other in [0xcc, 0x80, 0xff, 0xc0, 0x7f] {
-                    let mut bytes = array.clone();
-                    if at < n {
-                        bytes[3 + at] = other;
-                    }
-                    // Small integers after the array too: the run ends
-                    // with the array.
-                    let mut followed = bytes.clone();
-                    followed.extend([0x01; 9]);
-                    assert_eq!(
-                        skip(&followed, 0, 0),
-                        skip_nested(&followed, 0, 0),
-                        "{followed:x?}"
-                    );
-                    for cut in [bytes.len(), bytes.len().saturating_sub(1)] {
-                        let bytes = &bytes[..cut];
-                        let flat = skip(bytes, 0, 0);
-                        assert_eq!(flat, skip_nested(bytes, 0, 0), "{bytes:x?}");
-                        let canonical = n >= 16;
-                        let readable = decode(bytes, Encoding::MsgPack).is_ok();
-                        if !readable || !canonical {
-                            assert!(!validate(bytes), "{bytes:x?}");
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn runs_of_wider_integers_are_walked_like_any_other_values() {
-        // Arrays of two- and four-byte integers (token IDs), each in its
-        // shortest form or not, with another value at one place, cut at
-        // every length: the run agrees with the value-at-a-time walk, and
-        // what it accepts the reader reads.
-        let forms: [&[u8]; 8] = [
-            &[0xcd, 0x01, 0x00],             // 256: shortest
-            &[0xcd, 0x00, 0xff],             // 255: not shortest
-            &[0xce, 0x00, 0x01, 0x00, 0x00], // 65,536: shortest
-            &[0xce, 0x00, 0x00, 0xff, 0xff], // 65,535: not shortest
-            &[0xce, 0x01, 0x00, 0x00, 0x00],
-            &[0x05],
-            &[0xc0],
-            &[0xcc, 0x80],
-        ];
-        let mut next = xorshift(0x2545_F491_4F6C_DD1D);
-        for _ in 0..20_000 {
-            let n = (next() % 12) as usize;
-            let mut bytes = vec![0x90 | n as u8];
-            for _ in 0..n {
-                // Mostly shortest forms, as a prompt's token IDs are.
-                let form = match next() % 8 {
-                    0..=3 => forms[0],
-                    4 | 5 => forms[2],
-                    _ => forms[(next() % forms.len() as u64) as usize],
-                };
-                bytes.extend_from_slice(form);
-            }
-            // Sometimes more values after the array: the run ends with it.
-            if next().is_multiple_of(2) {
-                bytes.extend_from_slice(forms[0]);
-            }
-            for cut in 0..=bytes.len() {
-                let bytes = &bytes[..cut];
-                let flat = skip(bytes, 0, 0);
-                assert_eq!(flat, skip_nested(bytes, 0, 0), "{bytes:x?}");
-                if let Some(end) = flat {
-                    assert!(
-                        decode(&bytes[..end], Encoding::MsgPack).is_ok(),
-                        "{bytes:x?}"
-                    );
-                }
-            }
-        }
-    }
-
-    #[test]
     fn depth_is_bounded_as_the_reader_bounds_it() {
         for levels in [MAX_DEPTH - 1, MAX_DEPTH, MAX_DEPTH + 1] {
             let mut nested = vec![0x91; levels];
@@ -885,6 +845,164 @@ mod tests {
             let readable = decode(&nested, Encoding::MsgPack).is_ok();
             assert_eq!(readable, levels <= MAX_DEPTH);
             assert_eq!(validate(&nested), readable, "{levels} levels");
+        }
+    }
+
+    /// Where the reference reader ([`decode`]) ends the value at the
+    /// start of `bytes`, read inside one container as `any_end` reads
+    /// it: the one prefix it reads whole (a valid value has one length).
+    fn reference_end(bytes: &[u8]) -> Option<usize> {
+        (1..=bytes.len()).find(|&end| {
+            let mut inside = vec![0x91];
+            inside.extend_from_slice(&bytes[..end]);
+            decode(&inside, Encoding::MsgPack).is_ok()
+        })
+    }
+
+    /// Any value tree, scalars of every kind and width, strings and binary
+    /// data either side of the 8-bit lengths.
+    pub(in crate::wire) fn any_value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Nil),
+            any::<bool>().prop_map(Value::Boolean),
+            any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            any::<f32>().prop_map(Value::F32),
+            any::<f64>().prop_map(Value::F64),
+            (0usize..300).prop_map(|n| Value::from("x".repeat(n))),
+            proptest::collection::vec(any::<u8>(), 0..300).prop_map(Value::Binary),
+            (any::<i8>(), proptest::collection::vec(any::<u8>(), 0..20))
+                .prop_map(|(tag, data)| Value::Ext(tag, data)),
+        ];
+        leaf.prop_recursive(4, 48, 6, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                proptest::collection::vec((inner.clone(), inner), 0..4).prop_map(Value::Map),
+            ]
+        })
+    }
+
+    /// Bytes that are mostly MessagePack markers and small lengths (so that
+    /// headers are often satisfiable), or a valid encoding cut short or
+    /// with one byte changed.
+    fn bodies() -> impl Strategy<Value = Vec<u8>> {
+        let markers: Vec<u8> = [
+            0x00, 0x05, 0x7f, 0x80, 0x81, 0x82, 0x8f, 0x90, 0x91, 0x92, 0x9f,
+        ]
+        .into_iter()
+        .chain([0xa0, 0xa1, 0xa3, 0xbf, 0xe0, 0xff])
+        .chain(0xc0..=0xdf)
+        .collect();
+        let byte = prop_oneof![
+            3 => proptest::sample::select(markers),
+            2 => 0u8..4,
+            1 => any::<u8>(),
+        ];
+        // Token IDs as a prompt carries them: runs of small integers and of
+        // two- and four-byte ones (the runs `skip` walks a word at a time),
+        // in their shortest forms or not, with other values among them,
+        // under a header that may miscount them, cut or followed by more.
+        let other: Vec<&[u8]> = vec![
+            &[0xcd, 0x01, 0x00],
+            &[0xcd, 0x00, 0xff],
+            &[0xce, 0x00, 0x01, 0x00, 0x00],
+            &[0xce, 0x00, 0x00, 0xff, 0xff],
+            &[0xc0],
+            &[0xff],
+            &[0x80],
+            &[0xcc, 0x80],
+            &[0xcc, 0x05],
+        ];
+        let token = prop_oneof![
+            3 => (0u8..0x80).prop_map(|b| vec![b]),
+            2 => proptest::sample::select(other).prop_map(<[u8]>::to_vec),
+        ];
+        let tokens = (
+            proptest::collection::vec(token, 0..40),
+            0usize..3,
+            proptest::option::of(any::<prop::sample::Index>()),
+            any::<bool>(),
+        );
+        prop_oneof![
+            proptest::collection::vec(byte, 0..48),
+            tokens.prop_map(|(tokens, claim, cut, followed)| {
+                let n = (tokens.len() + claim).saturating_sub(1);
+                let mut bytes = match n {
+                    0..16 => vec![0x90 | n as u8],
+                    _ => vec![0xdc, 0, n as u8],
+                };
+                bytes.extend(tokens.concat());
+                if followed {
+                    bytes.extend([0x01; 9]);
+                }
+                if let Some(cut) = cut {
+                    bytes.truncate(cut.index(bytes.len() + 1));
+                }
+                bytes
+            }),
+            (
+                any_value(),
+                any::<prop::sample::Index>(),
+                any::<u8>(),
+                0u8..3
+            )
+                .prop_map(|(v, at, with, how)| {
+                    let mut bytes = encode(&v, Encoding::MsgPack);
+                    if !bytes.is_empty() {
+                        let at = at.index(bytes.len());
+                        match how {
+                            0 => bytes.truncate(at),
+                            1 => bytes[at] = with,
+                            _ => {}
+                        }
+                    }
+                    bytes
+                },),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2048))]
+
+        /// A body validates exactly when writing what the reader reads of
+        /// it gives it back, and the flat walk, the piecewise reader and
+        /// the nested walk end a value at the same place, at depths around
+        /// the bound.
+        #[test]
+        fn a_body_is_canonical_exactly_when_the_writer_gives_it_back(
+            body in bodies(),
+            depth in proptest::sample::select(vec![0, 1, MAX_DEPTH - 2, MAX_DEPTH - 1, MAX_DEPTH]),
+        ) {
+            let rewritten = decode(&body, Encoding::MsgPack).ok().map(|v| encode(&v, Encoding::MsgPack));
+            prop_assert_eq!(validate(&body), rewritten.as_deref() == Some(&body[..]), "{:x?}", body);
+            let nested = skip_nested(&body, 0, depth);
+            prop_assert_eq!(skip(&body, 0, depth), nested, "{:x?} at depth {}", body, depth);
+            prop_assert_eq!(value_end(&body, 0, depth), nested, "{:x?} at depth {}", body, depth);
+        }
+    }
+
+    proptest! {
+        /// [`any_end`], the walk that counts values and finds the
+        /// top-level entries of bodies read in no other way, ends a value
+        /// exactly where the reference reader does, and refuses what it
+        /// refuses: undefined markers, lengths past the end, nesting past
+        /// [`MAX_DEPTH`]; after other bytes and under containers up to the
+        /// bound.
+        #[test]
+        fn any_end_ends_a_value_where_the_reader_does(
+            before in proptest::collection::vec(any::<u8>(), 0..3),
+            levels in proptest::sample::select(vec![0, 0, 1, MAX_DEPTH - 2, MAX_DEPTH - 1, MAX_DEPTH]),
+            body in bodies(),
+        ) {
+            let mut bytes = before.clone();
+            bytes.extend(std::iter::repeat_n(0x91, levels));
+            bytes.extend_from_slice(&body);
+            let pos = before.len();
+            prop_assert_eq!(
+                any_end(&bytes, pos, 1, &mut { usize::MAX }).ok(),
+                reference_end(&bytes[pos..]).map(|end| pos + end),
+                "{:x?} from {}", bytes, pos
+            );
         }
     }
 }
