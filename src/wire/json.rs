@@ -11,6 +11,7 @@
 //! stand-in. [`to_json`] renders anything readably, for printing
 //! (`explain`) and for the messages the worker builds itself.
 
+use super::scan::{self, Kind};
 use super::{MAX_DEPTH, NotJson, msgpack};
 use rmpv::Value;
 use serde::de::{DeserializeSeed, Deserializer, Error as _, MapAccess, SeqAccess, Visitor};
@@ -24,62 +25,86 @@ use std::fmt;
 pub const CARRIED: i8 = 74;
 
 /// `value` as compact JSON, as serde_json writes it, or what in it JSON
-/// cannot carry.
+/// cannot carry: the value's MessagePack written as [`msgpack_to_json`]
+/// writes it, so value trees and the in-place path's outputs have one JSON
+/// writer.
 pub(super) fn to_vec(value: &Value) -> Result<Vec<u8>, NotJson> {
-    let mut out = Vec::with_capacity(256);
-    write(&mut out, value, false)?;
+    let mut bytes = Vec::with_capacity(256);
+    msgpack::write(&mut bytes, value);
+    write_json(&bytes, bytes.len() + 64, false)
+}
+
+/// The outputs the in-place decision wrote for a JSON result, as JSON:
+/// what [`to_vec`] writes for their value trees, carried values as their
+/// text. Or why they cannot be.
+pub fn msgpack_to_json(bytes: &[u8], capacity: usize) -> Result<Vec<u8>, NotJson> {
+    write_json(bytes, capacity, true)
+}
+
+/// One MessagePack value as JSON. With `carried`, an ext value of type
+/// [`CARRIED`] is JSON text, written as it is.
+fn write_json(bytes: &[u8], capacity: usize, carried: bool) -> Result<Vec<u8>, NotJson> {
+    let mut out = Vec::with_capacity(capacity);
+    let end = write(&mut out, bytes, 0, carried)?;
+    if end != bytes.len() {
+        return Err(NotJson("trailing bytes after one value".into()));
+    }
     Ok(out)
 }
 
-/// Appends `value` as JSON. With `carried`, an ext value of type
-/// [`CARRIED`] is JSON text, written as it is.
-fn write(out: &mut Vec<u8>, value: &Value, carried: bool) -> Result<(), NotJson> {
-    let refuse = |what: String| Err(NotJson(format!("it holds {what}, which JSON cannot carry")));
-    match value {
-        Value::Nil => out.extend_from_slice(b"null"),
-        Value::Boolean(b) => out.extend_from_slice(if *b { b"true" } else { b"false" }),
-        Value::Integer(i) => match (i.as_u64(), i.as_i64()) {
-            (Some(u), _) => scalar(out, &u),
-            (None, Some(n)) => scalar(out, &n),
-            (None, None) => return refuse("an integer out of range".into()),
-        },
-        Value::F32(f) if f.is_finite() => scalar(out, f),
-        Value::F64(f) if f.is_finite() => scalar(out, f),
-        Value::F32(_) | Value::F64(_) => return refuse("a float that is not finite".into()),
-        Value::String(text) => match text.as_str() {
-            Some(text) => scalar(out, text),
-            None => return refuse("a string that is not UTF-8".into()),
-        },
-        Value::Binary(_) => return refuse("a binary value".into()),
-        Value::Ext(CARRIED, text) if carried => out.extend_from_slice(text),
-        Value::Ext(tag, _) => return refuse(format!("an ext value of type {tag}")),
-        Value::Array(items) => {
+/// Appends the value at `pos` of `b` as JSON; returns where it ends.
+fn write(out: &mut Vec<u8>, b: &[u8], pos: usize, carried: bool) -> Result<usize, NotJson> {
+    let refuse = |what: &str| NotJson(format!("it holds {what}, which JSON cannot carry"));
+    let string = |out: &mut Vec<u8>, bytes: &[u8]| match std::str::from_utf8(bytes) {
+        Ok(text) => {
+            scalar(out, text);
+            Ok(())
+        }
+        Err(_) => Err(refuse("a string that is not UTF-8")),
+    };
+    let head = scan::head(b, pos).map_err(|e| NotJson(format!("not MessagePack ({e:?})")))?;
+    let mut p = head.next;
+    match head.kind {
+        Kind::Nil => out.extend_from_slice(b"null"),
+        Kind::Bool(b) => out.extend_from_slice(if b { b"true" } else { b"false" }),
+        Kind::Uint(n) => scalar(out, &n),
+        Kind::Int(n) => scalar(out, &n),
+        Kind::F32(f) if f.is_finite() => scalar(out, &f),
+        Kind::F64(f) if f.is_finite() => scalar(out, &f),
+        Kind::F32(_) | Kind::F64(_) => return Err(refuse("a float that is not finite")),
+        Kind::Str(bytes) => string(out, bytes)?,
+        Kind::Bin(_) => return Err(refuse("a binary value")),
+        Kind::Ext(CARRIED, text) if carried => out.extend_from_slice(text),
+        Kind::Ext(tag, _) => return Err(refuse(&format!("an ext value of type {tag}"))),
+        Kind::Array(n) => {
             out.push(b'[');
-            for (i, item) in items.iter().enumerate() {
+            for i in 0..n {
                 if i > 0 {
                     out.push(b',');
                 }
-                write(out, item, carried)?;
+                p = write(out, b, p, carried)?;
             }
             out.push(b']');
         }
-        Value::Map(entries) => {
+        Kind::Map(n) => {
             out.push(b'{');
-            for (i, (key, value)) in entries.iter().enumerate() {
+            for i in 0..n {
                 if i > 0 {
                     out.push(b',');
                 }
-                let Some(key) = key.as_str() else {
-                    return refuse("a map key that is not a UTF-8 string".into());
+                let key = scan::head(b, p).map_err(|e| NotJson(format!("not MessagePack ({e:?})")))?;
+                let not_a_name = || refuse("a map key that is not a UTF-8 string");
+                let Kind::Str(name) = key.kind else {
+                    return Err(not_a_name());
                 };
-                scalar(out, key);
+                string(out, name).map_err(|_| not_a_name())?;
                 out.push(b':');
-                write(out, value, carried)?;
+                p = write(out, b, key.next, carried)?;
             }
             out.push(b'}');
         }
     }
-    Ok(())
+    Ok(p)
 }
 
 /// A number or a string as serde_json writes it (its number formats and
@@ -115,8 +140,10 @@ pub type Plan = fn(level: u8, key: &str) -> Field;
 /// rule the value-tree path checks inside it (nesting past [`MAX_DEPTH`], a
 /// surrogate escape): the value-tree path decides those.
 pub fn json_to_msgpack(json: &[u8], plan: Plan) -> Option<Vec<u8>> {
+    // One UTF-8 check of the whole body, not one per string and carried value.
+    let json = std::str::from_utf8(json).ok()?;
     let mut out = Vec::with_capacity(json.len() + 64);
-    let mut reader = serde_json::Deserializer::from_slice(json);
+    let mut reader = serde_json::Deserializer::from_str(json);
     let top = Convert {
         out: &mut out,
         plan,
@@ -364,17 +391,6 @@ impl<'de> Visitor<'de> for Key {
     fn visit_str<E>(self, s: &str) -> Result<Cow<'de, str>, E> {
         Ok(Cow::Owned(s.to_owned()))
     }
-}
-
-/// The outputs the in-place decision wrote for a JSON result, as JSON: its
-/// MessagePack read back into a (small: carried values are one ext each)
-/// value tree and written as [`to_vec`] writes, carried values as their
-/// text. Or why it cannot be.
-pub fn msgpack_to_json(bytes: &[u8], capacity: usize) -> Result<Vec<u8>, NotJson> {
-    let value = msgpack::read(bytes).map_err(|e| NotJson(e.to_string()))?;
-    let mut out = Vec::with_capacity(capacity);
-    write(&mut out, &value, true)?;
-    Ok(out)
 }
 
 pub(super) fn to_json(value: &Value) -> Json {
