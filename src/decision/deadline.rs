@@ -12,9 +12,9 @@
 //! Time is an argument ([`super::Input::now_ms`]): nothing here reads a clock.
 
 use super::ErrorCode;
-use crate::wire::describe;
 use super::header_values::truncate;
 use crate::headers::names::{HANDOFF_DEADLINE, HANDOFF_KV_EXPIRES};
+use crate::wire::describe;
 use rmpv::Value;
 
 /// The largest deadline accepted: 2^63 - 1 (a deadline is in [0, 2^63)).

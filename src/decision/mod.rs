@@ -25,11 +25,11 @@ mod request;
 mod rules;
 mod tree;
 
+pub use crate::wire::describe;
 pub use crate::wire::messages::{Backend, InstanceId};
 pub use codes::{DeadLetterCode, ErrorCode, FinishReason};
 pub use complex::MAX_TREE_VALUES;
 pub use deadline::{Cancelled, Cancels, NO_CANCELS, NoCancels};
-pub use crate::wire::describe;
 pub use handoff::backend_of;
 pub use header_values::{content_type, dead_letter_headers, without_payload};
 pub use reply::{Refusal, ReplyPolicy};

@@ -92,7 +92,8 @@ fn write(out: &mut Vec<u8>, b: &[u8], pos: usize, carried: bool) -> Result<usize
                 if i > 0 {
                     out.push(b',');
                 }
-                let key = scan::head(b, p).map_err(|e| NotJson(format!("not MessagePack ({e:?})")))?;
+                let key =
+                    scan::head(b, p).map_err(|e| NotJson(format!("not MessagePack ({e:?})")))?;
                 let not_a_name = || refuse("a map key that is not a UTF-8 string");
                 let Kind::Str(name) = key.kind else {
                     return Err(not_a_name());
