@@ -22,7 +22,7 @@ use std::fmt;
 
 /// The ext type of a value carried as its JSON text ([`json_to_msgpack`]).
 /// A JSON result holds no ext values of its own.
-pub const CARRIED: i8 = 74;
+const CARRIED: i8 = 74;
 
 /// `value` as compact JSON, as serde_json writes it, or what in it JSON
 /// cannot carry: the value's MessagePack written as [`msgpack_to_json`]
@@ -137,9 +137,9 @@ pub type Plan = fn(level: u8, key: &str) -> Field;
 /// encoding that would write it, except that the values `plan` names
 /// [`Field::Copied`] are carried as ext values of type [`CARRIED`] holding
 /// their JSON text as the body has it. `None` when serde_json refuses the
-/// body (as [`super::decode`] does), and when a carried value might break a
-/// rule the value-tree path checks inside it (nesting past [`MAX_DEPTH`], a
-/// surrogate escape): the value-tree path decides those.
+/// body (as [`super::decode`] does), and when a carried value would not
+/// pass the value-tree path's read ([`carry`]): the value-tree path decides
+/// those.
 pub fn json_to_msgpack(json: &[u8], plan: Plan) -> Option<Vec<u8>> {
     // One UTF-8 check of the whole body, not one per string and carried value.
     let json = std::str::from_utf8(json).ok()?;

@@ -13,7 +13,7 @@ pub mod peek;
 pub mod scan;
 
 pub use count::more_values_than;
-pub use json::{CARRIED, Field, Plan, json_to_msgpack, msgpack_to_json};
+pub use json::{Field, Plan, json_to_msgpack, msgpack_to_json};
 
 use rmpv::Value;
 use thiserror::Error;
