@@ -4,7 +4,7 @@
 //! scalars it needs are read in place, and the output is spliced from spans
 //! of the input.
 //!
-//! [`decide`] answers only when it is sure its answer is the one the
+//! [`decide_msgpack`] answers only when it is sure its answer is the one the
 //! value-tree path would give, byte for byte: a canonically encoded body
 //! (see [`scan`]) whose result is a TensorRT-LLM, SGLang, vLLM or opaque
 //! decode handoff, its refusal once the params passed validation (with the

@@ -14,7 +14,7 @@ use crate::headers::release_msg_id;
 use crate::wire::{self, Encoding, describe, map, messages};
 use rmpv::Value;
 
-/// [`decide`] through value trees only: the reference the in-place path is
+/// [`super::decide`] through value trees only: the reference the in-place path is
 /// tested against.
 pub fn decide_values(input: Input<'_>, rules: &Rules, ids: &mut dyn IdSource) -> Decision {
     if input.payload.len() > rules.max_payload_bytes {
