@@ -62,7 +62,9 @@ fn write(out: &mut Vec<u8>, b: &[u8], pos: usize, carried: bool) -> Result<usize
         }
         Err(_) => Err(refuse("a string that is not UTF-8")),
     };
-    let head = scan::head(b, pos).map_err(|e| NotJson(format!("not MessagePack ({e:?})")))?;
+    let read =
+        |at: usize| scan::head(b, at).map_err(|e| NotJson(format!("not MessagePack ({e:?})")));
+    let head = read(pos)?;
     let mut p = head.next;
     match head.kind {
         Kind::Nil => out.extend_from_slice(b"null"),
@@ -92,8 +94,7 @@ fn write(out: &mut Vec<u8>, b: &[u8], pos: usize, carried: bool) -> Result<usize
                 if i > 0 {
                     out.push(b',');
                 }
-                let key =
-                    scan::head(b, p).map_err(|e| NotJson(format!("not MessagePack ({e:?})")))?;
+                let key = read(p)?;
                 let not_a_name = || refuse("a map key that is not a UTF-8 string");
                 let Kind::Str(name) = key.kind else {
                     return Err(not_a_name());
@@ -186,11 +187,10 @@ impl Convert<'_> {
     /// from `start` on.
     fn header(out: &mut Vec<u8>, start: usize, n: usize, map: bool) {
         let mut head = Vec::with_capacity(5);
-        let n32 = u32::try_from(n).unwrap_or(u32::MAX);
         if map {
             msgpack::write_map_len(&mut head, n);
         } else {
-            let _ = rmp::encode::write_array_len(&mut head, n32);
+            let _ = rmp::encode::write_array_len(&mut head, u32::try_from(n).unwrap_or(u32::MAX));
         }
         out.splice(start..start, head);
     }
