@@ -55,12 +55,20 @@ fn write_json(bytes: &[u8], capacity: usize, carried: bool) -> Result<Vec<u8>, N
 /// Appends the value at `pos` of `b` as JSON; returns where it ends.
 fn write(out: &mut Vec<u8>, b: &[u8], pos: usize, carried: bool) -> Result<usize, NotJson> {
     let refuse = |what: &str| NotJson(format!("it holds {what}, which JSON cannot carry"));
-    let string = |out: &mut Vec<u8>, bytes: &[u8]| match std::str::from_utf8(bytes) {
-        Ok(text) => {
-            scalar(out, text);
-            Ok(())
+    let string = |out: &mut Vec<u8>, bytes: &[u8]| {
+        if bytes.iter().all(|&b| AS_IS[usize::from(b)]) {
+            out.push(b'"');
+            out.extend_from_slice(bytes);
+            out.push(b'"');
+            return Ok(());
         }
-        Err(_) => Err(refuse("a string that is not UTF-8")),
+        match std::str::from_utf8(bytes) {
+            Ok(text) => {
+                scalar(out, text);
+                Ok(())
+            }
+            Err(_) => Err(refuse("a string that is not UTF-8")),
+        }
     };
     let read =
         |at: usize| scan::head(b, at).map_err(|e| NotJson(format!("not MessagePack ({e:?})")));
@@ -108,6 +116,19 @@ fn write(out: &mut Vec<u8>, b: &[u8], pos: usize, carried: bool) -> Result<usize
     }
     Ok(p)
 }
+
+/// The bytes of a string serde_json writes as they are: printable ASCII
+/// but the quote and the backslash. A string of only these needs no UTF-8
+/// check either.
+static AS_IS: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut b = 0x20;
+    while b < 0x7f {
+        table[b] = b != b'"' as usize && b != b'\\' as usize;
+        b += 1;
+    }
+    table
+};
 
 /// A number or a string as serde_json writes it (its number formats and
 /// string escapes).
@@ -186,13 +207,20 @@ impl Convert<'_> {
     /// Puts an array's or a map's header of `n` before its items, written
     /// from `start` on.
     fn header(out: &mut Vec<u8>, start: usize, n: usize, map: bool) {
-        let mut head = Vec::with_capacity(5);
-        if map {
-            msgpack::write_map_len(&mut head, n);
+        let mut head = [0; 5];
+        let mut free = &mut head[..];
+        let n = u32::try_from(n).unwrap_or(u32::MAX);
+        // Five bytes hold any header.
+        let _ = if map {
+            rmp::encode::write_map_len(&mut free, n)
         } else {
-            let _ = rmp::encode::write_array_len(&mut head, u32::try_from(n).unwrap_or(u32::MAX));
+            rmp::encode::write_array_len(&mut free, n)
+        };
+        let written = 5 - free.len();
+        out.extend_from_slice(&head[..written]);
+        if let Some(items) = out.get_mut(start..) {
+            items.rotate_right(written);
         }
-        out.splice(start..start, head);
     }
 }
 
@@ -289,16 +317,50 @@ impl<'de> Visitor<'de> for Convert<'_> {
     }
 }
 
-/// Appends JSON text as a [`CARRIED`] ext value, once serde_json has read
-/// every number and string in it as the value-tree path would (a value it
-/// skips is checked less: an exponent out of range, a lone surrogate
-/// escape) within the nesting left at `depth`; `None` otherwise.
+/// Appends JSON text as a [`CARRIED`] ext value when the value-tree path
+/// would read it, within the nesting left at `depth`; `None` otherwise. A
+/// value serde_json skips is checked less (an exponent out of range, a lone
+/// surrogate escape, nesting): [`read_alike`] says when that is all the
+/// same, else [`Check`] reads it whole as that path would.
 fn carry(out: &mut Vec<u8>, text: &str, depth: usize) -> Option<()> {
-    let mut reader = serde_json::Deserializer::from_str(text);
-    Check { depth }.deserialize(&mut reader).ok()?;
+    if !read_alike(text.as_bytes(), depth) {
+        let mut reader = serde_json::Deserializer::from_str(text);
+        Check { depth }.deserialize(&mut reader).ok()?;
+    }
     let _ = rmp::encode::write_ext_meta(out, u32::try_from(text.len()).ok()?, CARRIED);
     out.extend_from_slice(text.as_bytes());
     Some(())
+}
+
+/// Whether serde_json's skip, which took `text` as one JSON value, has
+/// checked all that [`Check`] would, for a value at `depth`: `text` holds
+/// no escape (so no lone surrogate), no `e` or `E` after a digit (so no
+/// exponent) and no run of more than 300 digits (so every number is within
+/// an f64's range), and fewer brackets than the nesting left. The tests
+/// look inside strings too; `false` only says [`Check`] must read it.
+fn read_alike(text: &[u8], depth: usize) -> bool {
+    if memchr::memchr(b'\\', text).is_some() {
+        return false;
+    }
+    if text.first() == Some(&b'"') {
+        // A string, and nothing else.
+        return true;
+    }
+    let after_digit = |at: usize| at.checked_sub(1).and_then(|i| text.get(i));
+    let exponent = memchr::memchr2_iter(b'e', b'E', text)
+        .any(|at| after_digit(at).is_some_and(u8::is_ascii_digit));
+    // Every run of more than 300 digits holds one index of each remainder
+    // by 301: measuring the runs through every 301st byte finds them all.
+    let run_through = |at: usize| {
+        let (before, after) = text.split_at_checked(at).unwrap_or_default();
+        let digit = |b: &&u8| b.is_ascii_digit();
+        before.iter().rev().take_while(digit).count() + after.iter().take_while(digit).count()
+    };
+    let long_run = (300..text.len())
+        .step_by(301)
+        .any(|at| run_through(at) > 300);
+    let opened = memchr::memchr2_iter(b'[', b'{', text).count();
+    !exponent && !long_run && depth + opened < MAX_DEPTH
 }
 
 /// Reads a JSON value whole and keeps nothing: [`carry`]'s check.

@@ -312,11 +312,21 @@ fn request_values_in_every_form_decide_the_same() {
         r#"{"t":[0.5,-3,"x",null]}"#,
         "[1,]",
         "tru",
+        r#"{"temperature":0.7,"top_p":1}"#,
+        r#"{"k":"1e400","n":[2E5]}"#,
+        r#"["x","\ud800"]"#,
+        r#"["1e5",0]"#,
     ];
     // The top level, `request` and the value's own container are three.
     let deep = |levels: usize| format!("{}0{}", "[".repeat(levels), "]".repeat(levels));
     let mut texts: Vec<String> = values.iter().map(|v| v.to_string()).collect();
     texts.extend([deep(MAX_DEPTH - 2), deep(MAX_DEPTH - 1), deep(MAX_DEPTH)]);
+    // Integers past an f64's range have 309 digits or more.
+    for digits in [300, 301, 308, 309, 400] {
+        texts.push("9".repeat(digits));
+        texts.push(format!("[{}]", "9".repeat(digits)));
+        texts.push(format!("0.{}", "9".repeat(digits)));
+    }
     let job = serde_json::to_string(&needs_decode(trt())).unwrap();
     let head = job.strip_suffix('}').unwrap();
     for value in &texts {
