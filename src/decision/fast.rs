@@ -129,7 +129,7 @@ impl<'a> Fields<'a> {
         mut value: impl FnMut(Key, usize, usize) -> Option<usize>,
     ) -> Option<usize> {
         let (n, start) = scan::map_header(b.get(pos..)?)?;
-        if depth >= crate::wire::MAX_DEPTH {
+        if !crate::wire::may_open(depth) {
             return None;
         }
         if n > WIDE {

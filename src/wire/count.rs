@@ -7,10 +7,7 @@
 //! "Figures behind choices in the code"). The decision asks
 //! [`more_values_than`] before it builds one (see `decision::decide`).
 
-use super::{Encoding, scan};
-use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
-use std::cell::Cell;
-use std::fmt;
+use super::{Encoding, json, scan};
 
 /// Whether `bytes` holds more than `limit` values (every scalar, array, map,
 /// key and item counts one). Stops counting at `limit + 1`. A body that is
@@ -30,88 +27,7 @@ pub fn more_values_than(bytes: &[u8], encoding: Encoding, limit: usize) -> bool 
             let mut left = limit;
             scan::any_end(bytes, 0, 0, &mut left) == Err(scan::Stop::Over)
         }
-        Encoding::Json => {
-            let left = Cell::new(limit);
-            let mut de = serde_json::Deserializer::from_slice(bytes);
-            match (Counter { left: &left }).deserialize(&mut de) {
-                Ok(()) => false,
-                Err(e) => e.to_string().starts_with(OVER),
-            }
-        }
-    }
-}
-
-/// The error text that means "over the limit" (serde errors are strings).
-const OVER: &str = "more values than the limit";
-
-/// Counts one JSON value and everything in it. serde_json bounds the
-/// recursion (128 levels) and reuses one scratch buffer for escaped strings.
-#[derive(Clone, Copy)]
-struct Counter<'c> {
-    left: &'c Cell<usize>,
-}
-
-impl Counter<'_> {
-    fn one<E: de::Error>(self) -> Result<(), E> {
-        match self.left.get().checked_sub(1) {
-            Some(left) => {
-                self.left.set(left);
-                Ok(())
-            }
-            None => Err(E::custom(OVER)),
-        }
-    }
-}
-
-impl<'de> DeserializeSeed<'de> for Counter<'_> {
-    type Value = ();
-
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for Counter<'_> {
-    type Value = ();
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("any JSON value")
-    }
-
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<(), E> {
-        self.one()
-    }
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<(), E> {
-        self.one()
-    }
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<(), E> {
-        self.one()
-    }
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<(), E> {
-        self.one()
-    }
-    fn visit_str<E: de::Error>(self, _: &str) -> Result<(), E> {
-        self.one()
-    }
-    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
-        self.one()
-    }
-    fn visit_none<E: de::Error>(self) -> Result<(), E> {
-        self.one()
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-        self.one()?;
-        while seq.next_element_seed(self)?.is_some() {}
-        Ok(())
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-        self.one()?;
-        while map.next_key_seed(self)?.is_some() {
-            map.next_value_seed(self)?;
-        }
-        Ok(())
+        Encoding::Json => json::more_values_than(bytes, limit),
     }
 }
 

@@ -12,12 +12,13 @@
 //! (`explain`) and for the messages the worker builds itself.
 
 use super::scan::{self, Kind};
-use super::{MAX_DEPTH, NotJson, msgpack};
+use super::{NotJson, may_open, msgpack};
 use rmpv::Value;
 use serde::de::{DeserializeSeed, Deserializer, Error as _, MapAccess, SeqAccess, Visitor};
 use serde_json::Value as Json;
 use serde_json::value::RawValue;
 use std::borrow::Cow;
+use std::cell::Cell;
 use std::fmt;
 
 /// The ext type of a value carried as its JSON text ([`json_to_msgpack`]).
@@ -270,7 +271,7 @@ impl<'de> Visitor<'de> for Convert<'_> {
     }
 
     fn visit_seq<A: SeqAccess<'de>>(mut self, mut items: A) -> Result<(), A::Error> {
-        if self.depth >= MAX_DEPTH {
+        if !may_open(self.depth) {
             return Err(A::Error::custom("too deep"));
         }
         let item = match self.mode {
@@ -287,7 +288,7 @@ impl<'de> Visitor<'de> for Convert<'_> {
     }
 
     fn visit_map<A: MapAccess<'de>>(mut self, mut entries: A) -> Result<(), A::Error> {
-        if self.depth >= MAX_DEPTH {
+        if !may_open(self.depth) {
             return Err(A::Error::custom("too deep"));
         }
         let start = self.out.len();
@@ -321,11 +322,11 @@ impl<'de> Visitor<'de> for Convert<'_> {
 /// would read it, within the nesting left at `depth`; `None` otherwise. A
 /// value serde_json skips is checked less (an exponent out of range, a lone
 /// surrogate escape, nesting): [`read_alike`] says when that is all the
-/// same, else [`Check`] reads it whole as that path would.
+/// same, else [`Walk`] reads it whole as that path would.
 fn carry(out: &mut Vec<u8>, text: &str, depth: usize) -> Option<()> {
     if !read_alike(text.as_bytes(), depth) {
         let mut reader = serde_json::Deserializer::from_str(text);
-        Check { depth }.deserialize(&mut reader).ok()?;
+        Walk { depth, left: None }.deserialize(&mut reader).ok()?;
     }
     let _ = rmp::encode::write_ext_meta(out, u32::try_from(text.len()).ok()?, CARRIED);
     out.extend_from_slice(text.as_bytes());
@@ -333,11 +334,11 @@ fn carry(out: &mut Vec<u8>, text: &str, depth: usize) -> Option<()> {
 }
 
 /// Whether serde_json's skip, which took `text` as one JSON value, has
-/// checked all that [`Check`] would, for a value at `depth`: `text` holds
+/// checked all that [`Walk`] would, for a value at `depth`: `text` holds
 /// no escape (so no lone surrogate), no `e` or `E` after a digit (so no
 /// exponent) and no run of more than 300 digits (so every number is within
 /// an f64's range), and fewer brackets than the nesting left. The tests
-/// look inside strings too; `false` only says [`Check`] must read it.
+/// look inside strings too; `false` only says [`Walk`] must read it.
 fn read_alike(text: &[u8], depth: usize) -> bool {
     if memchr::memchr(b'\\', text).is_some() {
         return false;
@@ -360,16 +361,64 @@ fn read_alike(text: &[u8], depth: usize) -> bool {
         .step_by(301)
         .any(|at| run_through(at) > 300);
     let opened = memchr::memchr2_iter(b'[', b'{', text).count();
-    !exponent && !long_run && depth + opened < MAX_DEPTH
+    !exponent && !long_run && may_open(depth + opened)
 }
 
-/// Reads a JSON value whole and keeps nothing: [`carry`]'s check.
-struct Check {
+/// Whether the JSON `bytes` hold more than `limit` values, every scalar,
+/// array, map, key and item counted (`count::more_values_than`); `false`
+/// for a body that is not valid, or nests deeper than [`super::MAX_DEPTH`], before
+/// the count runs out.
+pub(super) fn more_values_than(bytes: &[u8], limit: usize) -> bool {
+    let left = Cell::new(limit);
+    let mut reader = serde_json::Deserializer::from_slice(bytes);
+    let walk = Walk {
+        depth: 0,
+        left: Some(&left),
+    };
+    match walk.deserialize(&mut reader) {
+        Ok(()) => false,
+        // serde errors are text, the position appended.
+        Err(e) => e.to_string().starts_with(OVER),
+    }
+}
+
+/// The error text of a count run out.
+const OVER: &str = "more values than the limit";
+
+/// Reads one JSON value whole and keeps nothing, refusing a container
+/// where none [`may_open`] below `depth`, and counting every value off
+/// `left` when given: [`carry`]'s check and [`more_values_than`]'s count.
+#[derive(Clone, Copy)]
+struct Walk<'c> {
     /// The containers around the value.
     depth: usize,
+    left: Option<&'c Cell<usize>>,
 }
 
-impl<'de> DeserializeSeed<'de> for Check {
+impl Walk<'_> {
+    fn one<E: serde::de::Error>(self) -> Result<(), E> {
+        let Some(left) = self.left else {
+            return Ok(());
+        };
+        let rest = left.get().checked_sub(1).ok_or_else(|| E::custom(OVER))?;
+        left.set(rest);
+        Ok(())
+    }
+
+    /// The walk inside a container, once it may open.
+    fn open<E: serde::de::Error>(self) -> Result<Self, E> {
+        if !may_open(self.depth) {
+            return Err(E::custom("too deep"));
+        }
+        self.one()?;
+        Ok(Walk {
+            depth: self.depth + 1,
+            ..self
+        })
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for Walk<'_> {
     type Value = ();
 
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
@@ -377,53 +426,47 @@ impl<'de> DeserializeSeed<'de> for Check {
     }
 }
 
-impl<'de> Visitor<'de> for Check {
+impl<'de> Visitor<'de> for Walk<'_> {
     type Value = ();
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a JSON value")
     }
 
-    fn visit_unit<E>(self) -> Result<(), E> {
-        Ok(())
+    fn visit_unit<E: serde::de::Error>(self) -> Result<(), E> {
+        self.one()
     }
 
-    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
-        Ok(())
+    fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<(), E> {
+        self.one()
     }
 
-    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
-        Ok(())
+    fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<(), E> {
+        self.one()
     }
 
-    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
-        Ok(())
+    fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<(), E> {
+        self.one()
     }
 
-    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
-        Ok(())
+    fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<(), E> {
+        self.one()
     }
 
-    fn visit_str<E>(self, _: &str) -> Result<(), E> {
-        Ok(())
+    fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<(), E> {
+        self.one()
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut items: A) -> Result<(), A::Error> {
-        if self.depth >= MAX_DEPTH {
-            return Err(A::Error::custom("too deep"));
-        }
-        let depth = self.depth + 1;
-        while items.next_element_seed(Check { depth })?.is_some() {}
+        let inner = self.open()?;
+        while items.next_element_seed(inner)?.is_some() {}
         Ok(())
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut entries: A) -> Result<(), A::Error> {
-        if self.depth >= MAX_DEPTH {
-            return Err(A::Error::custom("too deep"));
-        }
-        let depth = self.depth + 1;
-        while entries.next_key_seed(Key)?.is_some() {
-            entries.next_value_seed(Check { depth })?;
+        let inner = self.open()?;
+        while entries.next_key_seed(inner)?.is_some() {
+            entries.next_value_seed(inner)?;
         }
         Ok(())
     }

@@ -24,6 +24,14 @@ use thiserror::Error;
 /// dozen or two; a hostile one must not exhaust the stack.
 pub const MAX_DEPTH: usize = 64;
 
+/// Whether a container may open inside `depth` containers: the nesting
+/// bound ([`MAX_DEPTH`]) for every reader that tracks depth, in either
+/// encoding.
+#[inline(always)]
+pub fn may_open(depth: usize) -> bool {
+    depth < MAX_DEPTH
+}
+
 /// The encoding of one message. Outputs use the encoding of the input that
 /// caused them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

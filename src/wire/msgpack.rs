@@ -86,7 +86,7 @@ fn room(
     depth: usize,
     at: usize,
 ) -> Result<usize, WireError> {
-    if !scan::may_open(depth) {
+    if !super::may_open(depth) {
         return Err(WireError::TooDeep);
     }
     if n > bytes.len().saturating_sub(pos) / min_bytes {

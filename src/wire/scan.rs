@@ -1,8 +1,8 @@
 //! Zero-copy reading of MessagePack: values as byte spans of the input.
 //!
 //! [`head`] is the one statement of the format (markers, lengths, the
-//! undefined marker `0xc1`, truncation) and [`may_open`] of the nesting
-//! bound; every MessagePack reader of the crate goes through them: the tree
+//! undefined marker `0xc1`, truncation) and [`super::may_open`] of the
+//! nesting bound; every MessagePack reader of the crate goes through them: the tree
 //! reader (`msgpack::read`), [`any_end`] for bodies in any encoding (counted
 //! before a tree is built, or read only at their top level), and the
 //! canonical walks below. The walks' hot arms restate a few of the rules
@@ -416,13 +416,6 @@ fn canonical(b: &[u8], pos: usize) -> Option<Head<'_>> {
     (b.get(pos) == Some(&shortest(&head.kind))).then_some(head)
 }
 
-/// Whether a container may open inside `depth` containers: the nesting
-/// bound ([`MAX_DEPTH`]) for every walk that tracks depth.
-#[inline(always)]
-pub fn may_open(depth: usize) -> bool {
-    depth < MAX_DEPTH
-}
-
 /// [`skip`] for a value with many containers: each walked by a call of its
 /// own, which knows its depth.
 fn skip_nested(b: &[u8], pos: usize, depth: usize) -> Option<usize> {
@@ -430,7 +423,7 @@ fn skip_nested(b: &[u8], pos: usize, depth: usize) -> Option<usize> {
     let Some(values) = head.values() else {
         return Some(head.next);
     };
-    may_open(depth).then_some(())?;
+    super::may_open(depth).then_some(())?;
     let mut p = head.next;
     for _ in 0..values {
         p = skip_nested(b, p, depth + 1)?;
@@ -459,7 +452,7 @@ pub fn any_end(b: &[u8], pos: usize, depth: usize, budget: &mut usize) -> Result
     let Some(values) = head.values() else {
         return Ok(head.next);
     };
-    if !may_open(depth) {
+    if !super::may_open(depth) {
         return Err(Stop::Invalid);
     }
     let mut p = head.next;
