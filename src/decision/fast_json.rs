@@ -39,9 +39,6 @@ const REQUEST: u8 = 4;
 /// came carried would make it decline (an ext value is no string, number,
 /// map or nil to it), never answer differently.
 fn plan(level: u8, key: &str) -> Field {
-    if level == REQUEST {
-        return Field::Copied;
-    }
     match (level, Key::named(key.as_bytes())) {
         (TOP, Key::RequestId | Key::ReplyTo | Key::DeadlineMs | Key::KvExpiresMs)
         | (FRAME, Key::Error | Key::FinishReason) => Field::Read,
