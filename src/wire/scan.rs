@@ -831,6 +831,32 @@ pub(super) mod tests {
     }
 
     #[test]
+    fn every_markers_arm_answers_as_canonical_does() {
+        // Each marker before lengths and numbers either side of the
+        // shortest-form bounds (31 and 32 bytes, 15 and 16 items, 0xff and
+        // 0x100), then one-byte values, cut at every length, at depths
+        // where a container may and may not open: the walk's arms end or
+        // refuse a value as the walk through `canonical` alone does.
+        let edges = [0x00, 0x01, 0x0f, 0x10, 0x1f, 0x20, 0xff];
+        for marker in 0..=255u8 {
+            for (x, y) in edges
+                .iter()
+                .flat_map(|x| edges.iter().map(move |y| (*x, *y)))
+            {
+                let mut bytes = vec![marker, x, y];
+                bytes.extend([0x01; 40]);
+                for end in 0..=bytes.len() {
+                    let cut = &bytes[..end];
+                    for depth in [0, MAX_DEPTH - 1, MAX_DEPTH] {
+                        let nested = skip_nested(cut, 0, depth);
+                        assert_eq!(skip(cut, 0, depth), nested, "{cut:x?} at {depth}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
     fn depth_is_bounded_as_the_reader_bounds_it() {
         for levels in [MAX_DEPTH - 1, MAX_DEPTH, MAX_DEPTH + 1] {
             let mut nested = vec![0x91; levels];
