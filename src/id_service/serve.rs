@@ -56,10 +56,10 @@ pub enum IdServiceError {
     #[error(
         "cannot confirm the ID mint service subscription on {subject:?} with the NATS server: {source}"
     )]
-    Flush {
+    Confirm {
         subject: String,
         #[source]
-        source: async_nats::client::FlushError,
+        source: async_nats::RequestError,
     },
 }
 
@@ -80,10 +80,9 @@ pub async fn serve(
         })?;
     // Once `serve` returns, the server knows the subscription: a request sent
     // from any connection after this reaches the service.
-    client
-        .flush()
+    crate::connect::round_trip(&client)
         .await
-        .map_err(|source| IdServiceError::Flush {
+        .map_err(|source| IdServiceError::Confirm {
             subject: service.subject.clone(),
             source,
         })?;

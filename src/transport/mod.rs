@@ -60,4 +60,7 @@ pub enum TransportError {
         #[source]
         source: async_nats::SubscribeError,
     },
+    /// The server did not confirm the subscriptions (its PONG to our PING).
+    #[error("the NATS server did not confirm the queue subscriptions")]
+    Confirm(#[source] async_nats::RequestError),
 }

@@ -252,7 +252,11 @@ async fn core_mode_decode_jobs_into_a_full_jetstream_gen_are_dropped_unseen() {
         .publish(PREFILL, input.payload.clone().into())
         .await
         .expect("publish");
-    assert!(collector.wait_for(1, Duration::from_secs(20)).await);
+    assert!(
+        collector.wait_for(1, Duration::from_secs(20)).await,
+        "no output:\n{}",
+        worker.log()
+    );
     assert_eq!(collector.all()[0].kind, Expect::Gen);
     assert_eq!(
         gen_stream_request_ids(&js).await,

@@ -108,3 +108,62 @@ async fn black_holed_then_healed(mode: &str) {
         .unwrap_or_else(|_| panic!("no answer after the heal:\n{}", worker.log()));
     assert_eq!(reply.subject.as_str(), "_INBOX.partition.p1");
 }
+
+/// `/readyz` 200 in core mode means the server holds the worker's
+/// subscriptions: over a slow link (each chunk held 300 ms, so a SUB
+/// reaches the server well after the worker sent it), a single result and
+/// an ID request, sent straight to the server right after the first 200,
+/// are answered. Reported ready on sending its SUBs, the worker missed
+/// them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_core_worker_is_ready_once_the_server_holds_its_subscriptions() {
+    let nats = Nats::start();
+    let etcd = Etcd::start();
+    let test = client(&nats.url()).await;
+    let mut replies = test.subscribe("_INBOX.ready.>").await.unwrap();
+    test.flush().await.unwrap();
+    let upstream: SocketAddr = nats.url().trim_start_matches("nats://").parse().unwrap();
+    let proxy = FaultProxy::start(upstream);
+    proxy.set(Fault::Latency(Duration::from_millis(300)));
+    let (url, metrics) = (
+        format!("nats://{}", proxy.addr()),
+        format!("127.0.0.1:{}", free_port()),
+    );
+    let endpoint = etcd.endpoint();
+    let args = [
+        "run",
+        "--mode",
+        "core",
+        "--nats-url",
+        &url,
+        "--etcd-endpoints",
+        &endpoint,
+        "--metrics-addr",
+        &metrics,
+    ];
+    let worker = Worker::spawn(&args, &[("NO_COLOR", "1")]);
+    let ready =
+        block_in_place(|| poll_until_blocking(Duration::from_secs(60), || readyz(&metrics) == 200));
+    assert!(ready, "the worker did not become ready:\n{}", worker.log());
+
+    let ids = test.request("llm.handoff.ids", Vec::new().into()).await;
+    assert!(
+        ids.is_ok(),
+        "the ID request sent once ready: {ids:?}\n{}",
+        worker.log()
+    );
+    let body = msgpack(&json!({
+        "request_id": "r1",
+        "reply_to": "_INBOX.ready.r1",
+        "frames": [{"finish_reason": "eos"}],
+    }));
+    test.publish(PREFILL, body.into()).await.unwrap();
+    let reply = tokio::time::timeout(Duration::from_secs(30), replies.next()).await;
+    let reply = reply.ok().flatten().unwrap_or_else(|| {
+        panic!(
+            "the result published once ready was lost:\n{}",
+            worker.log()
+        )
+    });
+    assert_eq!(reply.subject.as_str(), "_INBOX.ready.r1");
+}

@@ -62,6 +62,12 @@ impl Subscriptions {
             tracing::info!(%subject, %queue_group, "subscribed (core NATS queue group)");
             subscriptions.push(subscriber);
         }
+        // The client sends SUB without waiting for the server: a worker
+        // reported consuming (`/readyz`) before the server holds the
+        // subscriptions would miss results published meanwhile.
+        crate::connect::round_trip(client)
+            .await
+            .map_err(TransportError::Confirm)?;
         Ok(Subscriptions {
             client: client.clone(),
             subscriptions,

@@ -1,9 +1,7 @@
 //! Confirming that core messages reached the server, one round trip for many.
 //!
-//! A request to a subject nobody listens on is answered by the server itself
-//! ("no responders") after it has processed everything this connection sent
-//! before it: the PING/PONG guarantee other NATS clients call flush. A probe
-//! therefore confirms every publish enqueued before it, not only one.
+//! A probe is one [`crate::connect::round_trip`]: it confirms every publish
+//! enqueued before it, not only one.
 //!
 //! Probes are numbered in the order they are enqueued. A caller that has
 //! enqueued its publish asks for the next probe number not started yet; the
@@ -12,8 +10,7 @@
 //! is answered by its outcome. While one probe is out, later callers gather
 //! for the next: a burst of replies costs a few round trips, not one each.
 
-use async_nats::{Client, RequestErrorKind};
-use bytes::Bytes;
+use async_nats::Client;
 use std::sync::{Arc, Mutex, PoisonError};
 use tokio::sync::watch;
 
@@ -123,13 +120,8 @@ struct Probe {
 
 impl Probe {
     async fn run(mut self) {
-        let client = &self.confirmer.client;
-        let inbox = client.new_inbox();
-        self.outcome = Some(match client.request(inbox, Bytes::new()).await {
-            Ok(_) => Ok(()),
-            Err(e) if e.kind() == RequestErrorKind::NoResponders => Ok(()),
-            Err(e) => Err(ConfirmError::Unanswered(e.to_string())),
-        });
+        let outcome = crate::connect::round_trip(&self.confirmer.client).await;
+        self.outcome = Some(outcome.map_err(|e| ConfirmError::Unanswered(e.to_string())));
     }
 }
 
