@@ -14,7 +14,6 @@ use crate::config::{NatsConfig, nats_url, redact_urls};
 use crate::metrics::{self, Metrics, Readiness};
 use crate::security::{self, Section, TlsFiles, pem::Material};
 use async_nats::{Client, ConnectOptions, ServerAddr};
-use bytes::Bytes;
 use std::time::Duration;
 
 /// Why the NATS connection could not be made.
@@ -225,20 +224,6 @@ pub async fn check_handshake(
                 None => Ok(()),
             }
         }
-    }
-}
-
-/// Returns once the server has processed everything `client` sent before
-/// the call: subscriptions, publishes. async-nats's `flush` only writes the
-/// client's buffer to the socket; this is the PING/PONG guarantee other
-/// NATS clients call flush. A request to a fresh inbox, which nobody
-/// listens on, is answered by the server itself ("no responders"), in
-/// order after all that came before it on the connection.
-pub async fn round_trip(client: &Client) -> Result<(), async_nats::RequestError> {
-    match client.request(client.new_inbox(), Bytes::new()).await {
-        Ok(_) => Ok(()),
-        Err(e) if e.kind() == async_nats::RequestErrorKind::NoResponders => Ok(()),
-        Err(e) => Err(e),
     }
 }
 

@@ -59,7 +59,7 @@ pub enum IdServiceError {
     Confirm {
         subject: String,
         #[source]
-        source: async_nats::RequestError,
+        source: crate::transport::RoundTripError,
     },
 }
 
@@ -80,7 +80,7 @@ pub async fn serve(
         })?;
     // Once `serve` returns, the server knows the subscription: a request sent
     // from any connection after this reaches the service.
-    crate::connect::round_trip(&client)
+    crate::transport::round_trip(&client)
         .await
         .map_err(|source| IdServiceError::Confirm {
             subject: service.subject.clone(),

@@ -102,7 +102,7 @@ pub async fn listen(
         .subscribe(subject.to_string())
         .await
         .map_err(|e| failed(e.to_string()))?;
-    crate::connect::round_trip(client)
+    crate::transport::round_trip(client)
         .await
         .map_err(|e| failed(e.to_string()))?;
     let task = tokio::spawn(async move {

@@ -20,13 +20,15 @@
 //!   acked.
 //!
 //! Beside them: [`budget`], the byte budget both modes hold their results'
-//! bytes in. The connection itself is made by [`crate::connect`], from the
+//! bytes in, and [`round_trip`], which returns once the server has
+//! processed what a connection sent. The connection itself is made by [`crate::connect`], from the
 //! configuration.
 
 mod ack;
 mod admission;
 mod delivery;
 mod publish_error;
+mod round_trip;
 mod sink;
 mod source;
 
@@ -41,6 +43,7 @@ pub use budget::Held;
 pub use core::{CoreSink, Outbox};
 pub use delivery::{Attempt, Delivery};
 pub use publish_error::PublishError;
+pub use round_trip::{RoundTripError, round_trip};
 pub use sink::{Sink, Target};
 pub use source::{Feed, Source};
 
@@ -62,5 +65,5 @@ pub enum TransportError {
     },
     /// The server did not confirm the subscriptions (its PONG to our PING).
     #[error("the NATS server did not confirm the queue subscriptions")]
-    Confirm(#[source] async_nats::RequestError),
+    Confirm(#[source] RoundTripError),
 }

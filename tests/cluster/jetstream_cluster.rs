@@ -6,7 +6,6 @@
 use crate::common;
 use crate::common::jetstream_support;
 
-use async_nats::HeaderMap;
 use async_nats::jetstream;
 use common::cluster::NatsCluster;
 use common::poll_until;
@@ -41,10 +40,7 @@ fn cluster_config(cluster: &NatsCluster) -> Config {
 /// duplicate the stream drops.
 async fn publish_until_stored(js: &jetstream::Context, input: &Input) {
     let stored = poll_until(Duration::from_secs(60), || async {
-        let mut headers = HeaderMap::new();
-        if input.json {
-            headers.insert("Content-Type", "application/json");
-        }
+        let mut headers = input.headers();
         headers.insert("Nats-Msg-Id", format!("in-{}", input.request_id).as_str());
         match js
             .publish_with_headers(PREFILL, headers, input.payload.clone().into())

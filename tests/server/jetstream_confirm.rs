@@ -5,13 +5,15 @@
 
 use crate::common;
 
-use bytes::Bytes;
+use common::fault_proxy::{Fault, FaultProxy};
+use common::worker_support::round_trip;
 use common::{Nats, poll_until};
 use futures::{FutureExt, StreamExt};
 use prefill_handoff::transport::jetstream::confirm::Confirmer;
 use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
-use tokio::sync::mpsc;
 
 /// Far longer than any round trip or async-nats' 10 s request timeout: only
 /// a hang reaches it.
@@ -28,7 +30,7 @@ async fn jetstream_confirm_every_concurrent_publish_is_at_the_server_when_confir
     let observer = async_nats::connect(nats.url()).await.expect("connect");
     let mut seen = observer.subscribe("confirm.test").await.expect("subscribe");
     // The server has the subscription before the other connection publishes.
-    common::worker_support::round_trip(&observer).await;
+    round_trip(&observer).await;
 
     let client = async_nats::connect(nats.url()).await.expect("connect");
     let confirmer = Confirmer::new(client.clone());
@@ -101,61 +103,35 @@ async fn jetstream_confirm_without_a_server_fails_instead_of_hanging() {
     assert!(confirmed, "confirmations resume after a restart");
 }
 
-/// Returns once the server has processed everything `client` sent before:
-/// a request nobody listens to, answered "no responders" by the server.
-/// (async-nats' `flush()` only writes; it does not wait for the server.)
-async fn round_trip(client: &async_nats::Client) {
-    let answer = client.request("confirm.nobody", Bytes::new()).await;
-    assert!(
-        answer.is_err_and(|e| e.kind() == async_nats::RequestErrorKind::NoResponders),
-        "the server answers a request nobody listens to"
-    );
-}
-
-/// A probe nobody answers: a subscriber on the probing client's inboxes
-/// (prefix `_PROBE`, so not on its own) that stays silent, so the server sends
-/// no "no responders" either. It hands each probe's reply subject to the
-/// test, which answers when it chooses.
-async fn silent_responder(nats: &Nats) -> (async_nats::Client, mpsc::UnboundedReceiver<String>) {
-    let hole = async_nats::connect(nats.url()).await.expect("connect");
-    // Probes go to `_PROBE.<id>`; replies to `_PROBE.<id>.<token>` do not match.
-    let mut requests = hole.subscribe("_PROBE.*").await.expect("subscribe");
-    // The subscription is at the server before any probe is sent.
-    round_trip(&hole).await;
-    let (tx, rx) = mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        while let Some(message) = requests.next().await {
-            if let Some(reply) = message.reply {
-                let _ = tx.send(reply.to_string());
-            }
-        }
-    });
-    (hole, rx)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn jetstream_confirm_a_cancelled_prober_does_not_strand_the_others() {
     let nats = Nats::start();
+    // The prober's link, black-holed while probe 1 is out: its echo stays
+    // away until the test heals the link.
+    let upstream: SocketAddr = nats.url().trim_start_matches("nats://").parse().unwrap();
+    let proxy = FaultProxy::start(upstream);
     // Longer than HANG: an unanswered probe never ends by itself here, so
     // only the cancellation can free the waiter.
     let client = async_nats::ConnectOptions::new()
         .request_timeout(Some(10 * HANG))
-        .custom_inbox_prefix("_PROBE")
-        .connect(nats.url())
+        .connect(format!("nats://{}", proxy.addr()))
         .await
         .expect("connect");
-    let (hole, mut probes) = silent_responder(&nats).await;
     let confirmer = Confirmer::new(client.clone());
+    assert_eq!(confirmer.confirm().await, Ok(()), "the link passes");
 
-    // The first caller sends probe 1, which nobody answers.
+    // The first caller sends probe 1, which the link holds.
+    proxy.set(Fault::BlackHole);
+    let sent = client.statistics().out_messages.load(Ordering::Relaxed);
     let prober = {
         let confirmer = confirmer.clone();
         tokio::spawn(async move { confirmer.confirm().await })
     };
-    tokio::time::timeout(HANG, probes.recv())
-        .await
-        .expect("probe 1 is sent")
-        .expect("responder running");
+    let probe_sent = poll_until(HANG, || async {
+        client.statistics().out_messages.load(Ordering::Relaxed) > sent
+    })
+    .await;
+    assert!(probe_sent, "probe 1 is sent");
 
     // The second caller arrives while probe 1 is out: it waits (polled once,
     // so it is registered before the cancellation, not after).
@@ -175,13 +151,10 @@ async fn jetstream_confirm_a_cancelled_prober_does_not_strand_the_others() {
         "the prober was cancelled mid-probe"
     );
 
-    // The waiter is not stranded: it sends probe 2, which is answered.
-    let answer = async {
-        let reply = probes.recv().await.expect("responder running");
-        hole.publish(reply, Bytes::new()).await.expect("reply");
-        hole.flush().await.expect("flush");
-    };
-    let (outcome, ()) = tokio::time::timeout(HANG, async { tokio::join!(&mut waiter, answer) })
+    // The waiter is not stranded: it sends probe 2, answered once the link
+    // passes again.
+    proxy.set(Fault::Pass);
+    let outcome = tokio::time::timeout(HANG, &mut waiter)
         .await
         .expect("the waiter is not stranded by the cancelled probe");
     assert_eq!(outcome, Ok(()));

@@ -37,6 +37,7 @@ mod partition;
 mod secure_late_redelivery;
 mod secure_transport;
 mod supervision;
+mod tap;
 mod telemetry;
 mod worker_bounds;
 mod worker_core;

@@ -65,7 +65,7 @@ impl Subscriptions {
         // The client sends SUB without waiting for the server: a worker
         // reported consuming (`/readyz`) before the server holds the
         // subscriptions would miss results published meanwhile.
-        crate::connect::round_trip(client)
+        crate::transport::round_trip(client)
             .await
             .map_err(TransportError::Confirm)?;
         Ok(Subscriptions {

@@ -1,7 +1,7 @@
 //! Confirming that core messages reached the server, one round trip for many.
 //!
-//! A probe is one [`crate::connect::round_trip`]: it confirms every publish
-//! enqueued before it, not only one.
+//! A probe is one [`crate::transport::round_trip`]: it confirms every
+//! publish enqueued before it, not only one.
 //!
 //! Probes are numbered in the order they are enqueued. A caller that has
 //! enqueued its publish asks for the next probe number not started yet; the
@@ -120,7 +120,7 @@ struct Probe {
 
 impl Probe {
     async fn run(mut self) {
-        let outcome = crate::connect::round_trip(&self.confirmer.client).await;
+        let outcome = crate::transport::round_trip(&self.confirmer.client).await;
         self.outcome = Some(outcome.map_err(|e| ConfirmError::Unanswered(e.to_string())));
     }
 }

@@ -145,6 +145,15 @@ pub fn needs_mint(request_id: &str) -> Input {
 }
 
 impl Input {
+    /// The headers its producer sends: a JSON result says so.
+    pub fn headers(&self) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        if self.json {
+            headers.insert("Content-Type", "application/json");
+        }
+        headers
+    }
+
     /// A terminal result ([`messages::terminal`]): needs no ID.
     pub fn terminal(request_id: &str) -> Input {
         Input {
@@ -168,10 +177,7 @@ pub async fn publish_all(js: &jetstream::Context, inputs: &[Input]) {
     for chunk in inputs.chunks(500) {
         let mut acks = Vec::with_capacity(chunk.len());
         for input in chunk {
-            let mut headers = HeaderMap::new();
-            if input.json {
-                headers.insert("Content-Type", "application/json");
-            }
+            let mut headers = input.headers();
             headers.insert("traceparent", format!("00-{:032x}-00f067aa0ba902b7-01", 1));
             let ack = js
                 .publish_with_headers(PREFILL, headers, input.payload.clone().into())
