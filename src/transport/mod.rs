@@ -43,7 +43,7 @@ pub use budget::Held;
 pub use core::{CoreSink, Outbox};
 pub use delivery::{Attempt, Delivery};
 pub use publish_error::PublishError;
-pub use round_trip::{RoundTripError, round_trip};
+pub use round_trip::{Echo, RoundTripError, round_trip};
 pub use sink::{Sink, Target};
 pub use source::{Feed, Source};
 

@@ -13,10 +13,11 @@
 //! wait for its timeout instead. The echo needs the connection's echo, on by
 //! default (`no_echo` unset).
 
-use async_nats::Client;
+use async_nats::{Client, Subscriber};
 use bytes::Bytes;
 use futures::StreamExt;
 use std::time::Duration;
+use tokio::time::Instant;
 
 /// Why a round trip did not complete.
 #[derive(Debug, thiserror::Error)]
@@ -34,15 +35,58 @@ pub enum RoundTripError {
 /// Returns once the server has processed everything `client` sent before
 /// the call. Bounded by the client's request timeout (`None`: unbounded).
 pub async fn round_trip(client: &Client) -> Result<(), RoundTripError> {
-    let subject = client.new_inbox();
-    // Dropped on return, which unsubscribes.
-    let mut echo = client.subscribe(subject.clone()).await?;
-    client.publish(subject, Bytes::new()).await?;
-    let echoed = match client.timeout() {
-        Some(limit) => tokio::time::timeout(limit, echo.next())
-            .await
-            .map_err(|_| RoundTripError::TimedOut(limit))?,
-        None => echo.next().await,
-    };
-    echoed.map(|_| ()).ok_or(RoundTripError::Closed)
+    Echo::new(client).await?.round_trip().await
+}
+
+/// A subject only this connection subscribes to, for repeated round trips
+/// at the cost of one publish each. Its subscription ends when it is
+/// dropped.
+pub struct Echo {
+    client: Client,
+    subject: String,
+    subscriber: Subscriber,
+    /// Round trips started; each sends its number, so an echo left over
+    /// from one abandoned midway (its caller cancelled) is told apart.
+    sent: u64,
+}
+
+impl Echo {
+    pub async fn new(client: &Client) -> Result<Echo, RoundTripError> {
+        let subject = client.new_inbox();
+        let subscriber = client.subscribe(subject.clone()).await?;
+        Ok(Echo {
+            client: client.clone(),
+            subject,
+            subscriber,
+            sent: 0,
+        })
+    }
+
+    /// Returns once the server has processed everything the connection
+    /// sent before the call. Bounded by the client's request timeout.
+    pub async fn round_trip(&mut self) -> Result<(), RoundTripError> {
+        self.sent += 1;
+        let token = Bytes::copy_from_slice(&self.sent.to_be_bytes());
+        self.client
+            .publish(self.subject.clone(), token.clone())
+            .await?;
+        let deadline = self
+            .client
+            .timeout()
+            .map(|limit| (Instant::now() + limit, limit));
+        loop {
+            let next = self.subscriber.next();
+            let echoed = match deadline {
+                Some((at, limit)) => tokio::time::timeout_at(at, next)
+                    .await
+                    .map_err(|_| RoundTripError::TimedOut(limit))?,
+                None => next.await,
+            };
+            match echoed {
+                Some(message) if message.payload == token => return Ok(()),
+                Some(_) => continue,
+                None => return Err(RoundTripError::Closed),
+            }
+        }
+    }
 }

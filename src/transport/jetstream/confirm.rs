@@ -1,7 +1,7 @@
 //! Confirming that core messages reached the server, one round trip for many.
 //!
-//! A probe is one [`crate::transport::round_trip`]: it confirms every
-//! publish enqueued before it, not only one.
+//! A probe is one round trip on the connection's own echo subject
+//! ([`Echo`]): it confirms every publish enqueued before it, not only one.
 //!
 //! Probes are numbered in the order they are enqueued. A caller that has
 //! enqueued its publish asks for the next probe number not started yet; the
@@ -10,6 +10,7 @@
 //! is answered by its outcome. While one probe is out, later callers gather
 //! for the next: a burst of replies costs a few round trips, not one each.
 
+use crate::transport::{Echo, RoundTripError};
 use async_nats::Client;
 use std::sync::{Arc, Mutex, PoisonError};
 use tokio::sync::watch;
@@ -49,6 +50,9 @@ pub struct Confirmer {
     client: Client,
     state: Arc<Mutex<State>>,
     finished: Arc<watch::Sender<Finished>>,
+    /// The probes' subject, subscribed at the first probe; used by one
+    /// probe at a time (the one in flight).
+    echo: Arc<tokio::sync::Mutex<Option<Echo>>>,
 }
 
 impl Confirmer {
@@ -61,7 +65,23 @@ impl Confirmer {
             client,
             state: Arc::default(),
             finished: Arc::new(finished),
+            echo: Arc::default(),
         }
+    }
+
+    /// One round trip on the probes' subject, subscribing it first if need
+    /// be; a subscription that ended is made again at the next probe.
+    async fn round_trip(&self) -> Result<(), RoundTripError> {
+        let mut echo = self.echo.lock().await;
+        let ready = match &mut *echo {
+            Some(ready) => ready,
+            None => echo.insert(Echo::new(&self.client).await?),
+        };
+        let outcome = ready.round_trip().await;
+        if matches!(outcome, Err(RoundTripError::Closed)) {
+            *echo = None;
+        }
+        outcome
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -120,7 +140,7 @@ struct Probe {
 
 impl Probe {
     async fn run(mut self) {
-        let outcome = crate::transport::round_trip(&self.confirmer.client).await;
+        let outcome = self.confirmer.round_trip().await;
         self.outcome = Some(outcome.map_err(|e| ConfirmError::Unanswered(e.to_string())));
     }
 }
