@@ -360,8 +360,12 @@ fn read_alike(text: &[u8], depth: usize) -> bool {
     let long_run = (300..text.len())
         .step_by(301)
         .any(|at| run_through(at) > 300);
-    let opened = memchr::memchr2_iter(b'[', b'{', text).count();
-    !exponent && !long_run && may_open(depth + opened)
+    // Each container opened in the text is closed in it too: at most half
+    // its bytes open one, and shorter texts need no count.
+    let nests_in_bounds = |opened: usize| may_open(depth + opened);
+    let nesting = nests_in_bounds(text.len() / 2)
+        || nests_in_bounds(memchr::memchr2_iter(b'[', b'{', text).count());
+    !exponent && !long_run && nesting
 }
 
 /// Whether the JSON `bytes` hold more than `limit` values, every scalar,

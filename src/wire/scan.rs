@@ -274,7 +274,7 @@ impl Head<'_> {
 /// markers and lengths, for every reader of the crate (the tree reader, the
 /// counting and top-level walks, and through [`canonical`] the in-place
 /// walks).
-#[inline]
+#[inline(always)]
 pub fn head(b: &[u8], pos: usize) -> Result<Head<'_>, Fault> {
     use Fault::Truncated;
     let marker = *b.get(pos).ok_or(Truncated)?;
