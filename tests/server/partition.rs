@@ -35,16 +35,14 @@ async fn a_jetstream_worker_behind_a_silent_nats_link_turns_not_ready_then_recov
     black_holed_then_healed("jetstream").await;
 }
 
-async fn black_holed_then_healed(mode: &str) {
-    let nats = Nats::start();
-    let etcd = Etcd::start();
-    let test = client(&nats.url()).await;
-    let js = async_nats::jetstream::new(test.clone());
-    if mode == "jetstream" {
-        jetstream_support::setup(&js, &jetstream_support::config(&nats)).await;
-    }
-    let upstream: SocketAddr = nats.url().trim_start_matches("nats://").parse().unwrap();
-    let proxy = FaultProxy::start(upstream);
+fn nats_addr(nats: &Nats) -> SocketAddr {
+    nats.url().trim_start_matches("nats://").parse().unwrap()
+}
+
+/// A worker in `mode` that reaches nats-server through `proxy`, once
+/// `/readyz` answers 200 (within 60 s: the start's own round trips cross
+/// the proxy too); its metrics address.
+fn spawn_ready(mode: &str, proxy: &FaultProxy, etcd: &Etcd) -> (Worker, String) {
     let (url, metrics) = (
         format!("nats://{}", proxy.addr()),
         format!("127.0.0.1:{}", free_port()),
@@ -61,10 +59,23 @@ async fn black_holed_then_healed(mode: &str) {
         "--metrics-addr",
         &metrics,
     ];
-    let mut worker = Worker::spawn(&args, &[("NO_COLOR", "1")]);
+    let worker = Worker::spawn(&args, &[("NO_COLOR", "1")]);
     let ready =
-        block_in_place(|| poll_until_blocking(Duration::from_secs(30), || readyz(&metrics) == 200));
+        block_in_place(|| poll_until_blocking(Duration::from_secs(60), || readyz(&metrics) == 200));
     assert!(ready, "the worker did not become ready:\n{}", worker.log());
+    (worker, metrics)
+}
+
+async fn black_holed_then_healed(mode: &str) {
+    let nats = Nats::start();
+    let etcd = Etcd::start();
+    let test = client(&nats.url()).await;
+    let js = async_nats::jetstream::new(test.clone());
+    if mode == "jetstream" {
+        jetstream_support::setup(&js, &jetstream_support::config(&nats)).await;
+    }
+    let proxy = FaultProxy::start(nats_addr(&nats));
+    let (mut worker, metrics) = spawn_ready(mode, &proxy, &etcd);
     let pid = worker.pid();
 
     proxy.set(Fault::BlackHole);
@@ -122,29 +133,9 @@ async fn a_core_worker_is_ready_once_the_server_holds_its_subscriptions() {
     let test = client(&nats.url()).await;
     let mut replies = test.subscribe("_INBOX.ready.>").await.unwrap();
     test.flush().await.unwrap();
-    let upstream: SocketAddr = nats.url().trim_start_matches("nats://").parse().unwrap();
-    let proxy = FaultProxy::start(upstream);
+    let proxy = FaultProxy::start(nats_addr(&nats));
     proxy.set(Fault::Latency(Duration::from_millis(300)));
-    let (url, metrics) = (
-        format!("nats://{}", proxy.addr()),
-        format!("127.0.0.1:{}", free_port()),
-    );
-    let endpoint = etcd.endpoint();
-    let args = [
-        "run",
-        "--mode",
-        "core",
-        "--nats-url",
-        &url,
-        "--etcd-endpoints",
-        &endpoint,
-        "--metrics-addr",
-        &metrics,
-    ];
-    let worker = Worker::spawn(&args, &[("NO_COLOR", "1")]);
-    let ready =
-        block_in_place(|| poll_until_blocking(Duration::from_secs(60), || readyz(&metrics) == 200));
-    assert!(ready, "the worker did not become ready:\n{}", worker.log());
+    let (worker, _metrics) = spawn_ready("core", &proxy, &etcd);
 
     let ids = test.request("llm.handoff.ids", Vec::new().into()).await;
     assert!(
