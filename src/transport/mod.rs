@@ -21,8 +21,8 @@
 //!
 //! Beside them: [`budget`], the byte budget both modes hold their results'
 //! bytes in, and [`round_trip`], which returns once the server has
-//! processed what a connection sent. The connection itself is made by [`crate::connect`], from the
-//! configuration.
+//! processed what a connection sent. The connection itself is made by
+//! [`crate::connect`], from the configuration.
 
 mod ack;
 mod admission;
@@ -63,7 +63,7 @@ pub enum TransportError {
         #[source]
         source: async_nats::SubscribeError,
     },
-    /// The server did not confirm the subscriptions (its PONG to our PING).
+    /// The server did not confirm the subscriptions ([`round_trip`]).
     #[error("the NATS server did not confirm the queue subscriptions")]
     Confirm(#[source] RoundTripError),
 }
