@@ -38,25 +38,27 @@ pub async fn round_trip(client: &Client) -> Result<(), RoundTripError> {
     Echo::new(client).await?.round_trip().await
 }
 
-/// A subject only this connection subscribes to, for repeated round trips
-/// at the cost of one publish each. Its subscription ends when it is
+/// Subjects only this connection subscribes to, for repeated round trips
+/// at the cost of one publish each: an empty message to `<inbox>.<n>`
+/// (the client's inbox prefix, which a worker under NATS permissions may
+/// already use), the `n`th round trip's. Its subscription ends when it is
 /// dropped.
 pub struct Echo {
     client: Client,
-    subject: String,
+    inbox: String,
     subscriber: Subscriber,
-    /// Round trips started; each sends its number, so an echo left over
-    /// from one abandoned midway (its caller cancelled) is told apart.
+    /// Round trips started; an echo left over from one abandoned midway
+    /// (its caller cancelled) has a lower number, and is passed over.
     sent: u64,
 }
 
 impl Echo {
     pub async fn new(client: &Client) -> Result<Echo, RoundTripError> {
-        let subject = client.new_inbox();
-        let subscriber = client.subscribe(subject.clone()).await?;
+        let inbox = client.new_inbox();
+        let subscriber = client.subscribe(format!("{inbox}.*")).await?;
         Ok(Echo {
             client: client.clone(),
-            subject,
+            inbox,
             subscriber,
             sent: 0,
         })
@@ -66,10 +68,8 @@ impl Echo {
     /// sent before the call. Bounded by the client's request timeout.
     pub async fn round_trip(&mut self) -> Result<(), RoundTripError> {
         self.sent += 1;
-        let token = Bytes::copy_from_slice(&self.sent.to_be_bytes());
-        self.client
-            .publish(self.subject.clone(), token.clone())
-            .await?;
+        let subject = format!("{}.{}", self.inbox, self.sent);
+        self.client.publish(subject.clone(), Bytes::new()).await?;
         let deadline = self
             .client
             .timeout()
@@ -83,7 +83,7 @@ impl Echo {
                 None => next.await,
             };
             match echoed {
-                Some(message) if message.payload == token => return Ok(()),
+                Some(message) if message.subject.as_str() == subject => return Ok(()),
                 Some(_) => continue,
                 None => return Err(RoundTripError::Closed),
             }

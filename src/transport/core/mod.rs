@@ -10,9 +10,9 @@ mod sink;
 pub use outbox::Outbox;
 pub use sink::CoreSink;
 
-use crate::transport::{Attempt, Delivery, Limits, Settler, TransportError};
+use crate::transport::{Attempt, Delivery, Limits, Settler, TransportError, round_trip};
 use async_nats::{Client, Subscriber};
-use futures::{Stream, StreamExt};
+use futures::Stream;
 use std::pin::Pin;
 use std::task::Poll;
 use std::time::Instant;
@@ -65,9 +65,7 @@ impl Subscriptions {
         // The client sends SUB without waiting for the server: a worker
         // reported consuming (`/readyz`) before the server holds the
         // subscriptions would miss results published meanwhile.
-        crate::transport::round_trip(client)
-            .await
-            .map_err(TransportError::Confirm)?;
+        round_trip(client).await.map_err(TransportError::Confirm)?;
         Ok(Subscriptions {
             client: client.clone(),
             subscriptions,
@@ -128,46 +126,27 @@ impl Subscriptions {
     /// async-nats drops a drained subscription one poll after sending
     /// the UNSUB, not when the server confirms it, and its `flush` does not
     /// wait for the server; messages still on their way would be lost. So a
-    /// fence comes first: a message to this connection's own inbox, which the
-    /// server queues behind everything it has already routed here. Once it is
+    /// fence comes first: a [`round_trip`], whose message the server queues
+    /// behind everything it has already routed here. Once it is
     /// back, all of that is in the subscriptions' queues. What can still be
     /// lost is what the server routes here in the moment between the fence
     /// and the UNSUB (core NATS is at most once; JetStream mode loses nothing).
     pub(super) async fn drain(&mut self) {
-        match fence(&self.client).await {
-            Ok(()) => tracing::debug!("drain fence returned"),
-            Err(e) => tracing::warn!(error = %e, "no drain fence; messages in transit may be lost"),
+        match tokio::time::timeout(FENCE_TIMEOUT, round_trip(&self.client)).await {
+            Ok(Ok(())) => tracing::debug!("drain fence returned"),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "no drain fence; messages in transit may be lost");
+            }
+            Err(_) => tracing::warn!(
+                timeout = ?FENCE_TIMEOUT,
+                "no drain fence in time; messages in transit may be lost"
+            ),
         }
         for subscriber in self.subscriptions.iter_mut() {
             if let Err(e) = subscriber.drain().await {
                 tracing::warn!(error = %e, "could not drain a subscription; the connection is closing");
             }
         }
-    }
-}
-
-/// Why the drain fence did not come back.
-#[derive(Debug, thiserror::Error)]
-enum FenceError {
-    #[error("cannot subscribe to the fence inbox: {0}")]
-    Subscribe(#[from] async_nats::SubscribeError),
-    #[error("cannot publish the fence: {0}")]
-    Publish(#[from] async_nats::PublishError),
-    #[error("the connection closed")]
-    Closed,
-    #[error("no answer within {FENCE_TIMEOUT:?}")]
-    Timeout,
-}
-
-/// Sends a message to a fresh inbox of this connection and waits for it.
-async fn fence(client: &Client) -> Result<(), FenceError> {
-    let inbox = client.new_inbox();
-    let mut subscriber = client.subscribe(inbox.clone()).await?;
-    client.publish(inbox, bytes::Bytes::new()).await?;
-    match tokio::time::timeout(FENCE_TIMEOUT, subscriber.next()).await {
-        Ok(Some(_)) => Ok(()),
-        Ok(None) => Err(FenceError::Closed),
-        Err(_) => Err(FenceError::Timeout),
     }
 }
 
