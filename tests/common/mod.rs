@@ -276,6 +276,11 @@ impl Nats {
         ));
     }
 
+    /// The server's address, for a proxy in front of it.
+    pub fn addr(&self) -> std::net::SocketAddr {
+        std::net::SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
     /// The URL without credentials.
     pub fn url(&self) -> String {
         format!("nats://127.0.0.1:{}", self.port)

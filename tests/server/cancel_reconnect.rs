@@ -9,7 +9,6 @@ use crate::common::fault_proxy::{Fault, FaultProxy};
 use crate::common::jetstream_support::{self, LibWorker};
 
 use common::Nats;
-use std::net::SocketAddr;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn jetstream_a_cancel_sent_while_the_worker_was_cut_off_is_honoured_after_it_reconnects() {
@@ -20,12 +19,7 @@ async fn jetstream_a_cancel_sent_while_the_worker_was_cut_off_is_honoured_after_
     jetstream_support::setup(&js, &config).await;
     let watch = Watch::start(&test).await;
 
-    let upstream: SocketAddr = nats
-        .url()
-        .trim_start_matches("nats://")
-        .parse()
-        .expect("the server's address");
-    let proxy = FaultProxy::start(upstream);
+    let proxy = FaultProxy::start(nats.addr());
     config.nats.url = format!("nats://{}", proxy.addr());
     let worker = LibWorker::start(&config, jetstream_support::fixed_identity(9)).await;
 

@@ -102,8 +102,7 @@ async fn reset_aborts_open_connections_and_accepts_new_ones() {
 #[tokio::test]
 async fn a_nats_client_behind_a_black_hole_hears_nothing_until_the_heal() {
     let nats = Nats::start();
-    let upstream: SocketAddr = nats.url().trim_start_matches("nats://").parse().unwrap();
-    let proxy = FaultProxy::start(upstream);
+    let proxy = FaultProxy::start(nats.addr());
     let test = client(&format!("nats://{}", proxy.addr())).await;
     let mut echo = test.subscribe("fault.echo").await.unwrap();
     test.publish("fault.echo", "before".into()).await.unwrap();

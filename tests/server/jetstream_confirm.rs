@@ -11,7 +11,6 @@ use common::{Nats, poll_until};
 use futures::{FutureExt, StreamExt};
 use prefill_handoff::transport::jetstream::confirm::Confirmer;
 use std::collections::BTreeSet;
-use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -108,8 +107,7 @@ async fn jetstream_confirm_a_cancelled_prober_does_not_strand_the_others() {
     let nats = Nats::start();
     // The prober's link, black-holed while probe 1 is out: its echo stays
     // away until the test heals the link.
-    let upstream: SocketAddr = nats.url().trim_start_matches("nats://").parse().unwrap();
-    let proxy = FaultProxy::start(upstream);
+    let proxy = FaultProxy::start(nats.addr());
     // Longer than HANG: an unanswered probe never ends by itself here, so
     // only the cancellation can free the waiter.
     let client = async_nats::ConnectOptions::new()

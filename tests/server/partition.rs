@@ -10,7 +10,6 @@ use common::worker_support::{PREFILL, client};
 use common::{Etcd, Nats, Worker, free_port, http_send, poll_until_blocking};
 use futures::StreamExt;
 use serde_json::json;
-use std::net::SocketAddr;
 use std::time::Duration;
 use tokio::task::block_in_place;
 
@@ -33,10 +32,6 @@ async fn a_core_worker_behind_a_silent_nats_link_turns_not_ready_then_recovers()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_jetstream_worker_behind_a_silent_nats_link_turns_not_ready_then_recovers() {
     black_holed_then_healed("jetstream").await;
-}
-
-fn nats_addr(nats: &Nats) -> SocketAddr {
-    nats.url().trim_start_matches("nats://").parse().unwrap()
 }
 
 /// A worker in `mode` that reaches nats-server through `proxy`, once
@@ -74,7 +69,7 @@ async fn black_holed_then_healed(mode: &str) {
     if mode == "jetstream" {
         jetstream_support::setup(&js, &jetstream_support::config(&nats)).await;
     }
-    let proxy = FaultProxy::start(nats_addr(&nats));
+    let proxy = FaultProxy::start(nats.addr());
     let (mut worker, metrics) = spawn_ready(mode, &proxy, &etcd);
     let pid = worker.pid();
 
@@ -133,7 +128,7 @@ async fn a_core_worker_is_ready_once_the_server_holds_its_subscriptions() {
     let test = client(&nats.url()).await;
     let mut replies = test.subscribe("_INBOX.ready.>").await.unwrap();
     test.flush().await.unwrap();
-    let proxy = FaultProxy::start(nats_addr(&nats));
+    let proxy = FaultProxy::start(nats.addr());
     proxy.set(Fault::Latency(Duration::from_millis(300)));
     let (worker, _metrics) = spawn_ready("core", &proxy, &etcd);
 
